@@ -8,9 +8,9 @@ TEST_TIMEOUT ?= 45m
 
 # Debian packages the tests, the demo and the benchmarks use.
 DEBS := fuse3 restic casync fuse-overlayfs btrfs-progs qemu-system-x86 \
-	busybox-static cpio kmod zstd xz-utils git gcc iproute2
+	busybox-static cpio kmod zstd xz-utils lz4 git gcc iproute2
 
-.PHONY: all build deps demo test vet fuzz unit bench bench-chunkstore bench-cowfs bench-vmm
+.PHONY: all build deps demo test vet fuzz unit bench bench-chunkstore bench-cowfs bench-vmm kernels nested-test
 
 all: build
 
@@ -47,7 +47,7 @@ fuzz:
 unit:
 	$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) ./... | $(GO) run ./internal/testsum
 
-test: deps vet fuzz unit
+test: deps kernels vet fuzz unit
 
 bench: bench-chunkstore bench-cowfs bench-vmm
 
@@ -59,3 +59,41 @@ bench-cowfs: deps
 
 bench-vmm: deps
 	$(GO) run ./bench/vmm
+
+# kernels fetches Debian's cloud kernel into $(KERNEL_DIR) (idempotent): the
+# bzImage (vmlinuz), an uncompressed vmlinux cut out of it for PVH boots, and
+# the decompressed modules irqbypass.ko, kvm.ko and kvm-amd.ko that the nested
+# harness loads. The concrete package is the one the linux-image-cloud-amd64
+# metapackage depends on.
+KERNEL_DIR ?= testdata/cache/kernel
+kernels: deps
+	@pkg=$$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-[0-9]/ {print $$2; exit}'); \
+	if [ -z "$$pkg" ]; then echo "kernels: linux-image-cloud-amd64 has no concrete kernel dependency" >&2; exit 1; fi; \
+	if [ "$$(cat $(KERNEL_DIR)/PACKAGE 2>/dev/null)" = "$$pkg" ]; then exit 0; fi; \
+	echo "kernels: fetching $$pkg into $(KERNEL_DIR)"; \
+	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	(cd "$$tmp" && apt-get download -q "$$pkg" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true); \
+	dpkg -x "$$tmp"/$$pkg_*.deb "$$tmp/x"; \
+	rm -rf $(KERNEL_DIR); mkdir -p $(KERNEL_DIR); \
+	cp "$$tmp"/x/boot/vmlinuz-* $(KERNEL_DIR)/vmlinuz; \
+	cp "$$tmp"/x/boot/config-* $(KERNEL_DIR)/config; \
+	for m in irqbypass kvm kvm-amd; do \
+		src=$$(find "$$tmp/x/lib/modules" -name "$$m.ko" -o -name "$$m.ko.xz" -o -name "$$m.ko.zst" -o -name "$$m.ko.gz" | sort | sed -n 1p); \
+		if [ -z "$$src" ]; then echo "kernels: module $$m not found in $$pkg" >&2; exit 1; fi; \
+		case "$$src" in \
+			*.xz) xz -dc "$$src" ;; *.zst) zstd -qdc "$$src" ;; *.gz) gzip -dc "$$src" ;; *) cat "$$src" ;; \
+		esac > $(KERNEL_DIR)/$$m.ko; \
+	done; \
+	k=$(KERNEL_DIR)/vmlinuz; \
+	sects=$$(od -An -tu1 -j 497 -N1 "$$k" | tr -d ' '); \
+	set -- $$(od -An -tu4 -j 584 -N8 "$$k"); poff=$$1; plen=$$2; \
+	start=$$(( (sects + 1) * 512 + poff )); \
+	magic=$$(od -An -tx1 -j $$start -N4 "$$k" | tr -d ' '); \
+	case "$$magic" in \
+		02214c18) dec="lz4 -dc" ;; 1f8b*) dec="gzip -dc" ;; fd377a58) dec="xz -dc --single-stream" ;; \
+		28b52ffd) dec="zstd -qdc" ;; *) echo "kernels: unknown payload magic $$magic in $$k" >&2; exit 1 ;; \
+	esac; \
+	dd if="$$k" iflag=skip_bytes,count_bytes skip=$$start count=$$((plen - 4)) status=none | $$dec > $(KERNEL_DIR)/vmlinux; \
+	if [ "$$(od -An -tx1 -N4 $(KERNEL_DIR)/vmlinux | tr -d ' ')" != 7f454c46 ]; then echo "kernels: extracted vmlinux is not ELF" >&2; exit 1; fi; \
+	echo "$$pkg" > $(KERNEL_DIR)/PACKAGE; \
+	ls -l $(KERNEL_DIR)
