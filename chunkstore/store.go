@@ -1,0 +1,757 @@
+package chunkstore
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
+
+	"tine/chunkstore/internal/cdc"
+)
+
+// Options configure a Store. The zero value selects the defaults.
+type Options struct {
+	// MinChunk, AvgChunk and MaxChunk are the FastCDC sizes for PutStream
+	// (default 16, 64 and 256 KiB).
+	MinChunk, AvgChunk, MaxChunk int
+	// PackSize is the size at which a pack is sealed and a new one begun
+	// (default 32 MiB).
+	PackSize int64
+	// Level is the zstd level: 1 fastest, 2 default, 3 better, 4 best
+	// (default 2). Negative disables compression.
+	Level int
+	// Workers bounds the goroutines that hash and compress in PutStream and
+	// PutFixed (default GOMAXPROCS).
+	Workers int
+	// CacheBytes bounds the cache of decompressed chunks (default 16 MiB;
+	// negative disables it).
+	CacheBytes int64
+	// AllowDamaged opens a store whose index files or refs fail to decode
+	// instead of failing: the damage is reported by Verify. Nothing is
+	// deleted at open then. Meant for verify and repair tools.
+	AllowDamaged bool
+}
+
+func (o *Options) withDefaults() (Options, cdc.Params, error) {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	p, err := cdc.NewParams(r.MinChunk, r.AvgChunk, r.MaxChunk)
+	if err != nil {
+		return r, p, fmt.Errorf("chunkstore: %w", err)
+	}
+	r.MinChunk, r.AvgChunk, r.MaxChunk = p.Min, p.Avg, p.Max
+	if r.PackSize <= 0 {
+		r.PackSize = 32 << 20
+	}
+	if r.Level == 0 {
+		r.Level = 2
+	}
+	if r.Workers <= 0 {
+		r.Workers = runtime.GOMAXPROCS(0)
+	}
+	if r.CacheBytes == 0 {
+		r.CacheBytes = 16 << 20
+	}
+	return r, p, nil
+}
+
+// Store is a content-addressed store in one directory. It is safe for use
+// by many goroutines; one process at a time may open a directory.
+type Store struct {
+	dir    string
+	opts   Options
+	params cdc.Params
+	lockF  *os.File
+	enc    *zstd.Encoder
+	dec    *zstd.Decoder
+	cache  *chunkCache
+
+	mu       sync.RWMutex
+	closed   bool
+	index    map[ID]loc
+	packs    map[uint32]*os.File // sealed and open packs, by number
+	w        *packWriter         // open pack, nil until the first put
+	dirty    []*os.File          // sealed packs not yet fsync'd
+	pending  []indexEntry        // entries not yet in an index file
+	nextPack uint32
+	nextIdx  uint64
+	idxFiles []uint64 // index files on disk, by number
+	refs     map[string]ID
+	damage   []Damage // found at open (AllowDamaged)
+
+	logicalDurable uint64 // logical bytes recorded in index files
+	logicalPending uint64 // logical bytes put since the last index file
+
+	gcMu      sync.Mutex // one GC at a time
+	touchMu   sync.Mutex
+	touched   map[ID]struct{} // objects returned by dedup while GC marks; nil when no GC
+	flushMu   sync.Mutex
+	putsSince int64
+}
+
+// packWriter appends records to the open pack through a buffer.
+type packWriter struct {
+	num  uint32
+	f    *os.File
+	base int64 // file offset of buf[0]
+	buf  []byte
+}
+
+func (w *packWriter) size() int64 { return w.base + int64(len(w.buf)) }
+
+// writeOut writes the buffer to the file.
+func (w *packWriter) writeOut() error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	if _, err := w.f.WriteAt(w.buf, w.base); err != nil {
+		return fmt.Errorf("chunkstore: write pack %s: %w", w.f.Name(), err)
+	}
+	w.base += int64(len(w.buf))
+	w.buf = w.buf[:0]
+	return nil
+}
+
+const writeBufSize = 4 << 20
+
+func packName(n uint32) string  { return fmt.Sprintf("%08x.pack", n) }
+func indexName(n uint64) string { return fmt.Sprintf("%016x.idx", n) }
+
+// Open opens the store in dir, creating it if dir is missing or empty, and
+// takes its lock. If another process holds the lock, Open fails at once
+// with ErrLocked, naming the store and the holder's pid.
+func Open(dir string, opts *Options) (*Store, error) {
+	o, p, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	dir = filepath.Clean(dir)
+	if err := initDir(dir); err != nil {
+		return nil, err
+	}
+	lockF, err := lockStore(dir)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{dir: dir, opts: o, params: p, lockF: lockF,
+		index: map[ID]loc{}, packs: map[uint32]*os.File{}, refs: map[string]ID{}, nextPack: 1, nextIdx: 1}
+	lvl := zstd.SpeedDefault
+	switch o.Level {
+	case 1:
+		lvl = zstd.SpeedFastest
+	case 3:
+		lvl = zstd.SpeedBetterCompression
+	case 4:
+		lvl = zstd.SpeedBestCompression
+	}
+	s.enc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(lvl), zstd.WithEncoderConcurrency(o.Workers),
+		zstd.WithEncoderCRC(false), zstd.WithZeroFrames(true), zstd.WithLowerEncoderMem(true))
+	if err == nil {
+		s.dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(o.Workers), zstd.WithDecoderMaxMemory(maxObject))
+	}
+	if err != nil {
+		lockF.Close()
+		return nil, fmt.Errorf("chunkstore: open %s: zstd: %w", dir, err)
+	}
+	s.cache = newChunkCache(o.CacheBytes)
+	if err := s.load(); err != nil {
+		s.closeFiles()
+		return nil, err
+	}
+	return s, nil
+}
+
+// initDir creates the directory layout and the format marker, or checks
+// the marker of an existing store.
+func initDir(dir string) error {
+	marker := filepath.Join(dir, markerName)
+	b, err := os.ReadFile(marker)
+	if err == nil {
+		if string(b) != markerText {
+			return fmt.Errorf("chunkstore: open %s: %s holds %q, not a format 1 store: %w", dir, marker, b, ErrCorrupt)
+		}
+		return nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("chunkstore: open %s: %w", dir, err)
+	}
+	if ents, err := os.ReadDir(dir); err == nil {
+		for _, e := range ents {
+			if e.Name() != "lock" && e.Name() != "."+markerName+".tmp" {
+				return fmt.Errorf("chunkstore: open %s: directory is not empty and has no %s marker", dir, markerName)
+			}
+		}
+	}
+	for _, d := range []string{dir, filepath.Join(dir, "packs"), filepath.Join(dir, "index"), filepath.Join(dir, "refs")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("chunkstore: create %s: %w", d, err)
+		}
+	}
+	if err := writeFileAtomic(marker, []byte(markerText)); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(dir))
+}
+
+// lockStore takes an exclusive flock on dir/lock and writes our pid into it.
+func lockStore(dir string) (*os.File, error) {
+	name := filepath.Join(dir, "lock")
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("chunkstore: open %s: %w", name, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		b, _ := os.ReadFile(name)
+		f.Close()
+		holder := strings.TrimSpace(string(b))
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			if holder != "" {
+				return nil, fmt.Errorf("chunkstore: open %s: %w (pid %s holds %s)", dir, ErrLocked, holder, name)
+			}
+			return nil, fmt.Errorf("chunkstore: open %s: %w (holder of %s unknown)", dir, ErrLocked, name)
+		}
+		return nil, fmt.Errorf("chunkstore: lock %s: %w", name, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return f, nil
+}
+
+// load reads the index files and refs and removes leftovers of a crash:
+// temporary files and packs that no index file names.
+func (s *Store) load() error {
+	idxDir := filepath.Join(s.dir, "index")
+	ents, err := os.ReadDir(idxDir)
+	if err != nil {
+		return fmt.Errorf("chunkstore: open %s: %w", s.dir, err)
+	}
+	damaged := false
+	for _, e := range ents {
+		name := e.Name()
+		path := filepath.Join(idxDir, name)
+		if strings.HasSuffix(name, ".tmp") {
+			if !s.opts.AllowDamaged {
+				os.Remove(path)
+			}
+			continue
+		}
+		n, ok := parseNum(name, ".idx", 16)
+		if !ok {
+			continue
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("chunkstore: read index %s: %w", path, err)
+		}
+		entries, logical, err := decodeIndex(path, b)
+		if err != nil {
+			if !s.opts.AllowDamaged {
+				return fmt.Errorf("chunkstore: open %s: %w", s.dir, err)
+			}
+			s.damage = append(s.damage, Damage{File: path, Problem: err.Error()})
+			damaged = true
+			continue
+		}
+		s.idxFiles = append(s.idxFiles, n)
+		if n >= s.nextIdx {
+			s.nextIdx = n + 1
+		}
+		s.logicalDurable += logical
+		for _, ent := range entries {
+			s.index[ent.id] = ent.loc // later index files win (ReadDir sorts by name)
+		}
+	}
+	// Open every pack an entry names; remove the packs none names.
+	used := map[uint32]bool{}
+	for _, l := range s.index {
+		used[l.pack] = true
+	}
+	packDir := filepath.Join(s.dir, "packs")
+	ents, err = os.ReadDir(packDir)
+	if err != nil {
+		return fmt.Errorf("chunkstore: open %s: %w", s.dir, err)
+	}
+	removed := false
+	for _, e := range ents {
+		n, ok := parseNum(e.Name(), ".pack", 8)
+		if !ok {
+			continue
+		}
+		if n >= uint64(s.nextPack) {
+			s.nextPack = uint32(n) + 1
+		}
+		path := filepath.Join(packDir, e.Name())
+		if !used[uint32(n)] {
+			if !damaged && !s.opts.AllowDamaged {
+				os.Remove(path)
+				removed = true
+			}
+			continue
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return fmt.Errorf("chunkstore: open pack %s: %w", path, err)
+		}
+		s.packs[uint32(n)] = f
+	}
+	if removed {
+		if err := syncDir(packDir); err != nil {
+			return err
+		}
+	}
+	for n := range used {
+		if s.packs[n] == nil {
+			err := fmt.Errorf("chunkstore: open %s: pack %s named by the index is missing: %w", s.dir, filepath.Join(packDir, packName(n)), ErrCorrupt)
+			if !s.opts.AllowDamaged {
+				return err
+			}
+			s.damage = append(s.damage, Damage{File: filepath.Join(packDir, packName(n)), Problem: "pack named by the index is missing"})
+		}
+	}
+	return s.loadRefs()
+}
+
+func parseNum(name, suffix string, digits int) (uint64, bool) {
+	if !strings.HasSuffix(name, suffix) || len(name) != digits+len(suffix) {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(name[:digits], 16, 64)
+	return n, err == nil
+}
+
+// Close flushes everything put so far and releases the store.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	err := s.flushLocked()
+	s.closed = true
+	s.closeFiles()
+	return err
+}
+
+func (s *Store) closeFiles() {
+	for _, f := range s.packs {
+		f.Close()
+	}
+	if s.w != nil {
+		s.w.f.Close()
+	}
+	if s.enc != nil {
+		s.enc.Close()
+	}
+	if s.dec != nil {
+		s.dec.Close()
+	}
+	s.lockF.Close()
+}
+
+// Dir returns the store's directory.
+func (s *Store) Dir() string { return s.dir }
+
+// prepared is an object ready to be appended: its id, kind and the bytes
+// to store (compressed or raw).
+type prepared struct {
+	id     ID
+	kind   uint8
+	codec  uint8
+	ulen   uint32
+	stored []byte
+}
+
+// compress encodes data with zstd into dst's spare capacity and keeps the
+// result only if it is smaller.
+func (s *Store) prepare(id ID, kind uint8, data []byte, scratch []byte) prepared {
+	p := prepared{id: id, kind: kind, codec: codecRaw, ulen: uint32(len(data)), stored: data}
+	if s.opts.Level > 0 && len(data) >= 64 {
+		c := s.enc.EncodeAll(data, scratch[:0])
+		if len(c) < len(data)-len(data)/64 {
+			p.codec, p.stored = codecZstd, c
+		}
+	}
+	return p
+}
+
+// has reports whether id is stored (or pending) and, while a GC marks,
+// records it as live.
+func (s *Store) lookup(id ID) (loc, bool) {
+	s.mu.RLock()
+	l, ok := s.index[id]
+	s.mu.RUnlock()
+	if ok {
+		s.touch(id)
+	}
+	return l, ok
+}
+
+func (s *Store) touch(id ID) {
+	s.touchMu.Lock()
+	if s.touched != nil {
+		s.touched[id] = struct{}{}
+	}
+	s.touchMu.Unlock()
+}
+
+// add appends a prepared object to the open pack unless it is already
+// stored with the same kind.
+func (s *Store) add(p prepared) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("chunkstore: %s: store is closed", s.dir)
+	}
+	if l, ok := s.index[p.id]; ok && (l.kind == p.kind || p.kind == kindBlob) {
+		s.touch(p.id)
+		return nil
+	}
+	return s.appendLocked(p.kind, p.codec, p.ulen, p.id, p.stored)
+}
+
+func (s *Store) appendLocked(kind, codec uint8, ulen uint32, id ID, stored []byte) error {
+	if s.w == nil {
+		if err := s.newPackLocked(); err != nil {
+			return err
+		}
+	}
+	w := s.w
+	off := w.size()
+	w.buf = appendRecord(w.buf, kind, codec, ulen, id, stored)
+	l := loc{pack: w.num, kind: kind, codec: codec, clen: uint32(len(stored)), ulen: ulen, off: off}
+	s.index[id] = l
+	s.pending = append(s.pending, indexEntry{id: id, loc: l})
+	s.touch(id)
+	if len(w.buf) >= writeBufSize {
+		if err := w.writeOut(); err != nil {
+			return err
+		}
+	}
+	if w.size() >= s.opts.PackSize {
+		return s.sealLocked()
+	}
+	return nil
+}
+
+func (s *Store) newPackLocked() error {
+	n := s.nextPack
+	path := filepath.Join(s.dir, "packs", packName(n))
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("chunkstore: create pack %s: %w", path, err)
+	}
+	s.nextPack++
+	s.w = &packWriter{num: n, f: f, buf: make([]byte, 0, writeBufSize+(1<<20))}
+	s.w.buf = append(s.w.buf, encodePackHeader(n)...)
+	s.packs[n] = f
+	return nil
+}
+
+// sealLocked writes out the open pack and closes it for appends; it is
+// fsync'd by the next flush.
+func (s *Store) sealLocked() error {
+	if s.w == nil {
+		return nil
+	}
+	if err := s.w.writeOut(); err != nil {
+		return err
+	}
+	s.dirty = append(s.dirty, s.w.f)
+	s.w = nil
+	return nil
+}
+
+// Put stores one chunk and returns its id. All-zero data returns the zero
+// ID and stores nothing. Data already stored is not stored again.
+func (s *Store) Put(data []byte) (ID, error) {
+	if len(data) > maxObject {
+		return ID{}, fmt.Errorf("chunkstore: put %d bytes: over the %d byte object limit", len(data), maxObject)
+	}
+	s.addLogical(uint64(len(data)))
+	if isZero(data) {
+		return ID{}, nil
+	}
+	id := Sum(data)
+	if _, ok := s.lookup(id); ok {
+		return id, nil
+	}
+	return id, s.add(s.prepare(id, kindBlob, data, nil))
+}
+
+func (s *Store) addLogical(n uint64) {
+	s.mu.Lock()
+	s.logicalPending += n
+	s.mu.Unlock()
+}
+
+// Has reports whether the object id is in the store. The zero ID is
+// always present.
+func (s *Store) Has(id ID) bool {
+	if id.IsZero() {
+		return true
+	}
+	_, ok := s.lookup(id)
+	return ok
+}
+
+// Get returns the bytes of chunk id. It fails with ErrNotFound if the
+// store does not hold it and with ErrCorrupt (naming the pack and offset)
+// if the stored bytes fail a check. The zero ID has no bytes: Get returns
+// an empty slice for it.
+func (s *Store) Get(id ID) ([]byte, error) {
+	if id.IsZero() {
+		return []byte{}, nil
+	}
+	b, err := s.getShared(id)
+	if err != nil {
+		return nil, err
+	}
+	return bytes.Clone(b), nil
+}
+
+// read fetches, checks and decodes object id.
+func (s *Store) read(id ID) ([]byte, loc, error) {
+	s.mu.RLock()
+	raw, l, err := s.readRawLocked(id)
+	s.mu.RUnlock()
+	if err != nil {
+		return nil, l, err
+	}
+	data, err := s.decode(id, l, raw)
+	return data, l, err
+}
+
+// readRawLocked returns the record (header and stored bytes) of object id.
+// The caller holds s.mu (read or write).
+func (s *Store) readRawLocked(id ID) ([]byte, loc, error) {
+	l, ok := s.index[id]
+	if !ok {
+		return nil, l, fmt.Errorf("chunkstore: get %s from %s: %w", id, s.dir, ErrNotFound)
+	}
+	raw := make([]byte, recHeaderLen+int(l.clen))
+	if s.w != nil && l.pack == s.w.num && l.off >= s.w.base {
+		copy(raw, s.w.buf[l.off-s.w.base:])
+		return raw, l, nil
+	}
+	f := s.packs[l.pack]
+	if f == nil {
+		return nil, l, fmt.Errorf("chunkstore: get %s: pack %s is missing: %w", id, s.packPath(l.pack), ErrCorrupt)
+	}
+	n, err := f.ReadAt(raw, l.off)
+	if err != nil && n < len(raw) {
+		return nil, l, fmt.Errorf("chunkstore: get %s: read pack %s offset %d: %w (%w)", id, s.packPath(l.pack), l.off, err, ErrCorrupt)
+	}
+	return raw, l, nil
+}
+
+func (s *Store) packPath(n uint32) string { return filepath.Join(s.dir, "packs", packName(n)) }
+
+// decode checks a raw record against its index entry and returns the
+// uncompressed, hash-checked bytes.
+func (s *Store) decode(id ID, l loc, raw []byte) ([]byte, error) {
+	name := s.packPath(l.pack)
+	h, stored, err := decodeRecord(name, l.off, raw)
+	if err != nil {
+		return nil, fmt.Errorf("chunkstore: get %s: %w", id, err)
+	}
+	if h.id != id || h.kind != l.kind || h.codec != l.codec || h.ulen != l.ulen || h.clen != l.clen {
+		return nil, fmt.Errorf("chunkstore: get %s: pack %s offset %d: record header does not match the index: %w", id, name, l.off, ErrCorrupt)
+	}
+	data := stored
+	if h.codec == codecZstd {
+		data, err = s.dec.DecodeAll(stored, make([]byte, 0, h.ulen))
+		if err != nil {
+			return nil, fmt.Errorf("chunkstore: get %s: pack %s offset %d: zstd: %w (%w)", id, name, l.off, err, ErrCorrupt)
+		}
+	}
+	if len(data) != int(h.ulen) {
+		return nil, fmt.Errorf("chunkstore: get %s: pack %s offset %d: decoded %d bytes, want %d: %w", id, name, l.off, len(data), h.ulen, ErrCorrupt)
+	}
+	if Sum(data) != id {
+		return nil, fmt.Errorf("chunkstore: get %s: pack %s offset %d: content hash mismatch: %w", id, name, l.off, ErrCorrupt)
+	}
+	return data, nil
+}
+
+// PutNode stores a node: an object that links to other objects (blobs or
+// nodes), so that GC keeps them alive. Zero links are allowed and ignored.
+func (s *Store) PutNode(links []ID, payload []byte) (ID, error) {
+	enc := encodeNode(links, payload)
+	if len(enc) > maxObject {
+		return ID{}, fmt.Errorf("chunkstore: put node of %d bytes: over the %d byte object limit", len(enc), maxObject)
+	}
+	id := Sum(enc)
+	if l, ok := s.lookup(id); ok && l.kind == kindNode {
+		return id, nil
+	}
+	return id, s.add(s.prepare(id, kindNode, enc, nil))
+}
+
+// GetNode returns the links and payload of node id. It fails with
+// ErrNotFound if id is not stored as a node.
+func (s *Store) GetNode(id ID) (links []ID, payload []byte, err error) {
+	s.mu.RLock()
+	l, ok := s.index[id]
+	s.mu.RUnlock()
+	if !ok || l.kind != kindNode {
+		return nil, nil, fmt.Errorf("chunkstore: get node %s from %s: %w", id, s.dir, ErrNotFound)
+	}
+	b, err := s.Get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	links, payload, err = decodeNode(id, b)
+	if err != nil {
+		return nil, nil, fmt.Errorf("chunkstore: %s: %w", s.packPath(l.pack), err)
+	}
+	return links, bytes.Clone(payload), nil
+}
+
+// Flush makes every object put so far durable: the packs are fsync'd, then
+// a new index file naming the new objects is written, fsync'd and renamed
+// into place, and the directories are fsync'd.
+func (s *Store) Flush() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("chunkstore: flush %s: store is closed", s.dir)
+	}
+	return s.flushLocked()
+}
+
+func (s *Store) flushLocked() error {
+	if len(s.pending) == 0 && s.logicalPending == 0 {
+		return nil
+	}
+	if err := s.syncPacksLocked(); err != nil {
+		return err
+	}
+	if err := s.writeIndexLocked(s.pending, s.logicalPending); err != nil {
+		return err
+	}
+	s.logicalDurable += s.logicalPending
+	s.logicalPending = 0
+	s.pending = s.pending[:0]
+	if len(s.idxFiles) > 64 {
+		return s.rewriteIndexLocked()
+	}
+	return nil
+}
+
+// syncPacksLocked writes out and fsyncs the open pack and the sealed packs
+// not yet synced, then the packs directory.
+func (s *Store) syncPacksLocked() error {
+	if s.w != nil {
+		if err := s.w.writeOut(); err != nil {
+			return err
+		}
+		s.dirty = append(s.dirty, s.w.f)
+	}
+	if len(s.dirty) == 0 {
+		return nil
+	}
+	for _, f := range s.dirty {
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("chunkstore: fsync pack %s: %w", f.Name(), err)
+		}
+	}
+	s.dirty = s.dirty[:0]
+	return syncDir(filepath.Join(s.dir, "packs"))
+}
+
+// writeIndexLocked writes one index file holding entries.
+func (s *Store) writeIndexLocked(entries []indexEntry, logical uint64) error {
+	n := s.nextIdx
+	path := filepath.Join(s.dir, "index", indexName(n))
+	if err := writeFileAtomic(path, encodeIndex(entries, logical)); err != nil {
+		return err
+	}
+	s.nextIdx++
+	s.idxFiles = append(s.idxFiles, n)
+	return nil
+}
+
+// rewriteIndexLocked replaces all index files by one holding the whole
+// index. The new file is durable before the old ones are removed, so a
+// crash leaves either or both, and both describe the same objects.
+func (s *Store) rewriteIndexLocked() error {
+	if err := s.syncPacksLocked(); err != nil {
+		return err
+	}
+	entries := make([]indexEntry, 0, len(s.index))
+	for id, l := range s.index {
+		entries = append(entries, indexEntry{id: id, loc: l})
+	}
+	sort.Slice(entries, func(i, j int) bool {
+		a, b := entries[i].loc, entries[j].loc
+		if a.pack != b.pack {
+			return a.pack < b.pack
+		}
+		return a.off < b.off
+	})
+	old := s.idxFiles
+	s.idxFiles = nil
+	if err := s.writeIndexLocked(entries, s.logicalDurable+s.logicalPending); err != nil {
+		s.idxFiles = append(old, s.idxFiles...)
+		return err
+	}
+	s.logicalDurable += s.logicalPending
+	s.logicalPending = 0
+	s.pending = s.pending[:0]
+	idxDir := filepath.Join(s.dir, "index")
+	for _, n := range old {
+		if err := os.Remove(filepath.Join(idxDir, indexName(n))); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("chunkstore: remove old index: %w", err)
+		}
+	}
+	return syncDir(idxDir)
+}
+
+// writeFileAtomic writes path through a temporary file that is fsync'd
+// and renamed into place; the directory is fsync'd after.
+func writeFileAtomic(path string, data []byte) error {
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("chunkstore: create %s: %w", tmp, err)
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("chunkstore: write %s: %w", path, err)
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("chunkstore: fsync directory %s: %w", dir, err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("chunkstore: fsync directory %s: %w", dir, err)
+	}
+	return nil
+}
