@@ -30,17 +30,18 @@ const (
 )
 
 // GC removes objects that are not reachable from the refs or extraRoots,
-// following node links. It marks without blocking puts and reads; objects
-// put while it runs, and objects that puts or Has found already stored
-// while it marks, are kept (with everything their links reach). Then,
+// following node links. It marks without blocking puts and reads. Objects
+// put, or found already stored by Put, PutNode or Has, within
+// Options.GCGrace before the GC began or while it runs are kept too, with
+// everything their links reach: that leaves callers time to link new
+// objects from a node or a ref. Then,
 // with the store locked, it removes dead objects: packs with nothing live
 // are deleted, packs with more than 10% dead bytes and small packs are
 // rewritten. The new index is durable before any old index file or pack is
 // removed.
 //
-// An object id held only in memory (not in a ref, not linked from a kept
-// node, not touched during the mark) is not protected: pass it in
-// extraRoots.
+// An id held only in memory for longer than that (not in a ref, not
+// linked from a kept node) is not protected: pass it in extraRoots.
 func (s *Store) GC(ctx context.Context, extraRoots ...ID) (GCStats, error) {
 	start := time.Now()
 	var st GCStats
@@ -71,14 +72,16 @@ func (s *Store) GC(ctx context.Context, extraRoots ...ID) (GCStats, error) {
 		roots = append(roots, id)
 	}
 	s.touchMu.Lock()
-	s.touched = map[ID]struct{}{}
+	began := time.Since(s.opened)
+	for id, t := range s.touched {
+		if t >= began-s.opts.GCGrace {
+			roots = append(roots, id)
+		} else {
+			delete(s.touched, id)
+		}
+	}
 	s.touchMu.Unlock()
 	s.mu.Unlock()
-	defer func() {
-		s.touchMu.Lock()
-		s.touched = nil
-		s.touchMu.Unlock()
-	}()
 
 	// Phase 2: mark, concurrently with puts.
 	live := map[ID]struct{}{}
@@ -108,10 +111,11 @@ func (s *Store) GC(ctx context.Context, extraRoots ...ID) (GCStats, error) {
 		roots = append(roots, id)
 	}
 	s.touchMu.Lock()
-	for id := range s.touched {
-		roots = append(roots, id)
+	for id, t := range s.touched {
+		if t >= began {
+			roots = append(roots, id)
+		}
 	}
-	s.touched = nil
 	s.touchMu.Unlock()
 	getLinksLocked := func(id ID) ([]ID, bool, error) {
 		l, ok := s.index[id]

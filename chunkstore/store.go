@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
@@ -35,6 +36,13 @@ type Options struct {
 	// CacheBytes bounds the cache of decompressed chunks (default 16 MiB;
 	// negative disables it).
 	CacheBytes int64
+	// GCGrace protects recent objects from GC: objects put, or found
+	// already stored by Put, PutNode or Has, within GCGrace before a GC
+	// begins (or while it runs) are kept, with what they link to. It gives
+	// callers time to link new objects from a node or ref. Default 10
+	// minutes; negative means no grace (only objects touched during the GC
+	// are kept).
+	GCGrace time.Duration
 	// AllowDamaged opens a store whose index files or refs fail to decode
 	// instead of failing: the damage is reported by Verify. Nothing is
 	// deleted at open then. Meant for verify and repair tools.
@@ -59,6 +67,11 @@ func (o *Options) withDefaults() (Options, cdc.Params, error) {
 	}
 	if r.Workers <= 0 {
 		r.Workers = runtime.GOMAXPROCS(0)
+	}
+	if r.GCGrace == 0 {
+		r.GCGrace = 10 * time.Minute
+	} else if r.GCGrace < 0 {
+		r.GCGrace = 0
 	}
 	if r.CacheBytes == 0 {
 		r.CacheBytes = 16 << 20
@@ -95,7 +108,8 @@ type Store struct {
 
 	gcMu      sync.Mutex // one GC at a time
 	touchMu   sync.Mutex
-	touched   map[ID]struct{} // objects returned by dedup while GC marks; nil when no GC
+	opened    time.Time
+	touched   map[ID]time.Duration // objects put or found, with when (since opened)
 	flushMu   sync.Mutex
 	putsSince int64
 }
@@ -145,7 +159,7 @@ func Open(dir string, opts *Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{dir: dir, opts: o, params: p, lockF: lockF,
-		index: map[ID]loc{}, packs: map[uint32]*os.File{}, refs: map[string]ID{}, nextPack: 1, nextIdx: 1}
+		index: map[ID]loc{}, touched: map[ID]time.Duration{}, opened: time.Now(), packs: map[uint32]*os.File{}, refs: map[string]ID{}, nextPack: 1, nextIdx: 1}
 	lvl := zstd.SpeedDefault
 	switch o.Level {
 	case 1:
@@ -386,23 +400,21 @@ func (s *Store) prepare(id ID, kind uint8, data []byte, scratch []byte) prepared
 	return p
 }
 
-// has reports whether id is stored (or pending) and, while a GC marks,
-// records it as live.
+// lookup reports where id is stored and records it as recently used, so
+// that the next two GCs keep it (see GC).
 func (s *Store) lookup(id ID) (loc, bool) {
 	s.mu.RLock()
 	l, ok := s.index[id]
-	s.mu.RUnlock()
 	if ok {
-		s.touch(id)
+		s.touch(id) // under s.mu, so that no sweep runs between look-up and touch
 	}
+	s.mu.RUnlock()
 	return l, ok
 }
 
 func (s *Store) touch(id ID) {
 	s.touchMu.Lock()
-	if s.touched != nil {
-		s.touched[id] = struct{}{}
-	}
+	s.touched[id] = time.Since(s.opened)
 	s.touchMu.Unlock()
 }
 

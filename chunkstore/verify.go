@@ -53,6 +53,20 @@ func (s *Store) Verify(ctx context.Context) (VerifyReport, error) {
 	for n, id := range s.refs {
 		refs[n] = id
 	}
+	for n, f := range s.packs {
+		if s.w != nil && n == s.w.num && s.w.base == 0 {
+			continue // header still in the write buffer
+		}
+		hdr := make([]byte, packHeaderLen)
+		name := s.packPath(n)
+		if _, err := f.ReadAt(hdr, 0); err != nil {
+			rep.Damaged = append(rep.Damaged, Damage{File: name, Problem: fmt.Sprintf("offset 0: read header: %v", err)})
+		} else if num, err := decodePackHeader(name, hdr); err != nil {
+			rep.Damaged = append(rep.Damaged, Damage{File: name, Problem: err.Error()})
+		} else if num != n {
+			rep.Damaged = append(rep.Damaged, Damage{File: name, Problem: fmt.Sprintf("offset 12: header names pack %d", num)})
+		}
+	}
 	s.mu.RUnlock()
 	sort.Slice(entries, func(i, j int) bool {
 		a, b := entries[i].loc, entries[j].loc
@@ -98,7 +112,7 @@ func (s *Store) Verify(ctx context.Context) (VerifyReport, error) {
 					continue
 				}
 				for _, link := range links {
-					if !link.IsZero() && !s.Has(link) {
+					if !link.IsZero() && !s.present(link) {
 						report(Damage{ID: e.id, File: file, Offset: e.loc.off, Problem: fmt.Sprintf("links to missing object %s", link)})
 					}
 				}
@@ -117,7 +131,7 @@ func (s *Store) Verify(ctx context.Context) (VerifyReport, error) {
 	rep.Objects, rep.Bytes = objects, bytes
 	for name, id := range refs {
 		rep.Refs++
-		if !s.Has(id) {
+		if !s.present(id) {
 			report(Damage{File: s.refPath(name), Offset: -1, Problem: fmt.Sprintf("ref %s names missing object %s", name, id)})
 		}
 	}
@@ -129,4 +143,12 @@ func (s *Store) Verify(ctx context.Context) (VerifyReport, error) {
 		return a.Offset < b.Offset
 	})
 	return rep, err
+}
+
+// present reports whether id is stored, without marking it as recently used.
+func (s *Store) present(id ID) bool {
+	s.mu.RLock()
+	_, ok := s.index[id]
+	s.mu.RUnlock()
+	return ok
 }
