@@ -1,0 +1,757 @@
+package cowfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"tine/chunkstore"
+)
+
+// inode is one file, directory or other node of a live branch. All fields
+// are guarded by the branch mutex.
+type inode struct {
+	ino      uint64
+	typ      EntryType
+	mode     uint32 // 07777 bits
+	uid, gid uint32
+	mtime    int64 // ns
+	ctime    int64
+	atime    int64
+	xattrs   map[string][]byte
+	nlink    uint32 // names (files and other non-directories)
+	linkID   uint64
+	parents  map[*inode]int // directory -> number of names of this inode in it
+
+	// directories
+	loaded   bool
+	children map[string]*inode
+	dirty    bool          // directory: entries changed since id was computed
+	id       chunkstore.ID // directory: tree id when !dirty; file: content id when !f.changed()
+
+	// files
+	size        int64
+	f           *fileData
+	opens       int // open handles
+	ptOpens     int // open passthrough handles
+	cachedOpens int // open non-passthrough handles
+
+	// symlinks and device nodes
+	target string
+	rdev   uint64
+}
+
+// extent is a dirty byte range [off, end) of a file.
+type extent struct{ off, end int64 }
+
+// fileData is a file's content while the branch is live: the committed
+// chunk list plus a sparse overlay file holding the bytes written since.
+type fileData struct {
+	refs    []chunkstore.Ref
+	offs    []int64 // offs[i] is where refs[i] starts; offs[len(refs)] = baseLen
+	dirty   []extent
+	changed bool // content differs from id
+	ov      *os.File
+	ovPath  string
+}
+
+func (fd *fileData) baseLen() int64 { return fd.offs[len(fd.refs)] }
+
+func (fd *fileData) setRefs(refs []chunkstore.Ref) {
+	fd.refs = refs
+	fd.offs = make([]int64, len(refs)+1)
+	for i, r := range refs {
+		fd.offs[i+1] = fd.offs[i] + int64(r.Size)
+	}
+}
+
+// branch is the live, mutable state of a mounted branch.
+type branch struct {
+	fs   *FS
+	name string
+	dir  string // branches/NAME
+
+	mu          sync.Mutex
+	root        *inode
+	head        chunkstore.ID // last committed root object (the branch ref)
+	nextIno     uint64
+	linked      map[uint64]*inode // hard-link groups loaded so far
+	meta        branchMeta
+	lock        *os.File          // flock held while mounted
+	gen         uint64            // bumped by reset (rollback)
+	orphans     map[*inode]*inode // unlinked files still open
+	passthrough bool
+	rootNode    *node
+
+	chunkCache map[chunkstore.ID][]byte // small cache of decoded chunks
+	chunkOrder []chunkstore.ID
+}
+
+func nowNs() int64 { return time.Now().UnixNano() }
+
+// openBranch takes the branch's lock and loads its head.
+func (f *FS) openBranch(name string) (*branch, error) {
+	head, ok, err := f.getRef(refBranch + name)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("open branch %q: %w", name, ErrNoBranch)
+	}
+	dir := f.branchDir(name)
+	if err := os.MkdirAll(filepath.Join(dir, "overlay"), 0o700); err != nil {
+		return nil, fmt.Errorf("create branch dir %s: %w", dir, err)
+	}
+	lk, err := lockFile(filepath.Join(dir, "lock"))
+	if err != nil {
+		return nil, fmt.Errorf("open branch %q: %w", name, err)
+	}
+	// Overlay files from an earlier session hold nothing committed: the
+	// branch ref is the durable state.
+	olds, _ := filepath.Glob(filepath.Join(dir, "overlay", "*"))
+	for _, o := range olds {
+		os.Remove(o)
+	}
+	meta, err := f.readMeta(name)
+	if err != nil {
+		lk.Close()
+		return nil, err
+	}
+	b := &branch{fs: f, name: name, dir: dir, lock: lk, nextIno: 2, meta: meta, chunkCache: map[chunkstore.ID][]byte{}, orphans: map[*inode]*inode{}}
+	if err := b.loadRoot(head); err != nil {
+		lk.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *branch) loadRoot(head chunkstore.ID) error {
+	top, err := b.fs.rootEntry(head)
+	if err != nil {
+		return fmt.Errorf("branch %q: %w", b.name, err)
+	}
+	b.head = head
+	b.linked = map[uint64]*inode{}
+	root := b.fromEntry(&top)
+	root.ino = 1
+	b.root = root
+	return nil
+}
+
+// fromEntry makes an unloaded inode for a stored entry.
+func (b *branch) fromEntry(e *Entry) *inode {
+	if e.LinkID != 0 {
+		if in := b.linked[e.LinkID]; in != nil {
+			return in
+		}
+	}
+	in := &inode{
+		ino: b.nextIno, typ: e.Type, mode: e.Mode, uid: e.UID, gid: e.GID,
+		mtime: e.MtimeNs, ctime: e.MtimeNs, atime: e.MtimeNs,
+		nlink: max(e.Nlink, 1), linkID: e.LinkID, parents: map[*inode]int{},
+		id: e.ID, size: e.Size, target: e.Target, rdev: e.Rdev,
+	}
+	b.nextIno++
+	if len(e.Xattrs) > 0 {
+		in.xattrs = map[string][]byte{}
+		for _, x := range e.Xattrs {
+			in.xattrs[x.Name] = x.Value
+		}
+	}
+	if e.LinkID != 0 {
+		b.linked[e.LinkID] = in
+	}
+	return in
+}
+
+// load reads a directory's entries on first use.
+func (b *branch) load(d *inode) error {
+	if d.typ != TypeDir || d.loaded {
+		return nil
+	}
+	es, err := getDir(b.fs.store, d.id)
+	if err != nil {
+		return fmt.Errorf("branch %q: %w", b.name, err)
+	}
+	d.children = make(map[string]*inode, len(es))
+	for i := range es {
+		c := b.fromEntry(&es[i])
+		d.children[es[i].Name] = c
+		c.parents[d]++
+	}
+	d.loaded = true
+	return nil
+}
+
+// loadAll loads every directory of the branch. It is needed only when a
+// hard-linked file changes while some of its names are still unloaded.
+func (b *branch) loadAll(d *inode) error {
+	if err := b.load(d); err != nil {
+		return err
+	}
+	for _, c := range d.children {
+		if c.typ == TypeDir {
+			if err := b.loadAll(c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func loadedNames(in *inode) uint32 {
+	var n uint32
+	for _, c := range in.parents {
+		n += uint32(c)
+	}
+	return n
+}
+
+// touch records that in changed: every directory that names it must be
+// re-encoded at the next commit.
+func (b *branch) touch(in *inode) error {
+	if in.linkID != 0 && loadedNames(in) < in.nlink {
+		if err := b.loadAll(b.root); err != nil {
+			return err
+		}
+	}
+	b.dirtyUp(in)
+	return nil
+}
+
+func (b *branch) dirtyUp(in *inode) {
+	for p := range in.parents {
+		if !p.dirty {
+			p.dirty = true
+			b.dirtyUp(p)
+		}
+	}
+	if in == b.root {
+		in.dirty = true
+	}
+}
+
+// entryOf builds the stored entry for in (whose content ids are current).
+func (in *inode) entry(name string) Entry {
+	e := Entry{
+		Name: name, Type: in.typ, Mode: in.mode, UID: in.uid, GID: in.gid,
+		MtimeNs: in.mtime, Target: in.target, Rdev: in.rdev, Nlink: 1,
+	}
+	switch in.typ {
+	case TypeFile:
+		e.Size, e.ID = in.size, in.id
+		if in.linkID != 0 && in.nlink > 1 {
+			e.LinkID, e.Nlink = in.linkID, in.nlink
+		}
+	case TypeDir:
+		e.ID = in.id
+	case TypeSymlink:
+		e.Size = int64(len(in.target))
+	}
+	if len(in.xattrs) > 0 {
+		for k, v := range in.xattrs {
+			e.Xattrs = append(e.Xattrs, Xattr{Name: k, Value: v})
+		}
+		sort.Slice(e.Xattrs, func(i, j int) bool { return e.Xattrs[i].Name < e.Xattrs[j].Name })
+	}
+	return e
+}
+
+// commit writes what changed since the last commit and returns the new
+// root object id. Caller holds b.mu.
+func (b *branch) commit(ctx context.Context) (chunkstore.ID, error) {
+	if !b.root.dirty && !b.head.IsZero() {
+		return b.head, nil
+	}
+	if err := b.commitDir(ctx, b.root); err != nil {
+		return chunkstore.ID{}, err
+	}
+	id, err := putRoot(b.fs.store, b.root.entry(rootName))
+	if err != nil {
+		return id, fmt.Errorf("branch %q: write root: %w", b.name, err)
+	}
+	return id, nil
+}
+
+func (b *branch) commitDir(ctx context.Context, d *inode) error {
+	if !d.dirty {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	entries := make([]Entry, 0, len(d.children))
+	for name, c := range d.children {
+		switch c.typ {
+		case TypeDir:
+			if err := b.commitDir(ctx, c); err != nil {
+				return err
+			}
+		case TypeFile:
+			if err := b.commitFile(ctx, c); err != nil {
+				return err
+			}
+		}
+		entries = append(entries, c.entry(name))
+	}
+	id, err := putDir(b.fs.store, entries)
+	if err != nil {
+		return fmt.Errorf("branch %q: write directory: %w", b.name, err)
+	}
+	d.id, d.dirty = id, false
+	return nil
+}
+
+// commitFile turns a file's overlay into chunks: unchanged base chunks are
+// kept by reference; only runs of chunks that overlap written bytes, and
+// the bytes past the base, are read and cut again.
+func (b *branch) commitFile(ctx context.Context, in *inode) error {
+	fd := in.f
+	if fd == nil || !fd.changed {
+		return nil
+	}
+	var out []chunkstore.Ref
+	n := len(fd.refs)
+	i := 0
+	for i < n {
+		if !fd.overlaps(fd.offs[i], fd.offs[i+1]) {
+			out = append(out, fd.refs[i])
+			i++
+			continue
+		}
+		j := i
+		for j < n && fd.overlaps(fd.offs[j], fd.offs[j+1]) {
+			j++
+		}
+		if j == n {
+			break // the run reaches the end of the base: cut it with the tail
+		}
+		refs, err := b.chunkRegion(ctx, in, fd.offs[i], fd.offs[j])
+		if err != nil {
+			return err
+		}
+		out = append(out, refs...)
+		i = j
+	}
+	if start := fd.offs[i]; start < in.size {
+		refs, err := b.chunkRegion(ctx, in, start, in.size)
+		if err != nil {
+			return err
+		}
+		out = append(out, refs...)
+	}
+	id, err := putFile(b.fs.store, out)
+	if err != nil {
+		return fmt.Errorf("branch %q: write file object: %w", b.name, err)
+	}
+	fd.setRefs(out)
+	fd.dirty = nil
+	fd.changed = false
+	if fd.ov != nil {
+		fd.ov.Truncate(0)
+	}
+	in.id = id
+	return nil
+}
+
+func sumRefs(rs []chunkstore.Ref) int64 {
+	var n int64
+	for _, r := range rs {
+		n += int64(r.Size)
+	}
+	return n
+}
+
+// holeRefs covers n zero bytes with hole refs.
+func holeRefs(n int64) []chunkstore.Ref {
+	var out []chunkstore.Ref
+	const maxHole = 1 << 30
+	for n > 0 {
+		s := min(n, maxHole)
+		out = append(out, chunkstore.Ref{Size: uint32(s)})
+		n -= s
+	}
+	return out
+}
+
+// chunkRegion cuts [a, e) of the file's current content into chunks;
+// stretches past the base that were never written become holes.
+func (b *branch) chunkRegion(ctx context.Context, in *inode, a, e int64) ([]chunkstore.Ref, error) {
+	fd := in.f
+	var out []chunkstore.Ref
+	for a < e {
+		if a >= fd.baseLen() {
+			i := fd.extentAfter(a)
+			if i >= len(fd.dirty) || fd.dirty[i].off > a {
+				// A hole: past the base and never written.
+				next := e
+				if i < len(fd.dirty) {
+					next = min(next, fd.dirty[i].off)
+				}
+				out = append(out, holeRefs(next-a)...)
+				a = next
+				continue
+			}
+		}
+		// Data: base bytes or written bytes, up to the next hole.
+		next := a
+		for {
+			if next < fd.baseLen() {
+				next = fd.baseLen()
+				continue
+			}
+			i := fd.extentAfter(next)
+			if i < len(fd.dirty) && fd.dirty[i].off <= next && fd.dirty[i].end > next {
+				next = fd.dirty[i].end
+				continue
+			}
+			break
+		}
+		next = min(next, e)
+		r := io.NewSectionReader(readerAtFunc(func(p []byte, off int64) (int, error) {
+			return b.readAt(in, p, off)
+		}), a, next-a)
+		refs, err := b.fs.store.PutStream(ctx, r)
+		if err != nil {
+			return nil, fmt.Errorf("branch %q: store file data: %w", b.name, err)
+		}
+		if got := sumRefs(refs); got != next-a {
+			return nil, fmt.Errorf("branch %q: store file data: stored %d bytes of %d", b.name, got, next-a)
+		}
+		out = append(out, refs...)
+		a = next
+	}
+	return out, nil
+}
+
+type readerAtFunc func(p []byte, off int64) (int, error)
+
+func (f readerAtFunc) ReadAt(p []byte, off int64) (int, error) { return f(p, off) }
+
+// extentAfter returns the index of the first dirty extent ending after pos.
+func (fd *fileData) extentAfter(pos int64) int {
+	return sort.Search(len(fd.dirty), func(i int) bool { return fd.dirty[i].end > pos })
+}
+
+func (fd *fileData) overlaps(a, e int64) bool {
+	i := fd.extentAfter(a)
+	return i < len(fd.dirty) && fd.dirty[i].off < e
+}
+
+func (fd *fileData) addExtent(a, e int64) {
+	if a >= e {
+		return
+	}
+	i := sort.Search(len(fd.dirty), func(i int) bool { return fd.dirty[i].end >= a })
+	j := i
+	for j < len(fd.dirty) && fd.dirty[j].off <= e {
+		a = min(a, fd.dirty[j].off)
+		e = max(e, fd.dirty[j].end)
+		j++
+	}
+	fd.dirty = append(fd.dirty[:i], append([]extent{{a, e}}, fd.dirty[j:]...)...)
+}
+
+func (fd *fileData) clipExtents(n int64) {
+	i := fd.extentAfter(n)
+	if i < len(fd.dirty) && fd.dirty[i].off < n {
+		fd.dirty[i].end = n
+		i++
+	}
+	fd.dirty = fd.dirty[:i]
+}
+
+// fileOf loads a file's chunk list on first use.
+func (b *branch) fileOf(in *inode) (*fileData, error) {
+	if in.f != nil {
+		return in.f, nil
+	}
+	refs, size, err := getFile(b.fs.store, in.id)
+	if err != nil {
+		return nil, fmt.Errorf("branch %q: %w", b.name, err)
+	}
+	if size != in.size {
+		return nil, fmt.Errorf("branch %q: file object %s: %w: holds %d bytes, entry says %d", b.name, in.id, errCorrupt, size, in.size)
+	}
+	fd := &fileData{}
+	fd.setRefs(refs)
+	in.f = fd
+	return fd, nil
+}
+
+func (b *branch) overlay(in *inode) (*os.File, error) {
+	fd := in.f
+	if fd.ov != nil {
+		return fd.ov, nil
+	}
+	p := filepath.Join(b.dir, "overlay", strconv.FormatUint(in.ino, 10)+"-"+strconv.FormatUint(b.gen, 10))
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("branch %q: create overlay %s: %w", b.name, p, err)
+	}
+	fd.ov, fd.ovPath = f, p
+	return f, nil
+}
+
+// dropOverlay closes and removes an inode's overlay file.
+func (fd *fileData) dropOverlay() {
+	if fd != nil && fd.ov != nil {
+		fd.ov.Close()
+		os.Remove(fd.ovPath)
+		fd.ov = nil
+	}
+}
+
+// chunk returns a chunk's bytes (a small cache keeps the recent ones).
+func (b *branch) chunk(r chunkstore.Ref) ([]byte, error) {
+	if r.ID.IsZero() {
+		return nil, nil
+	}
+	if d, ok := b.chunkCache[r.ID]; ok {
+		return d, nil
+	}
+	d, err := b.fs.store.Get(r.ID)
+	if err != nil {
+		return nil, fmt.Errorf("branch %q: read chunk %s: %w", b.name, r.ID, err)
+	}
+	if len(d) != int(r.Size) {
+		return nil, fmt.Errorf("branch %q: chunk %s: %w: %d bytes, ref says %d", b.name, r.ID, errCorrupt, len(d), r.Size)
+	}
+	const keep = 16
+	if len(b.chunkOrder) >= keep {
+		delete(b.chunkCache, b.chunkOrder[0])
+		b.chunkOrder = b.chunkOrder[1:]
+	}
+	b.chunkCache[r.ID] = d
+	b.chunkOrder = append(b.chunkOrder, r.ID)
+	return d, nil
+}
+
+// readAt reads the file's current content. Caller holds b.mu.
+func (b *branch) readAt(in *inode, p []byte, off int64) (int, error) {
+	fd, err := b.fileOf(in)
+	if err != nil {
+		return 0, err
+	}
+	if off >= in.size {
+		return 0, io.EOF
+	}
+	end := min(off+int64(len(p)), in.size)
+	pos := off
+	for pos < end {
+		buf := p[pos-off : end-off]
+		i := fd.extentAfter(pos)
+		if i < len(fd.dirty) && fd.dirty[i].off <= pos {
+			n := min(end, fd.dirty[i].end) - pos
+			m, err := fd.ov.ReadAt(buf[:n], pos)
+			if err != nil && !errors.Is(err, io.EOF) {
+				return int(pos - off), fmt.Errorf("branch %q: read overlay %s: %w", b.name, fd.ovPath, err)
+			}
+			clear(buf[m:n])
+			pos += n
+			continue
+		}
+		next := end
+		if i < len(fd.dirty) {
+			next = min(next, fd.dirty[i].off)
+		}
+		if err := b.readBase(fd, buf[:next-pos], pos); err != nil {
+			return int(pos - off), err
+		}
+		pos = next
+	}
+	n := int(end - off)
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+func (b *branch) readBase(fd *fileData, buf []byte, pos int64) error {
+	for len(buf) > 0 {
+		if pos >= fd.baseLen() {
+			clear(buf)
+			return nil
+		}
+		j := sort.Search(len(fd.refs), func(i int) bool { return fd.offs[i+1] > pos })
+		d, err := b.chunk(fd.refs[j])
+		if err != nil {
+			return err
+		}
+		in := pos - fd.offs[j]
+		n := min(int64(len(buf)), int64(fd.refs[j].Size)-in)
+		if d == nil {
+			clear(buf[:n])
+		} else {
+			copy(buf[:n], d[in:in+n])
+		}
+		buf = buf[n:]
+		pos += n
+	}
+	return nil
+}
+
+// write writes p at off. Caller holds b.mu.
+func (b *branch) write(in *inode, p []byte, off int64) (int, syscall.Errno) {
+	if b.meta.QuotaBytes > 0 && b.meta.UsedBytes+int64(len(p)) > b.meta.QuotaBytes {
+		return 0, syscall.ENOSPC
+	}
+	fd, err := b.fileOf(in)
+	if err != nil {
+		return 0, syscall.EIO
+	}
+	ov, err := b.overlay(in)
+	if err != nil {
+		return 0, syscall.EIO
+	}
+	n, err := ov.WriteAt(p, off)
+	if err != nil {
+		return n, toErrno(err)
+	}
+	fd.addExtent(off, off+int64(n))
+	fd.changed = true
+	b.meta.UsedBytes += int64(n)
+	if off+int64(n) > in.size {
+		in.size = off + int64(n)
+	}
+	t := nowNs()
+	in.mtime, in.ctime = t, t
+	if err := b.touch(in); err != nil {
+		return n, syscall.EIO
+	}
+	return n, 0
+}
+
+// truncate sets a file's size. Caller holds b.mu.
+func (b *branch) truncate(in *inode, n int64) syscall.Errno {
+	fd, err := b.fileOf(in)
+	if err != nil {
+		return syscall.EIO
+	}
+	if n == in.size {
+		return 0
+	}
+	if n < in.size {
+		if n < fd.baseLen() {
+			// Cut the base at a chunk boundary; the kept part of the cut
+			// chunk moves into the overlay.
+			j := sort.Search(len(fd.refs), func(i int) bool { return fd.offs[i+1] > n })
+			if n > fd.offs[j] {
+				buf := make([]byte, n-fd.offs[j])
+				if _, err := b.readAt(in, buf, fd.offs[j]); err != nil && !errors.Is(err, io.EOF) {
+					return syscall.EIO
+				}
+				ov, err := b.overlay(in)
+				if err != nil {
+					return syscall.EIO
+				}
+				if _, err := ov.WriteAt(buf, fd.offs[j]); err != nil {
+					return toErrno(err)
+				}
+				fd.addExtent(fd.offs[j], n)
+			}
+			fd.setRefs(fd.refs[:j:j])
+		}
+		fd.clipExtents(n)
+		if fd.ov != nil {
+			if err := fd.ov.Truncate(n); err != nil {
+				return toErrno(err)
+			}
+		}
+	}
+	in.size = n
+	fd.changed = true
+	t := nowNs()
+	in.mtime, in.ctime = t, t
+	if err := b.touch(in); err != nil {
+		return syscall.EIO
+	}
+	return 0
+}
+
+func toErrno(err error) syscall.Errno {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return syscall.EIO
+}
+
+// checkpoint commits the branch, makes it durable and moves the branch
+// ref. With flush false the store is not fsync'd (used for Head).
+func (b *branch) checkpoint(ctx context.Context, durable bool) (chunkstore.ID, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.checkpointLocked(ctx, durable)
+}
+
+func (b *branch) checkpointLocked(ctx context.Context, durable bool) (chunkstore.ID, error) {
+	id, err := b.commit(ctx)
+	if err != nil {
+		return id, err
+	}
+	if id != b.head {
+		if err := b.fs.store.SetRef(refBranch+b.name, b.head, id); err != nil {
+			return id, fmt.Errorf("branch %q: move head: %w", b.name, err)
+		}
+		b.head = id
+		durable = true
+	}
+	if durable {
+		if err := b.fs.store.Flush(); err != nil {
+			return id, fmt.Errorf("branch %q: flush store: %w", b.name, err)
+		}
+		if err := b.fs.writeMeta(b.name, b.meta); err != nil {
+			return id, err
+		}
+	}
+	return id, nil
+}
+
+// reset switches the live branch to snapshot snap (rollback).
+func (b *branch) reset(ctx context.Context, snap chunkstore.ID) error {
+	b.mu.Lock()
+	var names []string
+	if b.root.loaded {
+		for n := range b.root.children {
+			names = append(names, n)
+		}
+	}
+	err := b.resetLocked(snap)
+	b.mu.Unlock()
+	if err == nil {
+		b.notifyRollback(names)
+	}
+	return err
+}
+
+func (b *branch) resetLocked(snap chunkstore.ID) error {
+	if _, err := b.fs.rootEntry(snap); err != nil {
+		return err
+	}
+	b.walkLoaded(b.root, func(in *inode) {
+		if in.f != nil {
+			if in.opens == 0 {
+				in.f.dropOverlay()
+			} else {
+				b.orphans[in] = in
+			}
+		}
+	})
+	if err := b.fs.store.SetRef(refBranch+b.name, b.head, snap); err != nil {
+		return fmt.Errorf("branch %q: move head: %w", b.name, err)
+	}
+	b.gen++
+	if err := b.loadRoot(snap); err != nil {
+		return err
+	}
+	return nil
+}

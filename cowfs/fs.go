@@ -1,0 +1,468 @@
+package cowfs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+
+	"tine/chunkstore"
+)
+
+// SnapshotID names an immutable snapshot: the id of its root object.
+type SnapshotID = chunkstore.ID
+
+// Errors callers may test for with errors.Is.
+var (
+	// ErrExists reports that a branch or snapshot name is already taken.
+	ErrExists = errors.New("already exists")
+	// ErrNoBranch reports an unknown branch.
+	ErrNoBranch = errors.New("no such branch")
+	// ErrNoSnapshot reports an unknown snapshot id or name.
+	ErrNoSnapshot = errors.New("no such snapshot")
+	// ErrBusy reports that a branch is mounted (by this or another process).
+	ErrBusy = errors.New("branch is mounted")
+	// ErrBadName reports a branch or snapshot name outside [A-Za-z0-9._-].
+	ErrBadName = errors.New("bad name")
+)
+
+const (
+	refSnap   = "cowfs/snap/"   // + id hex: keeps a snapshot alive
+	refName   = "cowfs/name/"   // + name: a named snapshot
+	refBranch = "cowfs/branch/" // + branch: the branch's committed head
+	refBase   = "cowfs/base/"   // + branch: the snapshot the branch last started from
+)
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
+
+func checkName(kind, n string) error {
+	if !nameRE.MatchString(n) {
+		return fmt.Errorf("%w: %s name %q (want 1-100 of [A-Za-z0-9._-], not starting with . - _)", ErrBadName, kind, n)
+	}
+	return nil
+}
+
+// Options tunes Open.
+type Options struct {
+	// Store is passed to chunkstore.Open; nil means defaults.
+	Store *chunkstore.Options
+}
+
+// FS is tine's copy-on-write filesystem state under one root directory:
+// the chunk store (root/store), branch state (root/branches) and the
+// shared read cache for passthrough (root/cache). It is safe for
+// concurrent use. One process at a time may hold an FS open on a root.
+type FS struct {
+	root  string
+	store *chunkstore.Store
+
+	mu   sync.Mutex
+	live map[string]*branch // mounted branches, by name
+
+	matMu sync.Mutex // serialises cache materialisation
+}
+
+// Open opens (creating if needed) the state root dir.
+func Open(root string, opts *Options) (*FS, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	for _, d := range []string{root, filepath.Join(root, "branches"), filepath.Join(root, "cache")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("cowfs: create state dir %s: %w", d, err)
+		}
+	}
+	st, err := chunkstore.Open(filepath.Join(root, "store"), opts.Store)
+	if err != nil {
+		return nil, fmt.Errorf("cowfs: open store in %s: %w", root, err)
+	}
+	return &FS{root: root, store: st, live: map[string]*branch{}}, nil
+}
+
+// Store returns the chunk store the filesystem keeps its objects in.
+func (f *FS) Store() *chunkstore.Store { return f.store }
+
+// Root returns the state root directory.
+func (f *FS) Root() string { return f.root }
+
+// Close unmounts nothing: callers unmount their mounts first. It flushes
+// and closes the store.
+func (f *FS) Close() error {
+	f.mu.Lock()
+	n := len(f.live)
+	f.mu.Unlock()
+	if n > 0 {
+		return fmt.Errorf("cowfs: close %s: %d branches still mounted", f.root, n)
+	}
+	if err := f.store.Flush(); err != nil {
+		f.store.Close()
+		return fmt.Errorf("cowfs: flush store in %s: %w", f.root, err)
+	}
+	return f.store.Close()
+}
+
+// setRef points name at id, whatever it pointed at before.
+func (f *FS) setRef(name string, id chunkstore.ID) error {
+	for try := 0; ; try++ {
+		old, err := f.store.GetRef(name)
+		if err != nil && !errors.Is(err, chunkstore.ErrNotFound) {
+			return fmt.Errorf("read ref %s: %w", name, err)
+		}
+		if old == id && err == nil {
+			return nil
+		}
+		err = f.store.SetRef(name, old, id)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, chunkstore.ErrConflict) || try > 5 {
+			return fmt.Errorf("set ref %s: %w", name, err)
+		}
+	}
+}
+
+func (f *FS) getRef(name string) (chunkstore.ID, bool, error) {
+	id, err := f.store.GetRef(name)
+	if errors.Is(err, chunkstore.ErrNotFound) {
+		return id, false, nil
+	}
+	if err != nil {
+		return id, false, fmt.Errorf("read ref %s: %w", name, err)
+	}
+	return id, true, nil
+}
+
+// keepSnapshot makes id a durable, named-by-id snapshot.
+func (f *FS) keepSnapshot(id SnapshotID) error {
+	if err := f.setRef(refSnap+id.String(), id); err != nil {
+		return err
+	}
+	return f.store.Flush()
+}
+
+// NameSnapshot gives snapshot id the name n (replacing an older snapshot of
+// that name).
+func (f *FS) NameSnapshot(ctx context.Context, id SnapshotID, n string) error {
+	if err := checkName("snapshot", n); err != nil {
+		return err
+	}
+	if _, ok, err := f.getRef(refSnap + id.String()); err != nil {
+		return err
+	} else if !ok {
+		return fmt.Errorf("name snapshot %s: %w", id, ErrNoSnapshot)
+	}
+	if err := f.setRef(refName+n, id); err != nil {
+		return err
+	}
+	return f.store.Flush()
+}
+
+// Resolve turns a snapshot id (hex), a snapshot name or a branch name into
+// a snapshot id. A branch resolves to its current state: a mounted branch
+// is committed first (see Head).
+func (f *FS) Resolve(ctx context.Context, spec string) (SnapshotID, error) {
+	if id, err := chunkstore.ParseID(spec); err == nil {
+		if _, ok, err := f.getRef(refSnap + id.String()); err != nil {
+			return id, err
+		} else if ok {
+			return id, nil
+		}
+	}
+	if nameRE.MatchString(spec) {
+		if id, ok, err := f.getRef(refName + spec); err != nil {
+			return id, err
+		} else if ok {
+			return id, nil
+		}
+		if _, ok, err := f.getRef(refBranch + spec); err != nil {
+			return SnapshotID{}, err
+		} else if ok {
+			return f.Head(ctx, spec)
+		}
+	}
+	return SnapshotID{}, fmt.Errorf("resolve %q: %w (not a snapshot id, snapshot name or branch)", spec, ErrNoSnapshot)
+}
+
+// Head returns the id of the branch's current state without making it a
+// snapshot. For a mounted branch this commits its changes (cost: what
+// changed since the last commit); the id stays valid while the branch
+// head does not move on, and for good once passed to KeepSnapshot.
+func (f *FS) Head(ctx context.Context, branchName string) (SnapshotID, error) {
+	if b := f.liveBranch(branchName); b != nil {
+		return b.checkpoint(ctx, false)
+	}
+	id, ok, err := f.getRef(refBranch + branchName)
+	if err != nil {
+		return id, err
+	}
+	if !ok {
+		return id, fmt.Errorf("head of %q: %w", branchName, ErrNoBranch)
+	}
+	return id, nil
+}
+
+func (f *FS) liveBranch(name string) *branch {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.live[name]
+}
+
+// Snapshot records the branch's current state as a snapshot and returns
+// its id. It walks nothing and copies no data: for a mounted branch it
+// writes only what changed since the previous commit.
+func (f *FS) Snapshot(ctx context.Context, branchName string) (SnapshotID, error) {
+	id, err := f.Head(ctx, branchName)
+	if err != nil {
+		return id, err
+	}
+	if err := f.setRef(refBase+branchName, id); err != nil {
+		return id, err
+	}
+	if err := f.keepSnapshot(id); err != nil {
+		return id, fmt.Errorf("snapshot %q: %w", branchName, err)
+	}
+	return id, nil
+}
+
+func (f *FS) branchDir(name string) string { return filepath.Join(f.root, "branches", name) }
+
+// branchMeta is the small per-branch settings file, branches/NAME/meta.json.
+type branchMeta struct {
+	QuotaBytes int64 `json:"quota_bytes,omitempty"` // 0: unlimited
+	UsedBytes  int64 `json:"used_bytes"`            // bytes written so far
+}
+
+func (f *FS) readMeta(name string) (branchMeta, error) {
+	var m branchMeta
+	p := filepath.Join(f.branchDir(name), "meta.json")
+	b, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		return m, nil
+	}
+	if err != nil {
+		return m, fmt.Errorf("read branch meta %s: %w", p, err)
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("decode branch meta %s: %w", p, err)
+	}
+	return m, nil
+}
+
+func (f *FS) writeMeta(name string, m branchMeta) error {
+	dir := f.branchDir(name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create branch dir %s: %w", dir, err)
+	}
+	b, _ := json.Marshal(m)
+	tmp := filepath.Join(dir, "meta.json.tmp")
+	fh, err := os.Create(tmp)
+	if err != nil {
+		return fmt.Errorf("write branch meta %s: %w", tmp, err)
+	}
+	_, err = fh.Write(b)
+	if err == nil {
+		err = fh.Sync()
+	}
+	if cerr := fh.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, "meta.json"))
+	}
+	if err != nil {
+		return fmt.Errorf("write branch meta in %s: %w", dir, err)
+	}
+	return nil
+}
+
+// Branch creates branch name as a writable head over snapshot snap. It
+// copies nothing: the branch starts as a reference to snap.
+func (f *FS) Branch(ctx context.Context, snap SnapshotID, name string) error {
+	if err := checkName("branch", name); err != nil {
+		return err
+	}
+	if _, ok, err := f.getRef(refSnap + snap.String()); err != nil {
+		return err
+	} else if !ok {
+		return fmt.Errorf("branch %q from %s: %w", name, snap, ErrNoSnapshot)
+	}
+	if _, ok, err := f.getRef(refBranch + name); err != nil {
+		return err
+	} else if ok {
+		return fmt.Errorf("branch %q: %w", name, ErrExists)
+	}
+	if err := f.writeMeta(name, branchMeta{}); err != nil {
+		return err
+	}
+	if err := f.setRef(refBase+name, snap); err != nil {
+		return err
+	}
+	if err := f.setRef(refBranch+name, snap); err != nil {
+		return err
+	}
+	return f.store.Flush()
+}
+
+// SetQuota limits the bytes that may be written into the branch (0: no
+// limit). Writes beyond it fail with ENOSPC. It applies to a mounted branch
+// at once.
+func (f *FS) SetQuota(ctx context.Context, name string, bytes int64) error {
+	if b := f.liveBranch(name); b != nil {
+		b.mu.Lock()
+		b.meta.QuotaBytes = bytes
+		m := b.meta
+		b.mu.Unlock()
+		return f.writeMeta(name, m)
+	}
+	if _, ok, err := f.getRef(refBranch + name); err != nil {
+		return err
+	} else if !ok {
+		return fmt.Errorf("set quota of %q: %w", name, ErrNoBranch)
+	}
+	m, err := f.readMeta(name)
+	if err != nil {
+		return err
+	}
+	m.QuotaBytes = bytes
+	return f.writeMeta(name, m)
+}
+
+// Rollback makes the branch's state snapshot snap again. Changes since the
+// last snapshot are dropped. A mounted branch is switched in place: open
+// files keep their old contents, new lookups see snap.
+func (f *FS) Rollback(ctx context.Context, name string, snap SnapshotID) error {
+	if _, ok, err := f.getRef(refSnap + snap.String()); err != nil {
+		return err
+	} else if !ok {
+		return fmt.Errorf("rollback %q to %s: %w", name, snap, ErrNoSnapshot)
+	}
+	if b := f.liveBranch(name); b != nil {
+		if err := b.reset(ctx, snap); err != nil {
+			return err
+		}
+	} else {
+		if _, ok, err := f.getRef(refBranch + name); err != nil {
+			return err
+		} else if !ok {
+			return fmt.Errorf("rollback %q: %w", name, ErrNoBranch)
+		}
+		if err := f.setRef(refBranch+name, snap); err != nil {
+			return err
+		}
+	}
+	if err := f.setRef(refBase+name, snap); err != nil {
+		return err
+	}
+	return f.store.Flush()
+}
+
+// DeleteBranch removes an unmounted branch. Its snapshots stay.
+func (f *FS) DeleteBranch(ctx context.Context, name string) error {
+	if f.liveBranch(name) != nil {
+		return fmt.Errorf("delete %q: %w", name, ErrBusy)
+	}
+	for _, r := range []string{refBranch + name, refBase + name} {
+		id, ok, err := f.getRef(r)
+		if err != nil {
+			return err
+		}
+		if ok {
+			if err := f.store.DeleteRef(r, id); err != nil {
+				return fmt.Errorf("delete ref %s: %w", r, err)
+			}
+		}
+	}
+	if err := os.RemoveAll(f.branchDir(name)); err != nil {
+		return fmt.Errorf("delete branch dir %s: %w", f.branchDir(name), err)
+	}
+	return f.store.Flush()
+}
+
+// BranchInfo describes one branch for listings.
+type BranchInfo struct {
+	Name       string     `json:"name"`
+	Head       SnapshotID `json:"-"`
+	HeadHex    string     `json:"head"`
+	Base       string     `json:"base,omitempty"` // snapshot it last started from
+	Mounted    bool       `json:"mounted"`
+	QuotaBytes int64      `json:"quota_bytes,omitempty"`
+	UsedBytes  int64      `json:"used_bytes"`
+}
+
+// SnapshotInfo describes one snapshot for listings.
+type SnapshotInfo struct {
+	ID    SnapshotID `json:"-"`
+	IDHex string     `json:"id"`
+	Names []string   `json:"names,omitempty"`
+}
+
+// List returns the branches and snapshots, sorted by name and id.
+func (f *FS) List(ctx context.Context) ([]BranchInfo, []SnapshotInfo, error) {
+	refs, err := f.store.ListRefs("cowfs/")
+	if err != nil {
+		return nil, nil, fmt.Errorf("list refs: %w", err)
+	}
+	var bs []BranchInfo
+	snaps := map[SnapshotID]*SnapshotInfo{}
+	for r, id := range refs {
+		switch {
+		case strings.HasPrefix(r, refBranch):
+			n := strings.TrimPrefix(r, refBranch)
+			bi := BranchInfo{Name: n, Head: id, HeadHex: id.String(), Mounted: f.liveBranch(n) != nil}
+			if base, ok := refs[refBase+n]; ok {
+				bi.Base = base.String()
+			}
+			if m, err := f.readMeta(n); err == nil {
+				bi.QuotaBytes, bi.UsedBytes = m.QuotaBytes, m.UsedBytes
+			}
+			bs = append(bs, bi)
+		case strings.HasPrefix(r, refSnap):
+			if snaps[id] == nil {
+				snaps[id] = &SnapshotInfo{ID: id, IDHex: id.String()}
+			}
+		}
+	}
+	for r, id := range refs {
+		if strings.HasPrefix(r, refName) {
+			if snaps[id] == nil {
+				snaps[id] = &SnapshotInfo{ID: id, IDHex: id.String()}
+			}
+			snaps[id].Names = append(snaps[id].Names, strings.TrimPrefix(r, refName))
+		}
+	}
+	var ss []SnapshotInfo
+	for _, s := range snaps {
+		sort.Strings(s.Names)
+		ss = append(ss, *s)
+	}
+	sort.Slice(bs, func(i, j int) bool { return bs[i].Name < bs[j].Name })
+	sort.Slice(ss, func(i, j int) bool { return ss[i].IDHex < ss[j].IDHex })
+	return bs, ss, nil
+}
+
+// rootEntry reads the single entry of a snapshot's root object.
+func (f *FS) rootEntry(id SnapshotID) (Entry, error) {
+	es, err := getDir(f.store, id)
+	if err != nil {
+		return Entry{}, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	if len(es) != 1 || es[0].Name != rootName || es[0].Type != TypeDir {
+		return Entry{}, fmt.Errorf("snapshot %s: %w: root object does not hold one directory named %q", id, errCorrupt, rootName)
+	}
+	return es[0], nil
+}
+
+// rootName is the name of the one entry of a snapshot's root object, which
+// carries the attributes of the top directory.
+const rootName = "root"
+
+func putRoot(s nodeStore, top Entry) (SnapshotID, error) {
+	top.Name = rootName
+	return putDir(s, []Entry{top})
+}

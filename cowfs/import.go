@@ -1,0 +1,242 @@
+package cowfs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"tine/chunkstore"
+)
+
+// importNode is one path of a host tree being imported.
+type importNode struct {
+	e        Entry
+	devino   [2]uint64
+	children []*importNode
+}
+
+// Import stores the host directory dir as a snapshot and returns its id.
+// Symlinks are stored, not followed; hard links inside dir stay hard links;
+// user.* extended attributes are kept. If name is not empty the snapshot
+// also gets that name.
+func (f *FS) Import(ctx context.Context, dir, name string) (SnapshotID, error) {
+	if name != "" {
+		if err := checkName("snapshot", name); err != nil {
+			return SnapshotID{}, err
+		}
+	}
+	im := &importer{f: f, ctx: ctx, links: map[[2]uint64]*linkGroup{}}
+	top, err := im.walk(dir, "")
+	if err != nil {
+		return SnapshotID{}, err
+	}
+	if top.e.Type != TypeDir {
+		return SnapshotID{}, fmt.Errorf("import %s: not a directory", dir)
+	}
+	for _, g := range im.links {
+		if g.names > 1 {
+			g.id = randomLinkID()
+		}
+	}
+	if err := im.store(top); err != nil {
+		return SnapshotID{}, err
+	}
+	id, err := putRoot(f.store, top.e)
+	if err != nil {
+		return SnapshotID{}, fmt.Errorf("import %s: write root: %w", dir, err)
+	}
+	if err := f.keepSnapshot(id); err != nil {
+		return id, fmt.Errorf("import %s: %w", dir, err)
+	}
+	if name != "" {
+		if err := f.NameSnapshot(ctx, id, name); err != nil {
+			return id, err
+		}
+	}
+	return id, nil
+}
+
+type linkGroup struct {
+	names   int
+	id      uint64
+	content chunkstore.ID
+	size    int64
+}
+
+type importer struct {
+	f     *FS
+	ctx   context.Context
+	links map[[2]uint64]*linkGroup
+}
+
+func randomLinkID() uint64 {
+	var b [8]byte
+	rand.Read(b[:])
+	v := binary.LittleEndian.Uint64(b[:])
+	if v == 0 {
+		v = 1
+	}
+	return v
+}
+
+func (im *importer) walk(path, name string) (*importNode, error) {
+	if err := im.ctx.Err(); err != nil {
+		return nil, err
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return nil, fmt.Errorf("import: stat %s: %w", path, err)
+	}
+	n := &importNode{devino: [2]uint64{st.Dev, st.Ino}}
+	n.e = Entry{
+		Name:    name,
+		Mode:    st.Mode & 07777,
+		UID:     st.Uid,
+		GID:     st.Gid,
+		MtimeNs: st.Mtim.Nano(),
+		Nlink:   1,
+	}
+	xs, err := readXattrs(path)
+	if err != nil {
+		return nil, err
+	}
+	n.e.Xattrs = xs
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		n.e.Type = TypeDir
+		d, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("import: open dir %s: %w", path, err)
+		}
+		names, err := d.Readdirnames(-1)
+		d.Close()
+		if err != nil {
+			return nil, fmt.Errorf("import: read dir %s: %w", path, err)
+		}
+		for _, cn := range names {
+			c, err := im.walk(filepath.Join(path, cn), cn)
+			if err != nil {
+				return nil, err
+			}
+			n.children = append(n.children, c)
+		}
+	case unix.S_IFREG:
+		n.e.Type = TypeFile
+		n.e.Size = st.Size
+		if st.Nlink > 1 {
+			g := im.links[n.devino]
+			if g != nil {
+				g.names++
+				return n, nil // content read once, with the first name
+			}
+			im.links[n.devino] = &linkGroup{names: 1}
+		}
+		fh, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("import: open %s: %w", path, err)
+		}
+		refs, err := im.f.store.PutStream(im.ctx, fh)
+		fh.Close()
+		if err != nil {
+			return nil, fmt.Errorf("import: store %s: %w", path, err)
+		}
+		var total int64
+		for _, r := range refs {
+			total += int64(r.Size)
+		}
+		n.e.Size = total
+		if n.e.ID, err = putFile(im.f.store, refs); err != nil {
+			return nil, fmt.Errorf("import: store file object of %s: %w", path, err)
+		}
+		if g := im.links[n.devino]; g != nil {
+			g.content, g.size = n.e.ID, n.e.Size
+		}
+	case unix.S_IFLNK:
+		n.e.Type = TypeSymlink
+		t, err := os.Readlink(path)
+		if err != nil {
+			return nil, fmt.Errorf("import: readlink %s: %w", path, err)
+		}
+		n.e.Target = t
+		n.e.Size = int64(len(t))
+	case unix.S_IFIFO:
+		n.e.Type = TypeFifo
+	case unix.S_IFSOCK:
+		n.e.Type = TypeSocket
+	case unix.S_IFCHR:
+		n.e.Type, n.e.Rdev = TypeChar, st.Rdev
+	case unix.S_IFBLK:
+		n.e.Type, n.e.Rdev = TypeBlock, st.Rdev
+	default:
+		return nil, fmt.Errorf("import: %s: unknown file type %#o", path, st.Mode&unix.S_IFMT)
+	}
+	return n, nil
+}
+
+// store writes directory objects bottom-up and fills in hard-link fields.
+func (im *importer) store(n *importNode) error {
+	if n.e.Type == TypeFile {
+		if g := im.links[n.devino]; g != nil && g.names > 1 {
+			n.e.LinkID = g.id
+			n.e.Nlink = uint32(g.names)
+		}
+		if g := im.links[n.devino]; g != nil {
+			n.e.ID, n.e.Size = g.content, g.size
+		}
+		return nil
+	}
+	if n.e.Type != TypeDir {
+		return nil
+	}
+	entries := make([]Entry, 0, len(n.children))
+	for _, c := range n.children {
+		if err := im.store(c); err != nil {
+			return err
+		}
+		entries = append(entries, c.e)
+	}
+	id, err := putDir(im.f.store, entries)
+	if err != nil {
+		return fmt.Errorf("import: store directory %q: %w", n.e.Name, err)
+	}
+	n.e.ID = id
+	n.e.Size = 0
+	return nil
+}
+
+// readXattrs returns the user.* extended attributes of path (a symlink is
+// not followed).
+func readXattrs(path string) ([]Xattr, error) {
+	sz, err := unix.Llistxattr(path, nil)
+	if err != nil || sz == 0 {
+		return nil, nil // no xattr support or none set
+	}
+	buf := make([]byte, sz)
+	sz, err = unix.Llistxattr(path, buf)
+	if err != nil {
+		return nil, nil
+	}
+	var xs []Xattr
+	for _, name := range strings.Split(string(buf[:sz]), "\x00") {
+		if !strings.HasPrefix(name, "user.") {
+			continue
+		}
+		vs, err := unix.Lgetxattr(path, name, nil)
+		if err != nil {
+			continue
+		}
+		v := make([]byte, vs)
+		vs, err = unix.Lgetxattr(path, name, v)
+		if err != nil {
+			continue
+		}
+		xs = append(xs, Xattr{Name: name, Value: v[:vs]})
+	}
+	return xs, nil
+}

@@ -1,0 +1,1087 @@
+package cowfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+
+	"tine/chunkstore"
+)
+
+// MountOptions tunes Mount.
+type MountOptions struct {
+	// Timeout is the kernel's entry, attribute and negative-lookup cache
+	// time. Zero means one second; a negative value disables caching.
+	Timeout time.Duration
+	// NoPassthrough turns off FUSE passthrough for reads of unchanged files.
+	NoPassthrough bool
+	// Debug logs every FUSE request.
+	Debug bool
+}
+
+// Mount is a branch served over FUSE at a directory.
+type Mount struct {
+	fs     *FS
+	b      *branch
+	dir    string
+	server *fuse.Server
+	once   sync.Once
+	err    error
+}
+
+// Mount serves branch at dir (an existing empty directory) until Unmount.
+// A branch can be mounted once at a time; a second attempt, from this or
+// another process, fails with ErrBusy.
+func (f *FS) Mount(ctx context.Context, branchName, dir string, opts *MountOptions) (*Mount, error) {
+	if opts == nil {
+		opts = &MountOptions{}
+	}
+	f.mu.Lock()
+	if f.live[branchName] != nil {
+		f.mu.Unlock()
+		return nil, fmt.Errorf("mount %q: %w in this process", branchName, ErrBusy)
+	}
+	f.live[branchName] = &branch{} // reserve
+	f.mu.Unlock()
+	b, err := f.openBranch(branchName)
+	if err != nil {
+		f.mu.Lock()
+		delete(f.live, branchName)
+		f.mu.Unlock()
+		return nil, err
+	}
+	b.passthrough = !opts.NoPassthrough && os.Geteuid() == 0
+	root := &node{b: b, in: b.root}
+	b.rootNode = root
+	to := opts.Timeout
+	if to == 0 {
+		to = time.Second
+	}
+	if to < 0 {
+		to = 0
+	}
+	fo := &gofs.Options{
+		EntryTimeout:    &to,
+		AttrTimeout:     &to,
+		NegativeTimeout: &to,
+		RootStableAttr:  &gofs.StableAttr{Ino: 1},
+		MountOptions: fuse.MountOptions{
+			FsName:      "tine:" + branchName,
+			Name:        "cowfs",
+			AllowOther:  os.Geteuid() == 0,
+			Options:     []string{"default_permissions"},
+			DirectMount: true,
+			MaxWrite:    1 << 20,
+			Debug:       opts.Debug,
+		},
+	}
+	srv, err := gofs.Mount(dir, root, fo)
+	if err != nil {
+		b.close()
+		f.mu.Lock()
+		delete(f.live, branchName)
+		f.mu.Unlock()
+		return nil, fmt.Errorf("mount %q at %s: %w", branchName, dir, err)
+	}
+	f.mu.Lock()
+	f.live[branchName] = b
+	f.mu.Unlock()
+	return &Mount{fs: f, b: b, dir: dir, server: srv}, nil
+}
+
+// Dir returns the mount point.
+func (m *Mount) Dir() string { return m.dir }
+
+// Branch returns the mounted branch's name.
+func (m *Mount) Branch() string { return m.b.name }
+
+// Wait blocks until the filesystem is unmounted (by Unmount or from outside).
+func (m *Mount) Wait() { m.server.Wait() }
+
+// Unmount detaches the mount, commits the branch durably and releases it.
+func (m *Mount) Unmount() error {
+	m.once.Do(func() {
+		err := m.server.Unmount()
+		if err != nil {
+			// Busy: detach lazily so the branch can still be released.
+			if uerr := unix.Unmount(m.dir, unix.MNT_DETACH); uerr == nil {
+				err = nil
+			}
+		}
+		m.server.Wait()
+		_, cerr := m.b.checkpoint(context.Background(), true)
+		m.b.close()
+		m.fs.mu.Lock()
+		delete(m.fs.live, m.b.name)
+		m.fs.mu.Unlock()
+		m.err = errors.Join(err, cerr)
+		if m.err != nil {
+			m.err = fmt.Errorf("unmount %q from %s: %w", m.b.name, m.dir, m.err)
+		}
+	})
+	return m.err
+}
+
+func (b *branch) close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.walkLoaded(b.root, func(in *inode) {
+		if in.f != nil {
+			in.f.dropOverlay()
+		}
+	})
+	for _, in := range b.orphans {
+		in.f.dropOverlay()
+	}
+	b.orphans = nil
+	if b.lock != nil {
+		b.lock.Close()
+		b.lock = nil
+	}
+}
+
+func (b *branch) walkLoaded(d *inode, fn func(*inode)) {
+	fn(d)
+	for _, c := range d.children {
+		if c.typ == TypeDir {
+			b.walkLoaded(c, fn)
+		} else {
+			fn(c)
+		}
+	}
+}
+
+// lockFile takes an exclusive, non-blocking flock on path.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w (lock %s is held)", ErrBusy, path)
+		}
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// node is the FUSE face of an inode.
+type node struct {
+	gofs.Inode
+	b  *branch
+	in *inode
+}
+
+var (
+	_ gofs.NodeLookuper      = (*node)(nil)
+	_ gofs.NodeGetattrer     = (*node)(nil)
+	_ gofs.NodeSetattrer     = (*node)(nil)
+	_ gofs.NodeOpener        = (*node)(nil)
+	_ gofs.NodeCreater       = (*node)(nil)
+	_ gofs.NodeReader        = (*node)(nil)
+	_ gofs.NodeWriter        = (*node)(nil)
+	_ gofs.NodeFsyncer       = (*node)(nil)
+	_ gofs.NodeMkdirer       = (*node)(nil)
+	_ gofs.NodeMknoder       = (*node)(nil)
+	_ gofs.NodeRmdirer       = (*node)(nil)
+	_ gofs.NodeUnlinker      = (*node)(nil)
+	_ gofs.NodeRenamer       = (*node)(nil)
+	_ gofs.NodeLinker        = (*node)(nil)
+	_ gofs.NodeSymlinker     = (*node)(nil)
+	_ gofs.NodeReadlinker    = (*node)(nil)
+	_ gofs.NodeReaddirer     = (*node)(nil)
+	_ gofs.NodeStatfser      = (*node)(nil)
+	_ gofs.NodeGetxattrer    = (*node)(nil)
+	_ gofs.NodeSetxattrer    = (*node)(nil)
+	_ gofs.NodeListxattrer   = (*node)(nil)
+	_ gofs.NodeRemovexattrer = (*node)(nil)
+	_ gofs.NodeAllocater     = (*node)(nil)
+	_ gofs.NodeLseeker       = (*node)(nil)
+)
+
+func typeBits(t EntryType) uint32 {
+	switch t {
+	case TypeDir:
+		return syscall.S_IFDIR
+	case TypeSymlink:
+		return syscall.S_IFLNK
+	case TypeFifo:
+		return syscall.S_IFIFO
+	case TypeChar:
+		return syscall.S_IFCHR
+	case TypeBlock:
+		return syscall.S_IFBLK
+	case TypeSocket:
+		return syscall.S_IFSOCK
+	}
+	return syscall.S_IFREG
+}
+
+func typeOfMode(mode uint32) (EntryType, bool) {
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFREG, 0:
+		return TypeFile, true
+	case syscall.S_IFDIR:
+		return TypeDir, true
+	case syscall.S_IFLNK:
+		return TypeSymlink, true
+	case syscall.S_IFIFO:
+		return TypeFifo, true
+	case syscall.S_IFCHR:
+		return TypeChar, true
+	case syscall.S_IFBLK:
+		return TypeBlock, true
+	case syscall.S_IFSOCK:
+		return TypeSocket, true
+	}
+	return 0, false
+}
+
+// fillAttr fills out from in. Caller holds b.mu.
+func (b *branch) fillAttr(in *inode, out *fuse.Attr) {
+	out.Ino = in.ino
+	out.Mode = typeBits(in.typ) | in.mode
+	out.Uid, out.Gid = in.uid, in.gid
+	out.Nlink = in.nlink
+	switch in.typ {
+	case TypeDir:
+		out.Nlink = 2
+		if b.load(in) == nil {
+			for _, c := range in.children {
+				if c.typ == TypeDir {
+					out.Nlink++
+				}
+			}
+		}
+		out.Size = 4096
+	case TypeFile:
+		out.Size = uint64(in.size)
+	case TypeSymlink:
+		out.Size = uint64(len(in.target))
+	}
+	out.Blocks = (out.Size + 511) / 512
+	out.Blksize = 4096
+	out.Rdev = uint32(in.rdev)
+	out.Atime, out.Atimensec = uint64(in.atime/1e9), uint32(in.atime%1e9)
+	out.Mtime, out.Mtimensec = uint64(in.mtime/1e9), uint32(in.mtime%1e9)
+	out.Ctime, out.Ctimensec = uint64(in.ctime/1e9), uint32(in.ctime%1e9)
+}
+
+func (n *node) cur() *inode {
+	if n.IsRoot() {
+		return n.b.root
+	}
+	return n.in
+}
+
+// child makes the go-fuse inode for c. Caller holds b.mu.
+func (n *node) child(ctx context.Context, c *inode, out *fuse.EntryOut) *gofs.Inode {
+	n.b.fillAttr(c, &out.Attr)
+	return n.NewInode(ctx, &node{b: n.b, in: c}, gofs.StableAttr{Mode: typeBits(c.typ), Ino: c.ino})
+}
+
+func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d := n.cur()
+	if err := b.load(d); err != nil {
+		return nil, syscall.EIO
+	}
+	c := d.children[name]
+	if c == nil {
+		return nil, syscall.ENOENT
+	}
+	return n.child(ctx, c, out), 0
+}
+
+func (n *node) Getattr(ctx context.Context, fh gofs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.b.mu.Lock()
+	defer n.b.mu.Unlock()
+	n.b.fillAttr(n.cur(), &out.Attr)
+	return 0
+}
+
+func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, sa *fuse.SetAttrIn, out *fuse.AttrOut) syscall.Errno {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	in := n.cur()
+	if sz, ok := sa.GetSize(); ok {
+		if in.typ != TypeFile {
+			if in.typ == TypeDir {
+				return syscall.EISDIR
+			}
+			return syscall.EINVAL
+		}
+		if errno := b.truncate(in, int64(sz)); errno != 0 {
+			return errno
+		}
+	}
+	if m, ok := sa.GetMode(); ok {
+		in.mode = m & 07777
+	}
+	if u, ok := sa.GetUID(); ok {
+		in.uid = u
+	}
+	if g, ok := sa.GetGID(); ok {
+		in.gid = g
+	}
+	if t, ok := sa.GetATime(); ok {
+		in.atime = t.UnixNano()
+	}
+	if t, ok := sa.GetMTime(); ok {
+		in.mtime = t.UnixNano()
+	}
+	in.ctime = nowNs()
+	if t, ok := sa.GetCTime(); ok {
+		in.ctime = t.UnixNano()
+	}
+	if err := b.touch(in); err != nil {
+		return syscall.EIO
+	}
+	b.fillAttr(in, &out.Attr)
+	return 0
+}
+
+// handle is an open file.
+type handle struct {
+	n    *node
+	in   *inode
+	pt   *os.File // passthrough backing file, when used
+	kind int      // 0 plain, 1 passthrough, 2 direct
+}
+
+var _ gofs.FilePassthroughFder = (*handle)(nil)
+var _ gofs.FileReleaser = (*handle)(nil)
+
+func (h *handle) PassthroughFd() (int, bool) {
+	if h.pt == nil {
+		return -1, false
+	}
+	return int(h.pt.Fd()), true
+}
+
+func (h *handle) Release(ctx context.Context) syscall.Errno {
+	b := h.n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	h.in.opens--
+	switch h.kind {
+	case 1:
+		h.in.ptOpens--
+	default:
+		h.in.cachedOpens--
+	}
+	if h.pt != nil {
+		h.pt.Close()
+	}
+	if h.in.nlink == 0 && h.in.opens == 0 && h.in.f != nil {
+		h.in.f.dropOverlay()
+		delete(b.orphans, h.in)
+	}
+	return 0
+}
+
+func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
+	b := n.b
+	b.mu.Lock()
+	in := n.cur()
+	if in.typ != TypeFile {
+		b.mu.Unlock()
+		return nil, 0, 0
+	}
+	if flags&syscall.O_TRUNC != 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
+		if errno := b.truncate(in, 0); errno != 0 {
+			b.mu.Unlock()
+			return nil, 0, errno
+		}
+	}
+	h := &handle{n: n, in: in}
+	if flags&syscall.O_ACCMODE == syscall.O_RDONLY && b.passthrough && in.cachedOpens == 0 &&
+		(in.f == nil || !in.f.changed) && !in.id.IsZero() {
+		id, size := in.id, in.size
+		b.mu.Unlock()
+		path, err := b.fs.cacheFile(ctx, id, size)
+		var pt *os.File
+		if err == nil {
+			pt, err = os.Open(path)
+		}
+		b.mu.Lock()
+		if err == nil && in.id == id && (in.f == nil || !in.f.changed) && in.cachedOpens == 0 {
+			h.pt, h.kind = pt, 1
+		} else if pt != nil {
+			pt.Close()
+		}
+	}
+	var fl uint32
+	if h.kind == 0 && in.ptOpens > 0 {
+		// The kernel refuses cached opens while passthrough opens exist.
+		h.kind = 2
+		fl = fuse.FOPEN_DIRECT_IO
+	}
+	in.opens++
+	if h.kind == 1 {
+		in.ptOpens++
+	} else {
+		in.cachedOpens++
+	}
+	b.mu.Unlock()
+	return h, fl, 0
+}
+
+// newInode makes a fresh inode owned by the caller. Caller holds b.mu.
+func (b *branch) newInode(ctx context.Context, d *inode, typ EntryType, mode uint32) *inode {
+	t := nowNs()
+	in := &inode{ino: b.nextIno, typ: typ, mode: mode & 07777, nlink: 1, parents: map[*inode]int{},
+		mtime: t, ctime: t, atime: t}
+	b.nextIno++
+	if c, ok := fuse.FromContext(ctx); ok {
+		in.uid, in.gid = c.Uid, c.Gid
+	}
+	if d.mode&syscall.S_ISGID != 0 {
+		in.gid = d.gid
+		if typ == TypeDir {
+			in.mode |= syscall.S_ISGID
+		}
+	}
+	switch typ {
+	case TypeDir:
+		in.loaded, in.children, in.dirty = true, map[string]*inode{}, true
+	case TypeFile:
+		in.f = &fileData{changed: false}
+		in.f.setRefs(nil)
+	}
+	return in
+}
+
+// addChild links c into d as name. Caller holds b.mu.
+func (b *branch) addChild(d *inode, name string, c *inode) error {
+	d.children[name] = c
+	c.parents[d]++
+	t := nowNs()
+	d.mtime, d.ctime = t, t
+	d.dirty = true
+	return b.touch(d)
+}
+
+func (n *node) dirFor(name string) (*inode, syscall.Errno) {
+	d := n.cur()
+	if d.typ != TypeDir {
+		return nil, syscall.ENOTDIR
+	}
+	if err := n.b.load(d); err != nil {
+		return nil, syscall.EIO
+	}
+	if len(name) > 255 {
+		return nil, syscall.ENAMETOOLONG
+	}
+	if d.children[name] != nil {
+		return d, syscall.EEXIST
+	}
+	return d, 0
+}
+
+func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*gofs.Inode, gofs.FileHandle, uint32, syscall.Errno) {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d, errno := n.dirFor(name)
+	if errno != 0 {
+		return nil, nil, 0, errno
+	}
+	c := b.newInode(ctx, d, TypeFile, mode)
+	c.f.changed = true
+	if err := b.addChild(d, name, c); err != nil {
+		return nil, nil, 0, syscall.EIO
+	}
+	ch := n.child(ctx, c, out)
+	h := &handle{n: ch.Operations().(*node), in: c}
+	c.opens++
+	c.cachedOpens++
+	return ch, h, 0, 0
+}
+
+func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d, errno := n.dirFor(name)
+	if errno != 0 {
+		return nil, errno
+	}
+	c := b.newInode(ctx, d, TypeDir, mode)
+	if err := b.addChild(d, name, c); err != nil {
+		return nil, syscall.EIO
+	}
+	return n.child(ctx, c, out), 0
+}
+
+func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	typ, ok := typeOfMode(mode)
+	if !ok || typ == TypeDir || typ == TypeSymlink {
+		return nil, syscall.EINVAL
+	}
+	d, errno := n.dirFor(name)
+	if errno != 0 {
+		return nil, errno
+	}
+	c := b.newInode(ctx, d, typ, mode)
+	if typ == TypeFile {
+		c.f.changed = true
+	}
+	c.rdev = uint64(dev)
+	if err := b.addChild(d, name, c); err != nil {
+		return nil, syscall.EIO
+	}
+	return n.child(ctx, c, out), 0
+}
+
+func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d, errno := n.dirFor(name)
+	if errno != 0 {
+		return nil, errno
+	}
+	c := b.newInode(ctx, d, TypeSymlink, 0o777)
+	c.target = target
+	if err := b.addChild(d, name, c); err != nil {
+		return nil, syscall.EIO
+	}
+	return n.child(ctx, c, out), 0
+}
+
+func (n *node) Readlink(ctx context.Context) ([]byte, syscall.Errno) {
+	n.b.mu.Lock()
+	defer n.b.mu.Unlock()
+	in := n.cur()
+	if in.typ != TypeSymlink {
+		return nil, syscall.EINVAL
+	}
+	return []byte(in.target), 0
+}
+
+func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
+	b := n.b
+	tn, ok := target.(*node)
+	if !ok || tn.b != b {
+		return nil, syscall.EXDEV
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d, errno := n.dirFor(name)
+	if errno != 0 {
+		return nil, errno
+	}
+	c := tn.cur()
+	if c.typ == TypeDir {
+		return nil, syscall.EPERM
+	}
+	if c.nlink == 0 {
+		return nil, syscall.ENOENT
+	}
+	if c.linkID == 0 {
+		c.linkID = randomLinkID()
+	}
+	b.linked[c.linkID] = c
+	c.nlink++
+	c.ctime = nowNs()
+	if err := b.addChild(d, name, c); err != nil {
+		return nil, syscall.EIO
+	}
+	if err := b.touch(c); err != nil {
+		return nil, syscall.EIO
+	}
+	return n.child(ctx, c, out), 0
+}
+
+// removeName drops name from d. Caller holds b.mu.
+func (b *branch) removeName(d *inode, name string) error {
+	c := d.children[name]
+	delete(d.children, name)
+	c.parents[d]--
+	if c.parents[d] <= 0 {
+		delete(c.parents, d)
+	}
+	t := nowNs()
+	d.mtime, d.ctime = t, t
+	d.dirty = true
+	if err := b.touch(d); err != nil {
+		return err
+	}
+	c.ctime = t
+	if c.typ == TypeDir {
+		c.nlink = 0
+		return nil
+	}
+	c.nlink--
+	if c.nlink > 0 {
+		return b.touch(c)
+	}
+	if c.opens == 0 {
+		if c.f != nil {
+			c.f.dropOverlay()
+		}
+	} else if c.f != nil {
+		b.orphans[c] = c
+	}
+	return nil
+}
+
+func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d := n.cur()
+	if err := b.load(d); err != nil {
+		return syscall.EIO
+	}
+	c := d.children[name]
+	if c == nil {
+		return syscall.ENOENT
+	}
+	if c.typ == TypeDir {
+		return syscall.EISDIR
+	}
+	if err := b.removeName(d, name); err != nil {
+		return syscall.EIO
+	}
+	return 0
+}
+
+func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d := n.cur()
+	if err := b.load(d); err != nil {
+		return syscall.EIO
+	}
+	c := d.children[name]
+	if c == nil {
+		return syscall.ENOENT
+	}
+	if c.typ != TypeDir {
+		return syscall.ENOTDIR
+	}
+	if err := b.load(c); err != nil {
+		return syscall.EIO
+	}
+	if len(c.children) > 0 {
+		return syscall.ENOTEMPTY
+	}
+	if err := b.removeName(d, name); err != nil {
+		return syscall.EIO
+	}
+	return 0
+}
+
+func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
+	b := n.b
+	np, ok := newParent.(*node)
+	if !ok || np.b != b {
+		return syscall.EXDEV
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	src, dst := n.cur(), np.cur()
+	if err := b.load(src); err != nil {
+		return syscall.EIO
+	}
+	if err := b.load(dst); err != nil {
+		return syscall.EIO
+	}
+	c := src.children[name]
+	if c == nil {
+		return syscall.ENOENT
+	}
+	victim := dst.children[newName]
+	if victim == c {
+		return 0 // both names are links to one inode: nothing to do
+	}
+	const noReplace, exchange = 1, 2
+	if flags&^(noReplace|exchange) != 0 {
+		return syscall.EINVAL
+	}
+	if flags&noReplace != 0 && victim != nil {
+		return syscall.EEXIST
+	}
+	if c.typ == TypeDir && isAncestor(c, dst) {
+		return syscall.EINVAL
+	}
+	if flags&exchange != 0 {
+		if victim == nil {
+			return syscall.ENOENT
+		}
+		if victim.typ == TypeDir && isAncestor(victim, src) {
+			return syscall.EINVAL
+		}
+		src.children[name], dst.children[newName] = victim, c
+		moveParent(c, src, dst)
+		moveParent(victim, dst, src)
+	} else {
+		if victim != nil {
+			if victim.typ == TypeDir {
+				if c.typ != TypeDir {
+					return syscall.EISDIR
+				}
+				if err := b.load(victim); err != nil {
+					return syscall.EIO
+				}
+				if len(victim.children) > 0 {
+					return syscall.ENOTEMPTY
+				}
+			} else if c.typ == TypeDir {
+				return syscall.ENOTDIR
+			}
+			if err := b.removeName(dst, newName); err != nil {
+				return syscall.EIO
+			}
+		}
+		delete(src.children, name)
+		dst.children[newName] = c
+		moveParent(c, src, dst)
+	}
+	t := nowNs()
+	for _, d := range []*inode{src, dst} {
+		d.mtime, d.ctime = t, t
+		d.dirty = true
+		if err := b.touch(d); err != nil {
+			return syscall.EIO
+		}
+	}
+	c.ctime = t
+	if err := b.touch(c); err != nil {
+		return syscall.EIO
+	}
+	return 0
+}
+
+func moveParent(c, from, to *inode) {
+	c.parents[from]--
+	if c.parents[from] <= 0 {
+		delete(c.parents, from)
+	}
+	c.parents[to]++
+}
+
+// isAncestor reports whether a is d or one of d's ancestors.
+func isAncestor(a, d *inode) bool {
+	for d != nil {
+		if d == a {
+			return true
+		}
+		var up *inode
+		for p := range d.parents {
+			up = p
+		}
+		d = up
+	}
+	return false
+}
+
+func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d := n.cur()
+	if err := b.load(d); err != nil {
+		return nil, syscall.EIO
+	}
+	names := make([]string, 0, len(d.children))
+	for name := range d.children {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	list := make([]fuse.DirEntry, 0, len(names))
+	for _, name := range names {
+		c := d.children[name]
+		list = append(list, fuse.DirEntry{Name: name, Mode: typeBits(c.typ), Ino: c.ino})
+	}
+	return gofs.NewListDirStream(list), 0
+}
+
+func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	in := n.cur()
+	if h, ok := fh.(*handle); ok {
+		in = h.in
+	}
+	m, err := b.readAt(in, dest, off)
+	if err != nil && m == 0 && off < in.size {
+		return nil, syscall.EIO
+	}
+	return fuse.ReadResultData(dest[:m]), 0
+}
+
+func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	in := n.cur()
+	if h, ok := fh.(*handle); ok {
+		in = h.in
+	}
+	w, errno := b.write(in, data, off)
+	return uint32(w), errno
+}
+
+func (n *node) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) syscall.Errno {
+	if _, err := n.b.checkpoint(context.Background(), true); err != nil {
+		return syscall.EIO
+	}
+	return 0
+}
+
+func (n *node) Allocate(ctx context.Context, fh gofs.FileHandle, off, size uint64, mode uint32) syscall.Errno {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	in := n.cur()
+	if in.typ != TypeFile {
+		return syscall.ENODEV
+	}
+	end := int64(off + size)
+	switch mode {
+	case 0:
+		if end > in.size {
+			return b.truncate(in, end)
+		}
+		return 0
+	case unix.FALLOC_FL_KEEP_SIZE:
+		return 0
+	case unix.FALLOC_FL_KEEP_SIZE | unix.FALLOC_FL_PUNCH_HOLE:
+		end = min(end, in.size)
+		for p := int64(off); p < end; {
+			k := min(end-p, 1<<20)
+			quota := b.meta.QuotaBytes
+			b.meta.QuotaBytes = 0 // punching frees space: never refuse it
+			_, errno := b.write(in, make([]byte, k), p)
+			b.meta.UsedBytes -= k
+			b.meta.QuotaBytes = quota
+			if errno != 0 {
+				return errno
+			}
+			p += k
+		}
+		return 0
+	}
+	return syscall.EOPNOTSUPP
+}
+
+func (n *node) Lseek(ctx context.Context, fh gofs.FileHandle, off uint64, whence uint32) (uint64, syscall.Errno) {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	size := uint64(n.cur().size)
+	switch whence {
+	case unix.SEEK_DATA:
+		if off >= size {
+			return 0, syscall.ENXIO
+		}
+		return off, 0
+	case unix.SEEK_HOLE:
+		if off >= size {
+			return 0, syscall.ENXIO
+		}
+		return size, 0
+	}
+	return 0, syscall.EINVAL
+}
+
+func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	const bs = 4096
+	total := uint64(1) << 50
+	free := total
+	if q := b.meta.QuotaBytes; q > 0 {
+		total = uint64(q)
+		free = uint64(max(q-b.meta.UsedBytes, 0))
+	}
+	out.Bsize, out.Frsize = bs, bs
+	out.Blocks, out.Bfree, out.Bavail = total/bs, free/bs, free/bs
+	out.Files, out.Ffree = 1<<40, 1<<40
+	out.NameLen = 255
+	return 0
+}
+
+func xattrAllowed(name string) bool {
+	for _, p := range []string{"user.", "trusted.", "security."} {
+		if len(name) > len(p) && name[:len(p)] == p {
+			return true
+		}
+	}
+	return false
+}
+
+func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	v, ok := n.cur().xattrs[attr]
+	if !ok {
+		return 0, syscall.ENODATA
+	}
+	if len(dest) == 0 {
+		return uint32(len(v)), 0
+	}
+	if len(dest) < len(v) {
+		return uint32(len(v)), syscall.ERANGE
+	}
+	return uint32(copy(dest, v)), 0
+}
+
+func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if !xattrAllowed(attr) {
+		return syscall.EOPNOTSUPP
+	}
+	if len(attr) > 255 {
+		return syscall.ERANGE
+	}
+	if len(data) > 1<<16 {
+		return syscall.E2BIG
+	}
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	in := n.cur()
+	_, exists := in.xattrs[attr]
+	if flags&unix.XATTR_CREATE != 0 && exists {
+		return syscall.EEXIST
+	}
+	if flags&unix.XATTR_REPLACE != 0 && !exists {
+		return syscall.ENODATA
+	}
+	if in.xattrs == nil {
+		in.xattrs = map[string][]byte{}
+	}
+	in.xattrs[attr] = append([]byte(nil), data...)
+	in.ctime = nowNs()
+	if err := b.touch(in); err != nil {
+		return syscall.EIO
+	}
+	return 0
+}
+
+func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	in := n.cur()
+	if _, ok := in.xattrs[attr]; !ok {
+		return syscall.ENODATA
+	}
+	delete(in.xattrs, attr)
+	in.ctime = nowNs()
+	if err := b.touch(in); err != nil {
+		return syscall.EIO
+	}
+	return 0
+}
+
+func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
+	b := n.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	in := n.cur()
+	names := make([]string, 0, len(in.xattrs))
+	for k := range in.xattrs {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var buf []byte
+	for _, k := range names {
+		buf = append(append(buf, k...), 0)
+	}
+	if len(dest) == 0 {
+		return uint32(len(buf)), 0
+	}
+	if len(dest) < len(buf) {
+		return uint32(len(buf)), syscall.ERANGE
+	}
+	return uint32(copy(dest, buf)), 0
+}
+
+// cacheFile materialises file object id into the shared read cache, once
+// per content id, and returns its path.
+func (f *FS) cacheFile(ctx context.Context, id chunkstore.ID, size int64) (string, error) {
+	path := filepath.Join(f.root, "cache", id.String())
+	if st, err := os.Stat(path); err == nil && st.Size() == size {
+		return path, nil
+	}
+	f.matMu.Lock()
+	defer f.matMu.Unlock()
+	if st, err := os.Stat(path); err == nil && st.Size() == size {
+		return path, nil
+	}
+	refs, total, err := getFile(f.store, id)
+	if err != nil {
+		return "", err
+	}
+	if total != size {
+		return "", fmt.Errorf("cache %s: %w: %d bytes, want %d", id, errCorrupt, total, size)
+	}
+	tmp, err := os.CreateTemp(filepath.Join(f.root, "cache"), ".tmp-")
+	if err != nil {
+		return "", fmt.Errorf("cache %s: %w", id, err)
+	}
+	defer os.Remove(tmp.Name())
+	defer tmp.Close()
+	var off int64
+	for _, r := range refs {
+		if !r.ID.IsZero() {
+			d, err := f.store.Get(r.ID)
+			if err != nil {
+				return "", fmt.Errorf("cache %s: read chunk %s: %w", id, r.ID, err)
+			}
+			if _, err := tmp.WriteAt(d, off); err != nil {
+				return "", fmt.Errorf("cache %s: write %s: %w", id, tmp.Name(), err)
+			}
+		}
+		off += int64(r.Size)
+	}
+	if err := tmp.Truncate(size); err != nil {
+		return "", fmt.Errorf("cache %s: truncate %s: %w", id, tmp.Name(), err)
+	}
+	if err := os.Chmod(tmp.Name(), 0o400); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return "", fmt.Errorf("cache %s: %w", id, err)
+	}
+	return path, nil
+}
+
+// notifyRollback drops the kernel's cached names and attributes after the
+// branch switched to another tree.
+func (b *branch) notifyRollback(names []string) {
+	r := b.rootNode
+	if r == nil {
+		return
+	}
+	for _, name := range names {
+		r.NotifyEntry(name)
+	}
+	r.NotifyContent(0, 0)
+}
