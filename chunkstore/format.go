@@ -259,6 +259,9 @@ func decodeRef(name, file string, b []byte) (ID, error) {
 		return ID{}, fmt.Errorf("ref %s (file %s) offset 0: malformed (%d bytes): %w", name, file, len(b), ErrCorrupt)
 	}
 	id, err := ParseID(s[:64])
+	if err == nil && id.String() != s[:64] {
+		err = fmt.Errorf("id not in lowercase hex")
+	}
 	if err != nil {
 		return ID{}, fmt.Errorf("ref %s (file %s) offset 0: %w (%w)", name, file, err, ErrCorrupt)
 	}
