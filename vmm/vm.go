@@ -90,9 +90,12 @@ type VM struct {
 	exited     atomic.Bool
 	reportsMu  sync.Mutex
 	reports    []uint32
-	index      int    // child index for forked VMs (0 for others)
-	image      *Image // sealed image RAM is mapped from, nil when RAM is the VM's own
-	dirty      []uint64
+	index      int      // child index for forked VMs (0 for others)
+	image      *Image   // sealed image RAM is mapped from, nil when RAM is the VM's own
+	dirty      []uint64 // dirty pages not yet in a snapshot (DirtyLog)
+	kvmDirty   []uint64 // scratch for KVM_GET_DIRTY_LOG
+	snap       *snapTracker
+	uffd       *userfault
 	msrIndices []uint32
 	xsaveSize  int
 	closed     bool
@@ -199,6 +202,7 @@ func newVM(ctx context.Context, cfg Config) (*VM, error) {
 	if cfg.DirtyLog {
 		region.SetMemLogDirtyPages()
 		vm.dirty = make([]uint64, (cfg.MemSize/PageSize+63)/64)
+		vm.kvmDirty = make([]uint64, len(vm.dirty))
 	}
 	if err := kvmapi.SetUserMemoryRegion(uintptr(vm.vmFd), &region); err != nil {
 		vm.Close()
@@ -395,6 +399,14 @@ func (vm *VM) Close() error {
 	if vm.mem != nil {
 		unix.Munmap(vm.mem)
 		vm.mem = nil
+	}
+	if vm.uffd != nil {
+		vm.uffd.close()
+		vm.uffd = nil
+	}
+	if vm.image != nil {
+		vm.image.unref()
+		vm.image = nil
 	}
 	if vm.memfd >= 0 {
 		unix.Close(vm.memfd)

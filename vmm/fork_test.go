@@ -1,0 +1,212 @@
+package vmm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+)
+
+const forkGuest = `
+#define N 4096
+void main(u64 memsize) {
+	volatile u64 *a = (u64 *)0x400000;
+	for (u64 i = 0; i < N; i++) a[i * 512] = i;
+	u64 id = fork(2);
+	u64 depth = id;
+	if (id == 1) { u64 g = fork(1); if (g) depth = 10 + g; }
+	a[(20 + depth) * 512] = 7000 + depth;
+	u64 sum = 0;
+	for (u64 i = 0; i < N; i++) sum += a[i * 512];
+	report((u32)depth);
+	report((u32)sum);
+	exit(0);
+}`
+
+// forkTree runs the fork guest: every fork request forks the requesting VM,
+// and every VM runs to the end after the one that forked it, so that each
+// child starts after its parent and older siblings wrote their pages.
+func forkTree(t *testing.T, mode ForkMode) map[uint32]uint32 {
+	prog := buildGuest(t, forkGuest)
+	var mu sync.Mutex
+	var queue []*VM
+	var images []*Image
+	onRequest := func(ctx context.Context, vm *VM, req Request) (uint64, error) {
+		if req.Kind != RequestFork {
+			return 0, fmt.Errorf("unexpected request %d", req.Kind)
+		}
+		img, kids, err := vm.Fork(ctx, int(req.Arg), ForkOptions{IndexInRAX: true, Mode: mode})
+		if err != nil {
+			return 0, err
+		}
+		mu.Lock()
+		queue = append(queue, kids...)
+		images = append(images, img)
+		mu.Unlock()
+		return 0, nil
+	}
+	root := newBare(t, 64<<20, prog, Config{OnRequest: onRequest})
+	sums := map[uint32]uint32{}
+	run := func(vm *VM) {
+		if err := vm.Run(context.Background()); err != nil {
+			t.Fatalf("VM (index %d): %v", vm.Index(), err)
+		}
+		r := vm.Reports()
+		if len(r) != 2 {
+			t.Fatalf("VM (index %d) reported %v", vm.Index(), r)
+		}
+		if _, dup := sums[r[0]]; dup {
+			t.Fatalf("two VMs report depth %d", r[0])
+		}
+		sums[r[0]] = r[1]
+	}
+	run(root)
+	for len(queue) > 0 {
+		vm := queue[0]
+		queue = queue[1:]
+		run(vm)
+		vm.Close()
+	}
+	for _, img := range images {
+		img.Close()
+	}
+	return sums
+}
+
+func TestForkIsolation(t *testing.T) {
+	needKVM(t)
+	const n = 4096
+	base := uint32(n * (n - 1) / 2)
+	for _, tc := range []struct {
+		name string
+		mode ForkMode
+	}{{"map-private", ForkMapPrivate}, {"userfaultfd", ForkUserfault}} {
+		t.Run(tc.name, func(t *testing.T) {
+			sums := forkTree(t, tc.mode)
+			// depth 0: root, 1 and 2: children, 11: child 1's child.
+			for _, d := range []uint32{0, 1, 2, 11} {
+				want := base - (20 + d) + 7000 + d
+				got, ok := sums[d]
+				if !ok {
+					t.Errorf("no VM reported depth %d (got %v)", d, sums)
+					continue
+				}
+				if got != want {
+					t.Errorf("depth %d: sum %d, want %d: it saw another VM's writes", d, got, want)
+				}
+			}
+			if len(sums) != 4 {
+				t.Errorf("%d VMs ran, want 4: %v", len(sums), sums)
+			}
+		})
+	}
+}
+
+func TestForkWithPool(t *testing.T) {
+	prog := buildGuest(t, `
+void main(u64 memsize) {
+	volatile u64 *a = (u64 *)0x800000;
+	a[0] = 41;
+	snapshot();
+	a[0] += 1;
+	report((u32)a[0]);
+	exit(0);
+}`)
+	var img *Image
+	onRequest := func(ctx context.Context, vm *VM, req Request) (uint64, error) {
+		var err error
+		vm.Pause()
+		defer vm.Resume()
+		img, err = vm.Seal()
+		return 0, err
+	}
+	vm := newBare(t, 32<<20, prog, Config{OnRequest: onRequest})
+	if err := vm.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	pool, err := NewPool(context.Background(), img.cfg, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	kids, err := img.Fork(context.Background(), 5, ForkOptions{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pool.Len() != 0 {
+		t.Errorf("pool still holds %d VMs after 5 forks", pool.Len())
+	}
+	for _, k := range kids {
+		if err := k.Run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if r := k.Reports(); len(r) != 1 || r[0] != 42 {
+			t.Errorf("child %d reported %v, want [42]", k.Index(), r)
+		}
+		k.Close()
+	}
+	if r := vm.Reports(); len(r) != 1 || r[0] != 42 {
+		t.Errorf("parent reported %v, want [42]", r)
+	}
+}
+
+func TestFaultContainment(t *testing.T) {
+	needKVM(t)
+	busy := buildGuest(t, `
+void main(u64 memsize) {
+	u64 x = 1;
+	for (u64 i = 0; i < 300000000; i++) x = x * 6364136223846793005UL + 1442695040888963407UL;
+	report((u32)(x >> 32));
+	exit(0);
+}`)
+	cases := []struct {
+		name  string
+		src   string
+		setup func(vm *VM) error
+		want  error
+	}{
+		{"unknown port", `void main(u64 m) { outl(0x1234, 1); }`, nil, ErrUnhandledPort},
+		{"wild MMIO", `void main(u64 m) { *(volatile u32 *)(m + 0x100000) = 1; }`, nil, ErrUnhandledMMIO},
+		{"exception", `void main(u64 m) { __asm__ volatile("ud2"); }`, nil, ErrGuestException},
+		{"page fault", `void main(u64 m) { *(volatile u64 *)0x7000000000UL = 1; }`, nil, ErrGuestException},
+		{"triple fault", `void main(u64 m) { __asm__ volatile("ud2"); }`, func(vm *VM) error {
+			s, err := vm.VCPU(0).Sregs()
+			if err != nil {
+				return err
+			}
+			s.IDT.Limit = 0
+			return vm.VCPU(0).SetSregs(s)
+		}, ErrTripleFault},
+	}
+	var want uint64 = 1
+	for i := uint64(0); i < 300000000; i++ {
+		want = want*6364136223846793005 + 1442695040888963407
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			other := newBare(t, 8<<20, busy, Config{})
+			done := make(chan error, 1)
+			go func() { done <- other.Run(context.Background()) }()
+			bad := newBare(t, 8<<20, buildGuest(t, tc.src), Config{})
+			if tc.setup != nil {
+				if err := tc.setup(bad); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := bad.Run(context.Background())
+			var ge *GuestError
+			if !errors.Is(err, tc.want) || !errors.As(err, &ge) {
+				t.Fatalf("Run = %v, want a GuestError wrapping %v", err, tc.want)
+			}
+			t.Logf("contained: %v", err)
+			if err := <-done; err != nil {
+				t.Fatalf("the other VM failed: %v", err)
+			}
+			if r := other.Reports(); len(r) != 1 || r[0] != uint32(want>>32) {
+				t.Fatalf("the other VM reported %v, want [%d]", r, uint32(want>>32))
+			}
+		})
+	}
+}
