@@ -334,11 +334,13 @@ func (c *VCPU) Regs() (*Regs, error) {
 	return r, nil
 }
 
-// SetRegs sets the vCPU's general-purpose registers.
+// SetRegs sets the vCPU's general-purpose registers. A VM whose guest
+// exited may be run again after its registers were set.
 func (c *VCPU) SetRegs(r *Regs) error {
 	if err := kvmapi.SetRegs(uintptr(c.fd), r); err != nil {
 		return fmt.Errorf("vmm: KVM_SET_REGS on vCPU %d: %w", c.id, err)
 	}
+	c.vm.exited.Store(false)
 	return nil
 }
 

@@ -1,0 +1,157 @@
+package nested
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"tine/vmm/linux/kernels"
+)
+
+func TestArchiveExtractsWithCpio(t *testing.T) {
+	cpio, err := exec.LookPath("cpio")
+	if err != nil {
+		t.Skip("cpio (Debian package cpio) is not installed")
+	}
+	var a Archive
+	a.File("bin/hello", 0o755, []byte("#!/bin/sh\necho hi\n"))
+	a.File("/etc/odd", 0o600, []byte("123")) // 3 bytes: data needs padding
+	a.File("empty", 0o644, nil)
+	a.Dir("var/empty/dir")
+	a.Symlink("bin/sh", "busybox")
+	raw, err := a.Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(raw)%4 != 0 {
+		t.Fatalf("archive length %d is not 4-byte aligned", len(raw))
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(cpio, "-id", "--quiet")
+	cmd.Dir = dir
+	cmd.Stdin = strings.NewReader(string(raw))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("cpio -id: %v\n%s", err, out)
+	}
+	tests := []struct {
+		path string
+		mode os.FileMode
+		data string
+	}{
+		{"bin/hello", 0o755, "#!/bin/sh\necho hi\n"},
+		{"etc/odd", 0o600, "123"},
+		{"empty", 0o644, ""},
+	}
+	for _, tc := range tests {
+		fi, err := os.Stat(filepath.Join(dir, tc.path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := os.ReadFile(filepath.Join(dir, tc.path))
+		if fi.Mode().Perm() != tc.mode || string(b) != tc.data {
+			t.Errorf("%s: mode %v data %q, want %v %q", tc.path, fi.Mode().Perm(), b, tc.mode, tc.data)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "var/empty/dir")); err != nil || !fi.IsDir() {
+		t.Errorf("var/empty/dir: %v", err)
+	}
+	if target, err := os.Readlink(filepath.Join(dir, "bin/sh")); err != nil || target != "busybox" {
+		t.Errorf("bin/sh -> %q (%v), want busybox", target, err)
+	}
+}
+
+func TestArchiveRejectsDuplicates(t *testing.T) {
+	var a Archive
+	a.File("x", 0o644, []byte("1"))
+	a.File("./x", 0o644, []byte("2"))
+	if _, err := a.Bytes(); err == nil || !strings.Contains(err.Error(), `"x" added twice`) {
+		t.Fatalf("error %v, want a duplicate error", err)
+	}
+}
+
+func TestScriptOutput(t *testing.T) {
+	tests := []struct {
+		name, console, out string
+		code               int
+		finished           bool
+	}{
+		{"ok", "boot\n" + markerBegin + "\nhello\n" + markerExit + "0\n", "hello\n", 0, true},
+		{"failed", markerBegin + "\noops\n" + markerExit + "3\r\n", "oops\n", 3, true},
+		{"cut off", markerBegin + "\nhalf", "half", -1, false},
+		{"never began", "kernel panic\n", "", -1, false},
+		{"garbled status", markerBegin + "\nx\n" + markerExit + "zz\n", "x\n", -1, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out, code, fin := scriptOutput(tc.console)
+			if out != tc.out || code != tc.code || fin != tc.finished {
+				t.Fatalf("got (%q, %d, %v), want (%q, %d, %v)", out, code, fin, tc.out, tc.code, tc.finished)
+			}
+		})
+	}
+}
+
+// l2Marker is what the L2 guest's /init prints.
+const l2Marker = "TINE-L2: init reached"
+
+// l2Initramfs is a tiny initramfs whose /init prints l2Marker and powers
+// the machine off.
+func l2Initramfs(t *testing.T, busybox string) []byte {
+	t.Helper()
+	bb, err := os.ReadFile(busybox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a Archive
+	a.File("bin/busybox", 0o755, bb)
+	a.Dir("dev")
+	a.Dir("proc")
+	a.File("init", 0o755, []byte("#!/bin/busybox sh\n/bin/busybox echo \""+l2Marker+"\" on $(/bin/busybox uname -r)\n/bin/busybox poweroff -f\n"))
+	gz, err := a.Gzip()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gz
+}
+
+// TestL2BootsToInit boots QEMU with emulated SVM (L1), loads kvm-amd in it,
+// and has tine's VMM boot Debian's kernel as L2 from inside, by both entry
+// paths, until L2's /init runs.
+func TestL2BootsToInit(t *testing.T) {
+	if err := Check(); err != nil {
+		t.Skipf("%v", err)
+	}
+	k, err := kernels.Find()
+	if err != nil {
+		t.Skipf("%v", err)
+	}
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("busybox-static is not installed")
+	}
+	script := `set -e
+for k in vmlinuz vmlinux; do
+	echo "== L2 $k"
+	/bin/tine vm boot --kernel l2/$k --initrd l2/init.cpio.gz --mem 256M --cmdline "console=ttyS0 panic=-1 quiet"
+	echo "== L2 $k done"
+done
+`
+	out := RunTest(context.Background(), t, Options{
+		Script: script,
+		Files: []File{
+			{Path: "l2/vmlinuz", HostPath: k.Vmlinuz},
+			{Path: "l2/vmlinux", HostPath: k.Vmlinux},
+			{Path: "l2/init.cpio.gz", Data: l2Initramfs(t, bb)},
+		},
+	})
+	for _, kind := range []string{"vmlinuz", "vmlinux"} {
+		_, section, _ := strings.Cut(out, "== L2 "+kind+"\n")
+		section, _, done := strings.Cut(section, "== L2 "+kind+" done")
+		if !done || !strings.Contains(section, l2Marker) {
+			t.Errorf("L2 %s did not reach /init; its console:\n%s", kind, section)
+		}
+	}
+}
