@@ -47,36 +47,69 @@ type (
 	UserspaceMemoryRegion = kvm.UserspaceMemoryRegion
 )
 
-// Functions re-exported from gokvm.
+// Functions re-exported from gokvm, retried when a signal interrupts
+// them (the Go runtime preempts threads with SIGURG, and slow ioctls such
+// as KVM_CREATE_VM or KVM_SET_USER_MEMORY_REGION then fail with EINTR).
 var (
-	GetRegs             = kvm.GetRegs
-	SetRegs             = kvm.SetRegs
-	GetSregs            = kvm.GetSregs
-	SetSregs            = kvm.SetSregs
-	GetDebugRegs        = kvm.GetDebugRegs
-	SetDebugRegs        = kvm.SetDebugRegs
-	GetXCRS             = kvm.GetXCRS
-	SetXCRS             = kvm.SetXCRS
-	GetLocalAPIC        = kvm.GetLocalAPIC
-	SetLocalAPIC        = kvm.SetLocalAPIC
-	GetMPState          = kvm.GetMPState
-	SetMPState          = kvm.SetMPState
-	GetVCPUEvents       = kvm.GetVCPUEvents
-	SetVCPUEvents       = kvm.SetVCPUEvents
-	GetIRQChip          = kvm.GetIRQChip
-	SetIRQChip          = kvm.SetIRQChip
-	GetPIT2             = kvm.GetPIT2
-	SetPIT2             = kvm.SetPIT2
-	GetClock            = kvm.GetClock
-	SetClock            = kvm.SetClock
-	CreateIRQChip       = kvm.CreateIRQChip
-	CreatePIT2          = kvm.CreatePIT2
-	SetTSSAddr          = kvm.SetTSSAddr
-	SetIdentityMapAddr  = kvm.SetIdentityMapAddr
-	GetSupportedCPUID   = kvm.GetSupportedCPUID
-	SetCPUID2           = kvm.SetCPUID2
-	SetUserMemoryRegion = kvm.SetUserMemoryRegion
+	GetRegs             = retryR(kvm.GetRegs)
+	SetRegs             = retry1(kvm.SetRegs)
+	GetSregs            = retryR(kvm.GetSregs)
+	SetSregs            = retry1(kvm.SetSregs)
+	GetDebugRegs        = retry1(kvm.GetDebugRegs)
+	SetDebugRegs        = retry1(kvm.SetDebugRegs)
+	GetXCRS             = retry1(kvm.GetXCRS)
+	SetXCRS             = retry1(kvm.SetXCRS)
+	GetLocalAPIC        = retry1(kvm.GetLocalAPIC)
+	SetLocalAPIC        = retry1(kvm.SetLocalAPIC)
+	GetMPState          = retry1(kvm.GetMPState)
+	SetMPState          = retry1(kvm.SetMPState)
+	GetVCPUEvents       = retry1(kvm.GetVCPUEvents)
+	SetVCPUEvents       = retry1(kvm.SetVCPUEvents)
+	GetIRQChip          = retry1(kvm.GetIRQChip)
+	SetIRQChip          = retry1(kvm.SetIRQChip)
+	GetPIT2             = retry1(kvm.GetPIT2)
+	SetPIT2             = retry1(kvm.SetPIT2)
+	GetClock            = retry1(kvm.GetClock)
+	SetClock            = retry1(kvm.SetClock)
+	CreateIRQChip       = retry0(kvm.CreateIRQChip)
+	CreatePIT2          = retry0(kvm.CreatePIT2)
+	SetTSSAddr          = retry1(kvm.SetTSSAddr)
+	SetIdentityMapAddr  = retry1(kvm.SetIdentityMapAddr)
+	GetSupportedCPUID   = retry1(kvm.GetSupportedCPUID)
+	SetCPUID2           = retry1(kvm.SetCPUID2)
+	SetUserMemoryRegion = retry1(kvm.SetUserMemoryRegion)
 )
+
+func retry0(f func(uintptr) error) func(uintptr) error {
+	return func(fd uintptr) error {
+		for {
+			if err := f(fd); !errors.Is(err, unix.EINTR) {
+				return err
+			}
+		}
+	}
+}
+
+func retry1[A any](f func(uintptr, A) error) func(uintptr, A) error {
+	return func(fd uintptr, a A) error {
+		for {
+			if err := f(fd, a); !errors.Is(err, unix.EINTR) {
+				return err
+			}
+		}
+	}
+}
+
+func retryR[R any](f func(uintptr) (R, error)) func(uintptr) (R, error) {
+	return func(fd uintptr) (R, error) {
+		for {
+			r, err := f(fd)
+			if !errors.Is(err, unix.EINTR) {
+				return r, err
+			}
+		}
+	}
+}
 
 // ioctl request numbers not in gokvm, or needed with other semantics.
 const (
@@ -138,7 +171,22 @@ func iow(nr, size uintptr) uintptr  { return ioc(1, nr, size) }
 func ior(nr, size uintptr) uintptr  { return ioc(2, nr, size) }
 func iowr(nr, size uintptr) uintptr { return ioc(3, nr, size) }
 
+// ioctl issues an ioctl, retrying when a signal interrupts it.
 func ioctl(fd int, req, arg uintptr) (uintptr, error) {
+	for {
+		r, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, arg)
+		if errno == unix.EINTR {
+			continue
+		}
+		if errno != 0 {
+			return r, errno
+		}
+		return r, nil
+	}
+}
+
+// ioctlOnce issues an ioctl once: KVM_RUN reports EINTR to its caller.
+func ioctlOnce(fd int, req, arg uintptr) (uintptr, error) {
 	r, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), req, arg)
 	if errno != 0 {
 		return r, errno
@@ -176,7 +224,7 @@ func CheckExtension(fd int, capability int) int {
 // Run enters the guest. Unlike gokvm's Run it reports EINTR, which is how
 // a kicked vCPU comes back.
 func Run(vcpuFd int) error {
-	_, err := ioctl(vcpuFd, io(nrRun), 0)
+	_, err := ioctlOnce(vcpuFd, io(nrRun), 0)
 	return err
 }
 
