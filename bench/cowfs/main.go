@@ -1,0 +1,196 @@
+// Command cowfs benchmarks tine's copy-on-write filesystem against its
+// peers side by side, in one run, on the same data: btrfs snapshots on a
+// loop device, kernel overlayfs, fuse-overlayfs, cp -a, git and the host
+// filesystem. It prints a table of medians with the ratio tine/peer, or
+// JSON with --json. It needs root (mounts, loop devices, drop_caches).
+//
+//	go run ./bench/cowfs [--quick] [--json] [--dir DIR] [--only SECTIONS] [--tools TOOLS]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Tool names, as they appear in the tables.
+const (
+	toolTine        = "tine"
+	toolBtrfs       = "btrfs"
+	toolOverlay     = "overlayfs"
+	toolFuseOverlay = "fuse-overlayfs"
+	toolCp          = "cp -a"
+	toolGit         = "git"
+	toolNative      = "native"
+)
+
+// allTools is the column order of the tables.
+var allTools = []string{toolTine, toolNative, toolBtrfs, toolOverlay, toolFuseOverlay, toolCp, toolGit}
+
+// Section names for --only.
+const (
+	secSnapFork = "snapfork"
+	secDiff     = "diff"
+	secIO       = "io"
+)
+
+// config sizes one run.
+type config struct {
+	Mode        string
+	TreeSizes   []int  // synthetic tree sizes for snapshot and fork
+	GoTree      bool   // also snapshot and fork the Go source tree
+	DiffTree    int    // files in the tree diffs run on
+	DiffChanges []int  // changed files per diff row; each divides the next
+	BigFile     int64  // bytes of the sequential read/write file
+	RandReads   int    // 4 KiB random reads per sample
+	MetaFiles   int    // files created, stat'ed and unlinked
+	UntarSubdir string // subdirectory of GOROOT/src to untar ("" = all of src)
+	Untar       bool   // run the untar row
+	GoBuild     bool   // run the go build row
+	Reps        int    // samples of cheap measurements
+	SlowReps    int    // samples of measurements that take seconds
+	Seed        uint64 // synthetic tree seed
+	BtrfsBytes  int64  // size of the sparse btrfs image
+	Sections    map[string]bool
+	Tools       map[string]bool
+	Dir         string // where temporary trees, images and mounts go
+	Workers     int    // parallel writers for tree generation
+	Log         io.Writer
+}
+
+func modeConfig(mode string) (config, error) {
+	c := config{Mode: mode, Seed: 1, Workers: 4, Log: os.Stderr}
+	switch mode {
+	case "full":
+		c.TreeSizes = []int{1000, 10000, 100000}
+		c.GoTree = true
+		c.DiffTree, c.DiffChanges = 100000, []int{1, 100, 10000}
+		c.BigFile, c.RandReads, c.MetaFiles = 1<<30, 8192, 50000
+		c.Untar, c.GoBuild = true, true
+		c.Reps, c.SlowReps = 7, 3
+		c.BtrfsBytes = 16 << 30
+	case "quick":
+		c.TreeSizes = []int{1000, 10000}
+		c.DiffTree, c.DiffChanges = 10000, []int{1, 100}
+		c.BigFile, c.RandReads, c.MetaFiles = 256<<20, 2048, 5000
+		c.Untar, c.UntarSubdir = true, "net"
+		c.Reps, c.SlowReps = 5, 2
+		c.BtrfsBytes = 4 << 30
+	case "tiny":
+		c.TreeSizes = []int{200}
+		c.DiffTree, c.DiffChanges = 200, []int{1, 10}
+		c.BigFile, c.RandReads, c.MetaFiles = 4<<20, 64, 200
+		c.Untar, c.UntarSubdir = true, "bufio"
+		c.GoBuild = true
+		c.Reps, c.SlowReps = 2, 1
+		c.BtrfsBytes = 1 << 30
+	default:
+		return c, fmt.Errorf("unknown mode %q (full, quick, tiny)", mode)
+	}
+	return c, nil
+}
+
+func main() {
+	os.Exit(mainErr(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func mainErr(args []string, stdout, stderr io.Writer) int {
+	fl := flag.NewFlagSet("cowfs", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	quick := fl.Bool("quick", false, "smaller trees and fewer rows (about 2 minutes)")
+	tiny := fl.Bool("tiny", false, "smallest sizes, one or two samples: checks that every row runs")
+	asJSON := fl.Bool("json", false, "print the report as JSON instead of tables")
+	dir := fl.String("dir", "/var/tmp", "directory for temporary trees, images and mounts (its filesystem is the native peer)")
+	only := fl.String("only", "", "comma-separated sections to run: snapfork, diff, io (default all)")
+	tools := fl.String("tools", "", "comma-separated tools to run (default all): "+strings.Join(allTools, ", "))
+	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	mode := "full"
+	if *quick {
+		mode = "quick"
+	}
+	if *tiny {
+		mode = "tiny"
+	}
+	cfg, err := modeConfig(mode)
+	if err != nil {
+		fmt.Fprintln(stderr, "cowfs:", err)
+		return 2
+	}
+	cfg.Dir = *dir
+	if cfg.Sections, err = parseSet(*only, []string{secSnapFork, secDiff, secIO}); err != nil {
+		fmt.Fprintln(stderr, "cowfs: --only:", err)
+		return 2
+	}
+	if cfg.Tools, err = parseSet(*tools, allTools); err != nil {
+		fmt.Fprintln(stderr, "cowfs: --tools:", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		// After the first signal, let a second one kill the process the
+		// default way, in case cleanup itself hangs.
+		<-ctx.Done()
+		stop()
+	}()
+	rep, err := run(ctx, cfg, "go run ./bench/cowfs "+strings.Join(args, " "))
+	if rep != nil {
+		var werr error
+		if *asJSON {
+			werr = writeJSON(stdout, rep)
+		} else {
+			werr = writeTable(stdout, rep)
+		}
+		if werr != nil && err == nil {
+			err = werr
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "cowfs:", err)
+		return 1
+	}
+	return 0
+}
+
+func parseSet(s string, valid []string) (map[string]bool, error) {
+	set := map[string]bool{}
+	if strings.TrimSpace(s) == "" {
+		for _, v := range valid {
+			set[v] = true
+		}
+		return set, nil
+	}
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		found := false
+		for _, v := range valid {
+			if v == f {
+				found = true
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("unknown name %q (valid: %s)", f, strings.Join(valid, ", "))
+		}
+		set[f] = true
+	}
+	return set, nil
+}
+
+// logf prints a progress line to cfg.Log.
+func (c *config) logf(format string, a ...any) {
+	if c.Log != nil {
+		fmt.Fprintf(c.Log, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, a...)...)
+	}
+}
