@@ -2,10 +2,14 @@ package vmm
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 const forkGuest = `
@@ -209,4 +213,62 @@ void main(u64 memsize) {
 			}
 		})
 	}
+}
+
+// TestForkRunningVM forks a VM while its guest runs (Pause from another
+// goroutine), then checks that parent and children go on independently.
+func TestForkRunningVM(t *testing.T) {
+	prog := buildGuest(t, `
+void main(u64 memsize) {
+	volatile u64 *a = (u64 *)0x800000;
+	for (;;) a[0]++;
+}`)
+	vm := newBare(t, 16<<20, prog, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- vm.Run(ctx) }()
+	counter := func(v *VM) uint64 { u, _ := v.guestU64(0x800000); return u }
+	for counter(vm) < 1000 {
+		time.Sleep(time.Millisecond)
+	}
+	img, kids, err := vm.Fork(context.Background(), 2, ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	v0 := counter(kids[0])
+	if v0 == 0 || counter(kids[1]) != v0 {
+		t.Fatalf("children start with counters %d and %d", v0, counter(kids[1]))
+	}
+	kctx, kcancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer kcancel()
+	if err := kids[0].Run(kctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("child Run = %v, want the deadline", err)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("parent Run = %v, want cancellation", err)
+	}
+	p, k0, k1 := counter(vm), counter(kids[0]), counter(kids[1])
+	t.Logf("at fork %d; parent %d, child 1 %d, child 2 (never run) %d", v0, p, k0, k1)
+	if p <= v0 || k0 <= v0 {
+		t.Errorf("parent (%d) or child 1 (%d) did not go on past %d", p, k0, v0)
+	}
+	if k1 != v0 {
+		t.Errorf("child 2 sees %d, want %d: another VM's writes reached it", k1, v0)
+	}
+	if v, _ := readImageU64(img, 0x800000); v != v0 {
+		t.Errorf("image holds %d, want %d: it was written after the seal", v, v0)
+	}
+	for _, k := range kids {
+		k.Close()
+	}
+}
+
+func readImageU64(img *Image, off int64) (uint64, error) {
+	var b [8]byte
+	if _, err := unix.Pread(img.Fd(), b[:], off); err != nil {
+		return 0, err
+	}
+	return binary.LittleEndian.Uint64(b[:]), nil
 }
