@@ -135,12 +135,22 @@ void main(u64 memsize) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
+	ipool, err := NewImagePool(context.Background(), img, Config{}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ipool.Close()
 	kids, err := img.Fork(context.Background(), 5, ForkOptions{Pool: pool})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pool.Len() != 0 {
-		t.Errorf("pool still holds %d VMs after 5 forks", pool.Len())
+	more, err := img.Fork(context.Background(), 3, ForkOptions{Pool: ipool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kids = append(kids, more...)
+	if pool.Len() != 0 || ipool.Len() != 0 {
+		t.Errorf("pools still hold %d and %d VMs after 5 and 3 forks", pool.Len(), ipool.Len())
 	}
 	for _, k := range kids {
 		if err := k.Run(context.Background()); err != nil {

@@ -307,6 +307,7 @@ func (vm *VM) mapImage(img *Image) error {
 // image and loads registers.
 type Pool struct {
 	cfg Config
+	img *Image // when set, pool VMs have it mapped already
 	mu  sync.Mutex
 	vms []*VM
 }
@@ -314,6 +315,25 @@ type Pool struct {
 // NewPool makes a pool of n empty VMs shaped like cfg.
 func NewPool(ctx context.Context, cfg Config, n int) (*Pool, error) {
 	p := &Pool{cfg: cfg}
+	if err := p.Fill(ctx, n); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// NewImagePool makes a pool of n empty VMs that already map img
+// MAP_PRIVATE (untouched, so they cost no memory): a MAP_PRIVATE fork of
+// img from it only loads the machine state. Replacing a mapping makes KVM
+// invalidate the whole memory slot, which costs time in proportion to RAM
+// size on shadow-paging hosts; this pool does that ahead of time.
+func NewImagePool(ctx context.Context, img *Image, cfg Config, n int) (*Pool, error) {
+	cfg.MemSize, cfg.VCPUs, cfg.IRQChip = img.size, len(img.state.VCPUs), img.state.IRQChip
+	if img.fd < 0 {
+		return nil, errors.New("vmm: a lazily opened snapshot cannot back a pool")
+	}
+	img.ref()
+	p := &Pool{cfg: cfg, img: img}
 	if err := p.Fill(ctx, n); err != nil {
 		p.Close()
 		return nil, err
@@ -333,6 +353,12 @@ func (p *Pool) Fill(ctx context.Context, n int) error {
 		vm, err := newVM(ctx, p.cfg)
 		if err != nil {
 			return err
+		}
+		if p.img != nil {
+			if err := vm.mapImage(p.img); err != nil {
+				vm.Close()
+				return err
+			}
 		}
 		p.mu.Lock()
 		p.vms = append(p.vms, vm)
@@ -370,6 +396,10 @@ func (p *Pool) Close() {
 		vm.Close()
 	}
 	p.vms = nil
+	if p.img != nil {
+		p.img.unref()
+		p.img = nil
+	}
 }
 
 // ForkMode says how a child gets the image's memory.
@@ -436,7 +466,9 @@ func (img *Image) forkOne(ctx context.Context, index int, opts ForkOptions) (*VM
 			err = errors.New("vmm: a lazily opened snapshot forks only in userfaultfd mode")
 			break
 		}
-		err = vm.mapImage(img)
+		if vm.image != img {
+			err = vm.mapImage(img)
+		}
 	case ForkUserfault:
 		src := opts.Source
 		if src == nil {
@@ -448,6 +480,9 @@ func (img *Image) forkOne(ctx context.Context, index int, opts ForkOptions) (*VM
 		err = vm.startUserfault(src)
 		if err == nil {
 			img.ref()
+			if vm.image != nil {
+				vm.image.unref()
+			}
 			vm.image = img
 		}
 	default:

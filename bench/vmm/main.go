@@ -133,7 +133,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.3f ms", float64(d)/1e6) 
 // forkLatency forks n children one by one, each run to its first
 // instruction; with a pool, empty VMs are made ahead in batches outside
 // the timed part.
-func forkLatency(ctx context.Context, img *vmm.Image, n int, usePool bool, mode vmm.ForkMode) (*dist, error) {
+func forkLatency(ctx context.Context, img *vmm.Image, n int, usePool, premap bool, mode vmm.ForkMode) (*dist, error) {
 	var t0 time.Time
 	got := make(chan time.Duration, 1)
 	cfg := timedConfig(&t0, got)
@@ -142,7 +142,13 @@ func forkLatency(ctx context.Context, img *vmm.Image, n int, usePool bool, mode 
 	const batch = 100
 	var pool *vmm.Pool
 	if usePool {
-		p, err := vmm.NewPool(ctx, poolConfig(img, cfg), 0)
+		var p *vmm.Pool
+		var err error
+		if premap {
+			p, err = vmm.NewImagePool(ctx, img, cfg, 0)
+		} else {
+			p, err = vmm.NewPool(ctx, poolConfig(img, cfg), 0)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -256,7 +262,7 @@ func fanOut(ctx context.Context, img *vmm.Image, n int) (time.Duration, time.Dur
 	var t0 time.Time
 	got := make(chan time.Duration, n)
 	cfg := timedConfig(&t0, got)
-	pool, err := vmm.NewPool(ctx, poolConfig(img, cfg), n)
+	pool, err := vmm.NewImagePool(ctx, img, cfg, n)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -469,21 +475,22 @@ func run(ctx context.Context, o options, w io.Writer) error {
 			return err
 		}
 		rows := []struct {
-			name  string
-			pool  bool
-			mode  vmm.ForkMode
-			count int
+			name         string
+			pool, premap bool
+			mode         vmm.ForkMode
+			count        int
 		}{
-			{"fork, MAP_PRIVATE, warm pool", true, vmm.ForkMapPrivate, o.forks},
-			{"fork, MAP_PRIVATE, VM made at fork", false, vmm.ForkMapPrivate, o.forks / 4},
-			{"fork, userfaultfd, warm pool", true, vmm.ForkUserfault, o.forks / 4},
+			{"fork, MAP_PRIVATE, warm pool with the image mapped", true, true, vmm.ForkMapPrivate, o.forks},
+			{"fork, MAP_PRIVATE, warm pool, image mapped at fork", true, false, vmm.ForkMapPrivate, o.forks / 2},
+			{"fork, MAP_PRIVATE, VM made at fork", false, false, vmm.ForkMapPrivate, o.forks / 4},
+			{"fork, userfaultfd, warm pool", true, false, vmm.ForkUserfault, o.forks / 4},
 		}
 		for _, r := range rows {
-			d, err := forkLatency(ctx, img, r.count, r.pool, r.mode)
+			d, err := forkLatency(ctx, img, r.count, r.pool, r.premap, r.mode)
 			if err != nil {
 				return fmt.Errorf("%s at %d MiB: %w", r.name, size/mib, err)
 			}
-			if size == o.sizes[0] && r.pool && r.mode == vmm.ForkMapPrivate {
+			if size == o.sizes[0] && r.premap {
 				base256 = d
 			}
 			fmt.Fprintf(w, "| %s | %s | %s | %s |\n", human(size), r.name, ms(d.q(0.5)), ms(d.q(0.99)))

@@ -1,0 +1,297 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"tine/chunkstore"
+	"tine/vmm"
+)
+
+func init() {
+	register(command{name: "vm run", summary: "run a bare guest program (built-in demo when none is given)", run: runVMRun})
+	register(command{name: "vm restore", summary: "resume a VM snapshot from a store and run it to the end", run: runVMRestore})
+	register(command{name: "vm forkbench", summary: "measure fork to first guest instruction", run: runVMForkBench})
+}
+
+// demoGuest is a hand-assembled bare guest: it prints a greeting, asks
+// for a snapshot, forks into 3 children, and each VM (parent 0, children
+// 1-3) prints its index before exiting.
+var demoGuest = append([]byte{
+	0x48, 0x8d, 0x35, 0x2e, 0x00, 0x00, 0x00, // lea rsi, [rip+msg]
+	0x66, 0xba, 0x00, 0x05, // mov dx, PortConsole
+	0xac,       // loop: lodsb
+	0x84, 0xc0, // test al, al
+	0x74, 0x03, // jz done
+	0xee,       // out dx, al
+	0xeb, 0xf8, // jmp loop
+	0x66, 0xba, 0x02, 0x05, 0xef, // done: out PortSnapshot
+	0x66, 0xba, 0x03, 0x05, 0xb8, 0x03, 0x00, 0x00, 0x00, 0xef, // out PortFork, 3
+	0x04, 0x30, // add al, '0'
+	0x66, 0xba, 0x00, 0x05, 0xee, // out PortConsole, al
+	0xb0, 0x0a, 0xee, // out PortConsole, '\n'
+	0x66, 0xba, 0x04, 0x05, 0x31, 0xc0, 0xef, // out PortExit, 0
+	0xeb, 0xfe, // jmp $
+}, "hello from a tine bare guest\n\x00"...)
+
+// parseMemSize parses guest RAM sizes like 256M, 1G, 4096.
+func parseMemSize(s string) (uint64, error) {
+	mult := uint64(1)
+	switch {
+	case strings.HasSuffix(s, "G"):
+		mult, s = 1<<30, strings.TrimSuffix(s, "G")
+	case strings.HasSuffix(s, "M"):
+		mult, s = 1<<20, strings.TrimSuffix(s, "M")
+	case strings.HasSuffix(s, "K"):
+		mult, s = 1<<10, strings.TrimSuffix(s, "K")
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || n == 0 {
+		return 0, usageErr("bad size %q", s)
+	}
+	return n * mult, nil
+}
+
+// vmSession runs VMs, handling snapshot and fork requests: snapshots go
+// to the store (and the ref, when set); children run after their parent.
+type vmSession struct {
+	stdout io.Writer
+	store  *chunkstore.Store
+	ref    string
+	queue  []*vmm.VM
+	images []*vmm.Image
+}
+
+func (s *vmSession) config() vmm.Config {
+	return vmm.Config{Console: s.stdout, OnRequest: s.onRequest}
+}
+
+func (s *vmSession) onRequest(ctx context.Context, vm *vmm.VM, req vmm.Request) (uint64, error) {
+	switch req.Kind {
+	case vmm.RequestSnapshot:
+		if s.store == nil {
+			return 0, nil
+		}
+		root, st, err := vm.Snapshot(ctx, s.store)
+		if err != nil {
+			return 0, err
+		}
+		if s.ref != "" {
+			old, _ := s.store.GetRef(s.ref)
+			if err := s.store.SetRef(s.ref, old, root); err != nil {
+				return 0, err
+			}
+		}
+		fmt.Fprintf(s.stdout, "snapshot %s (%d pages stored, %s)\n", root, st.PagesStored, st.Duration.Round(time.Microsecond))
+		return 0, nil
+	case vmm.RequestFork:
+		n := int(req.Arg)
+		if n < 1 || n > 64 {
+			return 0, fmt.Errorf("guest asked for %d children, allowed 1 to 64", n)
+		}
+		cfg := s.config()
+		img, kids, err := vm.Fork(ctx, n, vmm.ForkOptions{IndexInRAX: true, Config: &cfg})
+		if err != nil {
+			return 0, err
+		}
+		s.images = append(s.images, img)
+		s.queue = append(s.queue, kids...)
+		return 0, nil
+	}
+	return 0, fmt.Errorf("unknown request %d", req.Kind)
+}
+
+// runAll runs vm, then every child it (or they) forked.
+func (s *vmSession) runAll(ctx context.Context, vm *vmm.VM) error {
+	defer func() {
+		for _, v := range s.queue {
+			v.Close()
+		}
+		for _, img := range s.images {
+			img.Close()
+		}
+	}()
+	for {
+		if err := vm.Run(ctx); err != nil {
+			vm.Close()
+			return err
+		}
+		if code := vm.ExitCode(); code != 0 {
+			fmt.Fprintf(s.stdout, "VM %d exited with code %d\n", vm.Index(), code)
+		}
+		vm.Close()
+		if len(s.queue) == 0 {
+			return nil
+		}
+		vm, s.queue = s.queue[0], s.queue[1:]
+	}
+}
+
+func openSessionStore(dir string) (*chunkstore.Store, error) {
+	if dir == "" {
+		return nil, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return chunkstore.Open(dir, nil)
+}
+
+func runVMRun(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := newFlags("vm run")
+	mem := fs.String("mem", "64M", "guest RAM size")
+	storeDir := fs.String("store", "", "chunk store for the guest's snapshot requests")
+	ref := fs.String("ref", "", "ref to point at the latest snapshot")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	size, err := parseMemSize(*mem)
+	if err != nil {
+		return err
+	}
+	prog := demoGuest
+	if fs.NArg() > 1 {
+		return usageErr("vm run takes at most one program file")
+	}
+	if fs.NArg() == 1 {
+		prog, err = os.ReadFile(fs.Arg(0))
+		if err != nil {
+			return err
+		}
+	}
+	store, err := openSessionStore(*storeDir)
+	if err != nil {
+		return err
+	}
+	if store != nil {
+		defer store.Close()
+	}
+	s := &vmSession{stdout: stdout, store: store, ref: *ref}
+	cfg := s.config()
+	cfg.MemSize = size
+	vm, err := vmm.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if err := vm.LoadBare(prog); err != nil {
+		vm.Close()
+		return err
+	}
+	return s.runAll(ctx, vm)
+}
+
+func runVMRestore(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := newFlags("vm restore")
+	storeDir := fs.String("store", "", "chunk store holding the snapshot (required)")
+	ref := fs.String("ref", "", "ref naming the snapshot (instead of a root id argument)")
+	lazy := fs.Bool("lazy", false, "fill guest pages from the store on first touch (userfaultfd)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *storeDir == "" {
+		return usageErr("vm restore needs -store")
+	}
+	store, err := chunkstore.Open(*storeDir, nil)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	var root chunkstore.ID
+	switch {
+	case *ref != "" && fs.NArg() == 0:
+		root, err = store.GetRef(*ref)
+	case *ref == "" && fs.NArg() == 1:
+		root, err = chunkstore.ParseID(fs.Arg(0))
+	default:
+		return usageErr("vm restore takes either -ref or one root id")
+	}
+	if err != nil {
+		return err
+	}
+	s := &vmSession{stdout: stdout}
+	cfg := s.config()
+	var img *vmm.Image
+	opts := vmm.ForkOptions{Config: &cfg}
+	if *lazy {
+		img, err = vmm.OpenSnapshotLazy(store, root, cfg)
+		opts.Mode = vmm.ForkUserfault
+	} else {
+		img, err = vmm.LoadSnapshot(ctx, store, root, cfg)
+	}
+	if err != nil {
+		return err
+	}
+	defer img.Close()
+	kids, err := img.Fork(ctx, 1, opts)
+	if err != nil {
+		return err
+	}
+	return s.runAll(ctx, kids[0])
+}
+
+func runVMForkBench(ctx context.Context, args []string, stdout io.Writer) error {
+	fs := newFlags("vm forkbench")
+	mem := fs.String("mem", "256M", "guest RAM size")
+	n := fs.Int("n", 200, "forks to time")
+	pool := fs.Bool("pool", true, "fork into empty VMs made ahead")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	size, err := parseMemSize(*mem)
+	if err != nil {
+		return err
+	}
+	if *n < 1 {
+		return usageErr("-n must be at least 1")
+	}
+	// The guest reports on its first instruction, then exits.
+	guest := []byte{0x66, 0xba, 0x01, 0x05, 0xef, 0x66, 0xba, 0x04, 0x05, 0x31, 0xc0, 0xef, 0xeb, 0xfe}
+	parent, err := vmm.New(ctx, vmm.Config{MemSize: size})
+	if err != nil {
+		return err
+	}
+	defer parent.Close()
+	if err := parent.LoadBare(guest); err != nil {
+		return err
+	}
+	img, err := parent.Seal()
+	if err != nil {
+		return err
+	}
+	defer img.Close()
+	var t0 time.Time
+	first := make(chan time.Duration, 1)
+	cfg := vmm.Config{MemSize: size, OnReport: func(*vmm.VM, uint32) { first <- time.Since(t0) }}
+	var p *vmm.Pool
+	if *pool {
+		if p, err = vmm.NewPool(ctx, cfg, *n); err != nil {
+			return err
+		}
+		defer p.Close()
+	}
+	lat := make([]time.Duration, 0, *n)
+	for range *n {
+		t0 = time.Now()
+		kids, err := img.Fork(ctx, 1, vmm.ForkOptions{Config: &cfg, Pool: p})
+		if err != nil {
+			return err
+		}
+		err = kids[0].Run(ctx)
+		kids[0].Close()
+		if err != nil {
+			return err
+		}
+		lat = append(lat, <-first)
+	}
+	slices.Sort(lat)
+	q := func(f float64) time.Duration { return lat[min(len(lat)-1, int(f*float64(len(lat))))] }
+	fmt.Fprintf(stdout, "%d forks of a %s bare guest (pool %v): fork to first instruction p50 %s, p99 %s\n",
+		*n, *mem, *pool, q(0.5).Round(time.Microsecond), q(0.99).Round(time.Microsecond))
+	return nil
+}
