@@ -163,4 +163,3 @@ func TestDamagedIndexAndRef(t *testing.T) {
 		t.Fatalf("restored store: %v %v", err, rep.Damaged)
 	}
 }
-

@@ -166,11 +166,19 @@ type loc struct {
 	off   int64
 }
 
-// encodeIndex serializes entries and the logical byte count into an index file.
-func encodeIndex(entries []indexEntry, logical uint64) []byte {
+// idxFull flags an index file that describes the whole store: it
+// supersedes every index file with a lower number.
+const idxFull = 1
+
+// encodeIndex serializes entries and the logical byte count into an index
+// file; full marks it as a whole-store index.
+func encodeIndex(entries []indexEntry, logical uint64, full bool) []byte {
 	b := make([]byte, idxHeaderLen, idxHeaderLen+len(entries)*idxEntryLen+idxTrailer)
 	copy(b, idxMagic)
 	binary.LittleEndian.PutUint32(b[8:], formatVersion)
+	if full {
+		binary.LittleEndian.PutUint32(b[12:], idxFull)
+	}
 	binary.LittleEndian.PutUint64(b[16:], uint64(len(entries)))
 	binary.LittleEndian.PutUint64(b[24:], logical)
 	var e [idxEntryLen]byte
@@ -189,28 +197,29 @@ func encodeIndex(entries []indexEntry, logical uint64) []byte {
 
 // decodeIndex parses an index file named name. It never panics; every
 // error names the file and the byte offset.
-func decodeIndex(name string, b []byte) (entries []indexEntry, logical uint64, err error) {
+func decodeIndex(name string, b []byte) (entries []indexEntry, logical uint64, full bool, err error) {
 	if len(b) < idxHeaderLen+idxTrailer {
-		return nil, 0, fmt.Errorf("index %s offset 0: truncated (%d bytes): %w", name, len(b), ErrCorrupt)
+		return nil, 0, false, fmt.Errorf("index %s offset 0: truncated (%d bytes): %w", name, len(b), ErrCorrupt)
 	}
 	if string(b[:8]) != idxMagic {
-		return nil, 0, fmt.Errorf("index %s offset 0: bad magic %q: %w", name, b[:8], ErrCorrupt)
+		return nil, 0, false, fmt.Errorf("index %s offset 0: bad magic %q: %w", name, b[:8], ErrCorrupt)
 	}
 	if v := binary.LittleEndian.Uint32(b[8:]); v != formatVersion {
-		return nil, 0, fmt.Errorf("index %s offset 8: unsupported format version %d: %w", name, v, ErrCorrupt)
+		return nil, 0, false, fmt.Errorf("index %s offset 8: unsupported format version %d: %w", name, v, ErrCorrupt)
 	}
-	if f := binary.LittleEndian.Uint32(b[12:]); f != 0 {
-		return nil, 0, fmt.Errorf("index %s offset 12: unknown flags %#x: %w", name, f, ErrCorrupt)
+	f := binary.LittleEndian.Uint32(b[12:])
+	if f&^idxFull != 0 {
+		return nil, 0, false, fmt.Errorf("index %s offset 12: unknown flags %#x: %w", name, f, ErrCorrupt)
 	}
 	count := binary.LittleEndian.Uint64(b[16:])
 	logical = binary.LittleEndian.Uint64(b[24:])
 	body := uint64(len(b) - idxHeaderLen - idxTrailer)
 	if body%idxEntryLen != 0 || body/idxEntryLen != count {
-		return nil, 0, fmt.Errorf("index %s offset 16: header says %d entries but file holds %d bytes of entries: %w", name, count, body, ErrCorrupt)
+		return nil, 0, false, fmt.Errorf("index %s offset 16: header says %d entries but file holds %d bytes of entries: %w", name, count, body, ErrCorrupt)
 	}
 	end := len(b) - idxTrailer
 	if sum := sha256.Sum256(b[:end]); string(sum[:]) != string(b[end:]) {
-		return nil, 0, fmt.Errorf("index %s offset %d: checksum mismatch: %w", name, end, ErrCorrupt)
+		return nil, 0, false, fmt.Errorf("index %s offset %d: checksum mismatch: %w", name, end, ErrCorrupt)
 	}
 	entries = make([]indexEntry, 0, count)
 	for off := idxHeaderLen; off < end; off += idxEntryLen {
@@ -237,12 +246,12 @@ func decodeIndex(name string, b []byte) (entries []indexEntry, logical uint64, e
 			err = fmt.Errorf("zero id")
 		}
 		if err != nil {
-			return nil, 0, fmt.Errorf("index %s offset %d: %w (%w)", name, off, err, ErrCorrupt)
+			return nil, 0, false, fmt.Errorf("index %s offset %d: %w (%w)", name, off, err, ErrCorrupt)
 		}
 		ent.loc.off = int64(o)
 		entries = append(entries, ent)
 	}
-	return entries, logical, nil
+	return entries, logical, f == idxFull, nil
 }
 
 // encodeRef serializes a ref file: the id in hex and a CRC-32C over the

@@ -10,16 +10,16 @@ import (
 
 func FuzzDecodeIndex(f *testing.F) {
 	id := Sum([]byte("x"))
-	f.Add(encodeIndex(nil, 0))
-	f.Add(encodeIndex([]indexEntry{{id: id, loc: loc{pack: 1, kind: kindBlob, codec: codecZstd, clen: 10, ulen: 100, off: 16}}}, 100))
-	f.Add(encodeIndex([]indexEntry{{id: id, loc: loc{pack: 2, kind: kindNode, clen: 5, ulen: 5, off: 64}}, {id: Sum(nil), loc: loc{pack: 2, kind: kindBlob, clen: 1, ulen: 1, off: 200}}}, 7))
+	f.Add(encodeIndex(nil, 0, true))
+	f.Add(encodeIndex([]indexEntry{{id: id, loc: loc{pack: 1, kind: kindBlob, codec: codecZstd, clen: 10, ulen: 100, off: 16}}}, 100, false))
+	f.Add(encodeIndex([]indexEntry{{id: id, loc: loc{pack: 2, kind: kindNode, clen: 5, ulen: 5, off: 64}}, {id: Sum(nil), loc: loc{pack: 2, kind: kindBlob, clen: 1, ulen: 1, off: 200}}}, 7, true))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		entries, logical, err := decodeIndex("f.idx", b)
+		entries, logical, full, err := decodeIndex("f.idx", b)
 		if err != nil {
 			return
 		}
 		// What decodes must encode back to the same bytes.
-		if again := encodeIndex(entries, logical); !bytes.Equal(again, b) {
+		if again := encodeIndex(entries, logical, full); !bytes.Equal(again, b) {
 			t.Fatalf("index round trip differs")
 		}
 	})

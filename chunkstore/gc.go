@@ -40,6 +40,9 @@ const (
 // rewritten. The new index is durable before any old index file or pack is
 // removed.
 //
+// Dead objects leave the index at once; their bytes stay in a pack until
+// it is rewritten or deleted.
+//
 // An id held only in memory for longer than that (not in a ref, not
 // linked from a kept node) is not protected: pass it in extraRoots.
 func (s *Store) GC(ctx context.Context, extraRoots ...ID) (GCStats, error) {
@@ -175,62 +178,61 @@ func (s *Store) mark(ctx context.Context, roots []ID, live map[ID]struct{}, st *
 }
 
 type packUsage struct {
-	size             int64 // bytes of records
-	liveBytes        int64
-	deadBytes        int64
-	live, dead       int64
-	liveIDs, deadIDs []ID
+	size      int64 // pack file size
+	liveBytes int64
+	live      int64
+	liveIDs   []ID
 }
 
-// sweepLocked removes dead objects from packs numbered below boundary.
+// sweepLocked removes dead objects in packs numbered below boundary from
+// the index, and deletes or rewrites the packs that hold them.
 func (s *Store) sweepLocked(boundary uint32, live map[ID]struct{}, st *GCStats, start time.Time) error {
 	usage := map[uint32]*packUsage{}
-	for id, l := range s.index {
-		if l.pack >= boundary {
+	for n, f := range s.packs {
+		if n >= boundary {
 			continue
 		}
+		fi, err := f.Stat()
+		if err != nil {
+			return fmt.Errorf("chunkstore: gc: stat pack %s: %w", s.packPath(n), err)
+		}
+		usage[n] = &packUsage{size: fi.Size()}
+	}
+	for id, l := range s.index {
 		u := usage[l.pack]
-		if u == nil {
-			u = &packUsage{}
-			usage[l.pack] = u
+		if l.pack >= boundary || u == nil {
+			continue
 		}
 		n := recHeaderLen + int64(l.clen)
-		u.size += n
 		if _, ok := live[id]; ok {
 			u.liveBytes += n
 			u.live++
 			u.liveIDs = append(u.liveIDs, id)
-		} else {
-			u.deadBytes += n
-			u.dead++
-			u.deadIDs = append(u.deadIDs, id)
+			continue
 		}
-	}
-	// Packs with no index entry at all (already empty) are removed too.
-	for n := range s.packs {
-		if n < boundary && usage[n] == nil {
-			usage[n] = &packUsage{}
-		}
+		// Dead: out of the index now; its bytes go when the pack does.
+		delete(s.index, id)
+		s.cache.drop(id)
+		st.Deleted++
+		st.DeletedBytes += n
 	}
 	nums := make([]uint32, 0, len(usage))
-	for n := range usage {
-		nums = append(nums, n)
-	}
-	sort.Slice(nums, func(i, j int) bool { return nums[i] < nums[j] })
-
-	var remove []uint32
 	small := 0
-	for _, n := range nums {
-		if u := usage[n]; u.live > 0 && float64(u.size) < smallPackFraction*float64(s.opts.PackSize) {
+	for n, u := range usage {
+		nums = append(nums, n)
+		if u.live > 0 && float64(u.size) < smallPackFraction*float64(s.opts.PackSize) {
 			small++
 		}
 	}
+	sort.Slice(nums, func(i, j int) bool { return nums[i] < nums[j] })
+	var remove []uint32
 	for _, n := range nums {
 		u := usage[n]
+		dead := u.size - packHeaderLen - u.liveBytes
 		switch {
 		case u.live == 0:
 			st.PacksDeleted++
-		case u.deadBytes > 0 && float64(u.deadBytes) >= repackDeadFraction*float64(u.size),
+		case float64(dead) >= repackDeadFraction*float64(u.size),
 			small > 1 && float64(u.size) < smallPackFraction*float64(s.opts.PackSize):
 			if err := s.repackLocked(n, u.liveIDs); err != nil {
 				return err
@@ -238,20 +240,11 @@ func (s *Store) sweepLocked(boundary uint32, live map[ID]struct{}, st *GCStats, 
 			st.PacksRepacked++
 			st.RepackedObjects += u.live
 		default:
-			// Keep the pack; its dead records stay until it is repacked.
-			// Their entries stay too, so that the index describes every
-			// record it names; they are swept when the pack is rewritten.
-			continue
+			continue // keep the pack; its dead bytes wait for a later GC
 		}
-		for _, id := range u.deadIDs {
-			delete(s.index, id)
-			s.cache.drop(id)
-		}
-		st.Deleted += u.dead
-		st.DeletedBytes += u.deadBytes
 		remove = append(remove, n)
 	}
-	if len(remove) == 0 {
+	if st.Deleted == 0 && len(remove) == 0 {
 		st.Duration = time.Since(start)
 		return nil
 	}

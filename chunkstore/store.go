@@ -252,6 +252,14 @@ func (s *Store) load() error {
 		return fmt.Errorf("chunkstore: open %s: %w", s.dir, err)
 	}
 	damaged := false
+	type idxFile struct {
+		num     uint64
+		path    string
+		entries []indexEntry
+		logical uint64
+	}
+	var files []idxFile
+	base := -1 // position in files of the newest whole-store index
 	for _, e := range ents {
 		name := e.Name()
 		path := filepath.Join(idxDir, name)
@@ -265,11 +273,14 @@ func (s *Store) load() error {
 		if !ok {
 			continue
 		}
+		if n >= s.nextIdx {
+			s.nextIdx = n + 1
+		}
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return fmt.Errorf("chunkstore: read index %s: %w", path, err)
 		}
-		entries, logical, err := decodeIndex(path, b)
+		entries, logical, full, err := decodeIndex(path, b)
 		if err != nil {
 			if !s.opts.AllowDamaged {
 				return fmt.Errorf("chunkstore: open %s: %w", s.dir, err)
@@ -278,12 +289,23 @@ func (s *Store) load() error {
 			damaged = true
 			continue
 		}
-		s.idxFiles = append(s.idxFiles, n)
-		if n >= s.nextIdx {
-			s.nextIdx = n + 1
+		if full {
+			base = len(files)
 		}
-		s.logicalDurable += logical
-		for _, ent := range entries {
+		files = append(files, idxFile{num: n, path: path, entries: entries, logical: logical})
+	}
+	// A whole-store index supersedes the files before it (left behind by a
+	// crash while they were being removed).
+	for i, f := range files {
+		if i < base {
+			if !s.opts.AllowDamaged && !damaged {
+				os.Remove(f.path)
+			}
+			continue
+		}
+		s.idxFiles = append(s.idxFiles, f.num)
+		s.logicalDurable += f.logical
+		for _, ent := range f.entries {
 			s.index[ent.id] = ent.loc // later index files win (ReadDir sorts by name)
 		}
 	}
@@ -599,16 +621,47 @@ func (s *Store) decode(id ID, l loc, raw []byte) ([]byte, error) {
 
 // PutNode stores a node: an object that links to other objects (blobs or
 // nodes), so that GC keeps them alive. Zero links are allowed and ignored.
+// Every other link must name a stored object: PutNode fails with
+// ErrNotFound otherwise (for example if a GC removed a chunk the caller
+// held for longer than Options.GCGrace; put it again).
 func (s *Store) PutNode(links []ID, payload []byte) (ID, error) {
 	enc := encodeNode(links, payload)
 	if len(enc) > maxObject {
 		return ID{}, fmt.Errorf("chunkstore: put node of %d bytes: over the %d byte object limit", len(enc), maxObject)
 	}
 	id := Sum(enc)
-	if l, ok := s.lookup(id); ok && l.kind == kindNode {
+	p := prepared{id: id, kind: kindNode, codec: codecRaw, ulen: uint32(len(enc)), stored: enc}
+	s.mu.RLock()
+	l, ok := s.index[id]
+	s.mu.RUnlock()
+	if !ok || l.kind != kindNode {
+		p = s.prepare(id, kindNode, enc, nil)
+	}
+	// Check and touch the links and add the node under one lock, so that
+	// no GC sweep can fall between them.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ID{}, fmt.Errorf("chunkstore: put node: store %s is closed", s.dir)
+	}
+	now := time.Since(s.opened)
+	s.touchMu.Lock()
+	for _, link := range links {
+		if link.IsZero() {
+			continue
+		}
+		if _, ok := s.index[link]; !ok {
+			s.touchMu.Unlock()
+			return ID{}, fmt.Errorf("chunkstore: put node %s: link %s: object %w in %s", id, link, ErrNotFound, s.dir)
+		}
+		s.touched[link] = now
+	}
+	s.touchMu.Unlock()
+	if l, ok := s.index[id]; ok && l.kind == kindNode {
+		s.touch(id)
 		return id, nil
 	}
-	return id, s.add(s.prepare(id, kindNode, enc, nil))
+	return id, s.appendLocked(p.kind, p.codec, p.ulen, p.id, p.stored)
 }
 
 // GetNode returns the links and payload of node id. It fails with
@@ -650,7 +703,7 @@ func (s *Store) flushLocked() error {
 	if err := s.syncPacksLocked(); err != nil {
 		return err
 	}
-	if err := s.writeIndexLocked(s.pending, s.logicalPending); err != nil {
+	if err := s.writeIndexLocked(s.pending, s.logicalPending, false); err != nil {
 		return err
 	}
 	s.logicalDurable += s.logicalPending
@@ -684,10 +737,10 @@ func (s *Store) syncPacksLocked() error {
 }
 
 // writeIndexLocked writes one index file holding entries.
-func (s *Store) writeIndexLocked(entries []indexEntry, logical uint64) error {
+func (s *Store) writeIndexLocked(entries []indexEntry, logical uint64, full bool) error {
 	n := s.nextIdx
 	path := filepath.Join(s.dir, "index", indexName(n))
-	if err := writeFileAtomic(path, encodeIndex(entries, logical)); err != nil {
+	if err := writeFileAtomic(path, encodeIndex(entries, logical, full)); err != nil {
 		return err
 	}
 	s.nextIdx++
@@ -715,7 +768,7 @@ func (s *Store) rewriteIndexLocked() error {
 	})
 	old := s.idxFiles
 	s.idxFiles = nil
-	if err := s.writeIndexLocked(entries, s.logicalDurable+s.logicalPending); err != nil {
+	if err := s.writeIndexLocked(entries, s.logicalDurable+s.logicalPending, true); err != nil {
 		s.idxFiles = append(old, s.idxFiles...)
 		return err
 	}

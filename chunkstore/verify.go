@@ -39,10 +39,13 @@ func (r VerifyReport) OK() bool { return len(r.Damaged) == 0 }
 // Verify reads every object, checks its record checksum, decompresses it
 // and recomputes its SHA-256; it decodes every node and checks that its
 // links and every ref name stored objects. The report names each damaged
-// object with its pack file and offset. The returned error is only for
+// object with its pack file and offset. It waits for a running GC to end
+// and keeps GC from starting until it is done. The returned error is only for
 // Verify itself failing (for example ctx being cancelled).
 func (s *Store) Verify(ctx context.Context) (VerifyReport, error) {
 	var rep VerifyReport
+	s.gcMu.Lock() // a concurrent sweep would make links look dangling
+	defer s.gcMu.Unlock()
 	s.mu.RLock()
 	rep.Damaged = append(rep.Damaged, s.damage...)
 	entries := make([]indexEntry, 0, len(s.index))
