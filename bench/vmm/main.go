@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -139,7 +140,10 @@ func forkLatency(ctx context.Context, img *vmm.Image, n int, usePool, premap boo
 	cfg := timedConfig(&t0, got)
 	d := &dist{}
 	warm := 20
-	const batch = 100
+	batch := 100
+	if img.Size() > 1<<30 {
+		batch = 20 // each empty VM holds memory-slot metadata in proportion to RAM
+	}
 	var pool *vmm.Pool
 	if usePool {
 		var p *vmm.Pool
@@ -362,13 +366,30 @@ type memRow struct {
 	dirty                int
 	rss, pss, private    float64 // KiB per child, guest RAM mapping
 	procPss, procPrivate float64 // KiB per child, whole process delta
+	hostDrop             float64 // KiB per child, drop of MemAvailable
+}
+
+// memAvailable returns MemAvailable from /proc/meminfo in KiB.
+func memAvailable() int {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemAvailable:" {
+			v, _ := strconv.Atoi(f[1])
+			return v
+		}
+	}
+	return 0
 }
 
 // memoryPerChild forks n idle children that each dirty k pages, and
 // measures their guest-RAM mappings and the process's growth.
 func memoryPerChild(ctx context.Context, img *vmm.Image, n, k int) (memRow, error) {
-	runtime.GC()
+	debug.FreeOSMemory()
 	pss0, priv0 := rollup()
+	avail0 := memAvailable()
 	kids, err := img.Fork(ctx, n, vmm.ForkOptions{})
 	if err != nil {
 		return memRow{}, err
@@ -391,9 +412,10 @@ func memoryPerChild(ctx context.Context, img *vmm.Image, n, k int) (memRow, erro
 			return memRow{}, err
 		}
 	}
-	runtime.GC()
+	debug.FreeOSMemory()
 	pss1, priv1 := rollup()
-	row := memRow{dirty: k, procPss: float64(pss1-pss0) / float64(n), procPrivate: float64(priv1-priv0) / float64(n)}
+	row := memRow{dirty: k, procPss: float64(pss1-pss0) / float64(n), procPrivate: float64(priv1-priv0) / float64(n),
+		hostDrop: float64(avail0-memAvailable()) / float64(n)}
 	for _, c := range kids {
 		rss, pss, private, err := smapsMapping(uintptr(unsafe.Pointer(unsafe.SliceData(c.Mem()))))
 		if err != nil {
@@ -461,7 +483,9 @@ func snapshotCost(ctx context.Context, size, workingSet uint64, dirties []int, w
 }
 
 func run(ctx context.Context, o options, w io.Writer) error {
-	fmt.Fprintf(w, "# bench/vmm (KVM on this host: %s; %d CPUs; %d forks per row after warm-up)\n\n", kvmKind(), runtime.NumCPU(), o.forks)
+	load, _ := os.ReadFile("/proc/loadavg")
+	fmt.Fprintf(w, "# bench/vmm (KVM on this host: %s; %d CPUs; load average at start %s; %d forks per row after warm-up)\n\n",
+		kvmKind(), runtime.NumCPU(), strings.Join(strings.Fields(string(load))[:3], " "), o.forks)
 
 	// Latency against RAM size, with the two baselines at 256 MiB.
 	fmt.Fprintln(w, "## Fork to first guest instruction (working set 64 MiB)")
@@ -533,15 +557,15 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	}
 
 	fmt.Fprintf(w, "\n## Host memory per child (%s RAM, 64 MiB working set in the image; KiB)\n\n", human(o.sizes[0]))
-	fmt.Fprintln(w, "| pages dirtied | RAM mapping Rss | RAM mapping Pss | RAM mapping Private | process Pss growth | process Private growth |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|")
-	nMem := 50
+	fmt.Fprintln(w, "| pages dirtied | RAM mapping Rss | RAM mapping Pss | RAM mapping Private | process Pss growth | process Private growth | host MemAvailable drop |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+	nMem := 100
 	for _, k := range []int{0, 1, 100, 10000} {
 		row, err := memoryPerChild(ctx, img, nMem, k)
 		if err != nil {
 			return fmt.Errorf("memory with %d dirty pages: %w", k, err)
 		}
-		fmt.Fprintf(w, "| %d | %.0f | %.0f | %.0f | %.0f | %.0f |\n", k, row.rss, row.pss, row.private, row.procPss, row.procPrivate)
+		fmt.Fprintf(w, "| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n", k, row.rss, row.pss, row.private, row.procPss, row.procPrivate, row.hostDrop)
 	}
 
 	fmt.Fprintf(w, "\n## Snapshot to the chunk store (%s RAM, 64 MiB working set)\n\n", human(o.sizes[0]))
