@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -281,4 +282,60 @@ func readImageU64(img *Image, off int64) (uint64, error) {
 		return 0, err
 	}
 	return binary.LittleEndian.Uint64(b[:]), nil
+}
+
+type failingSource struct {
+	PageSource
+	bad uint64
+}
+
+func (s failingSource) ReadPage(off uint64, buf []byte) (bool, error) {
+	if off == s.bad {
+		return false, errors.New("page lost")
+	}
+	return s.PageSource.ReadPage(off, buf)
+}
+
+// TestUserfaultSourceError checks that a page the source cannot serve ends
+// the child's Run with an error instead of hanging or running on zeros.
+func TestUserfaultSourceError(t *testing.T) {
+	prog := buildGuest(t, `
+void main(u64 memsize) {
+	volatile u64 *a = (u64 *)0x800000;
+	snapshot();
+	report((u32)a[0]);
+	exit(0);
+}`)
+	var img *Image
+	vm := newBare(t, 16<<20, prog, Config{OnRequest: func(ctx context.Context, vm *VM, req Request) (uint64, error) {
+		var err error
+		img, err = vm.Seal()
+		return 0, err
+	}})
+	vm.Mem()[0x800000] = 9
+	if err := vm.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer img.Close()
+	kids, err := img.Fork(context.Background(), 2, ForkOptions{Mode: ForkUserfault})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad, err := img.Fork(context.Background(), 1, ForkOptions{Mode: ForkUserfault, Source: failingSource{imageSource{img}, 0x800000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad[0].Close()
+	if err := bad[0].Run(context.Background()); err == nil || !strings.Contains(err.Error(), "page lost") {
+		t.Fatalf("Run with a failing page source = %v, want the source's error", err)
+	}
+	for _, k := range kids {
+		if err := k.Run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if r := k.Reports(); len(r) != 1 || r[0] != 9 {
+			t.Errorf("child reported %v, want [9]", r)
+		}
+		k.Close()
+	}
 }

@@ -131,6 +131,11 @@ func (vm *VM) Run(ctx context.Context) error {
 		vm.cond.Broadcast()
 		vm.mu.Unlock()
 
+		if vm.uffd != nil {
+			if e := vm.uffd.err.Load(); e != nil {
+				return *e
+			}
+		}
 		switch first.kind {
 		case resExit:
 			vm.exited.Store(true)

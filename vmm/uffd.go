@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -43,6 +44,7 @@ type userfault struct {
 	fd   int
 	stop [2]int // pipe: closing the write end stops the handler
 	done chan error
+	err  atomic.Pointer[error] // first page the source failed to serve
 }
 
 // startUserfault replaces the VM's RAM with anonymous memory registered
@@ -73,7 +75,7 @@ func (vm *VM) startUserfault(src PageSource) error {
 		return fmt.Errorf("vmm: pipe: %w", err)
 	}
 	vm.uffd = uf
-	go func() { uf.done <- uf.serve(vm.mem, src) }()
+	go func() { uf.done <- uf.serve(vm, src) }()
 	return nil
 }
 
@@ -86,7 +88,8 @@ func uffdIoctl(fd int, req uintptr, arg unsafe.Pointer) error {
 }
 
 // serve answers page faults until the stop pipe closes.
-func (uf *userfault) serve(mem []byte, src PageSource) error {
+func (uf *userfault) serve(vm *VM, src PageSource) error {
+	mem := vm.mem
 	base := uint64(uintptr(unsafePointer(mem)))
 	size := uint64(len(mem))
 	page := make([]byte, PageSize)
@@ -121,9 +124,16 @@ func (uf *userfault) serve(mem []byte, src PageSource) error {
 			off := addr - base
 			zero, err := src.ReadPage(off, page)
 			if err != nil {
-				// Leave the fault unanswered would hang the guest; map
-				// zeros and report.
+				// An unanswered fault would hang the vCPU: map zeros, then
+				// stop the VM, whose Run returns this error.
 				zero = true
+				e := fmt.Errorf("vmm: serve guest page at %#x: %w", off, err)
+				if uf.err.CompareAndSwap(nil, &e) {
+					select {
+					case vm.kick <- struct{}{}:
+					default:
+					}
+				}
 			}
 			if zero {
 				z := [4]uint64{addr, PageSize, 0, 0}

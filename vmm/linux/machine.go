@@ -34,8 +34,8 @@ type MachineConfig struct {
 	// MemSize is the guest RAM size (default DefaultMemSize, at most
 	// MaxMem).
 	MemSize uint64
-	// VCPUs is the number of vCPUs (default 1). With more than one, the
-	// machine describes them to the guest in an MP table.
+	// VCPUs is the number of vCPUs (default 1), described to the guest
+	// in an MP table with the IOAPIC and the ISA interrupt wiring.
 	VCPUs int
 	// Console receives the guest's serial output (COM1); nil discards it.
 	Console io.Writer
@@ -98,11 +98,9 @@ func NewMachine(ctx context.Context, cfg MachineConfig) (*Machine, error) {
 		return nil, fmt.Errorf("linux machine: load kernel: %w", err)
 	}
 	m.Boot = b
-	if cfg.VCPUs > 1 {
-		if err := writeMPTable(vm.Mem(), cfg.VCPUs); err != nil {
-			vm.Close()
-			return nil, fmt.Errorf("linux machine: %w", err)
-		}
+	if err := writeMPTable(vm.Mem(), cfg.VCPUs); err != nil {
+		vm.Close()
+		return nil, fmt.Errorf("linux machine: %w", err)
 	}
 	if err := setBootState(vm.VCPU(0), b); err != nil {
 		vm.Close()
