@@ -105,17 +105,29 @@ func (img *Image) WriteFile(path string) error {
 		f.Close()
 		return fmt.Errorf("vmm: size image file %s: %w", path, err)
 	}
+	buf := make([]byte, 1<<20)
 	err = forEachExtent(img.fd, img.size, func(off, n int64) error {
-		o, wo := off, off
 		for n > 0 {
-			c, err := unix.CopyFileRange(img.fd, &o, int(f.Fd()), &wo, int(n), 0)
+			m := min(n, int64(len(buf)))
+			r, err := unix.Pread(img.fd, buf[:m], off)
 			if err != nil {
 				return err
 			}
-			if c == 0 {
-				return errors.New("short copy")
+			if r == 0 {
+				return errors.New("short read")
 			}
-			n -= int64(c)
+			// Skip zero pages so the file keeps its holes.
+			for p := 0; p < r; p += PageSize {
+				page := buf[p:min(r, p+PageSize)]
+				if len(page) == PageSize && isZeroPage(page) {
+					continue
+				}
+				if _, err := f.WriteAt(page, off+int64(p)); err != nil {
+					return err
+				}
+			}
+			off += int64(r)
+			n -= int64(r)
 		}
 		return nil
 	})

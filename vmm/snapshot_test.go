@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -47,8 +48,25 @@ func TestSnapshotRestoreInNewProcess(t *testing.T) {
 	var root chunkstore.ID
 	onRequest := func(ctx context.Context, vm *VM, req Request) (uint64, error) {
 		id, _, err := vm.Snapshot(ctx, store)
+		if err != nil {
+			return 0, err
+		}
 		root = id
-		return 0, err
+		// Also seal a flat image file with its state for MAP_PRIVATE
+		// restore.
+		img, err := vm.Seal()
+		if err != nil {
+			return 0, err
+		}
+		defer img.Close()
+		if err := img.WriteFile(filepath.Join(dir, "image")); err != nil {
+			return 0, err
+		}
+		b, err := img.State().MarshalBinary()
+		if err != nil {
+			return 0, err
+		}
+		return 0, os.WriteFile(filepath.Join(dir, "state"), b, 0o600)
 	}
 	vm := newBare(t, 128<<20, prog, Config{OnRequest: onRequest})
 	if err := vm.Run(context.Background()); err != nil {
@@ -61,7 +79,7 @@ func TestSnapshotRestoreInNewProcess(t *testing.T) {
 	if err := store.Close(); err != nil {
 		t.Fatal(err)
 	}
-	for _, mode := range []string{"image", "lazy"} {
+	for _, mode := range []string{"image", "lazy", "file"} {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestRestoreHelper$", "-test.v")
 		cmd.Env = append(os.Environ(), "TINE_VMM_RESTORE="+dir+","+root.String()+","+mode)
 		out, err := cmd.CombinedOutput()
@@ -91,10 +109,23 @@ func TestRestoreHelper(t *testing.T) {
 	}
 	var img *Image
 	opts := ForkOptions{}
-	if parts[2] == "lazy" {
+	switch parts[2] {
+	case "lazy":
 		img, err = OpenSnapshotLazy(store, root, Config{})
 		opts.Mode = ForkUserfault
-	} else {
+	case "file":
+		var b []byte
+		b, err = os.ReadFile(filepath.Join(parts[0], "state"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st *State
+		st, err = UnmarshalState("state file", b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err = OpenImageFile(filepath.Join(parts[0], "image"), st, Config{})
+	default:
 		img, err = LoadSnapshot(context.Background(), store, root, Config{})
 	}
 	if err != nil {

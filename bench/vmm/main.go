@@ -490,13 +490,26 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	// Latency against RAM size, with the two baselines at 256 MiB.
 	fmt.Fprintln(w, "## Fork to first guest instruction (working set 64 MiB)")
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, "| RAM | method | p50 | p99 |")
-	fmt.Fprintln(w, "|---|---|---|---|")
-	var base256 *dist
+	fmt.Fprintln(w, "Ratios are baseline p50 / row p50 at the same RAM size (higher is better).")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| RAM | method | p50 | p99 | vs cold start | vs copying restore |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|")
 	for _, size := range o.sizes {
 		vm, img, err := parent(ctx, size, o.workingSet)
 		if err != nil {
 			return err
+		}
+		cold, err := coldStart(ctx, size, max(10, o.forks/10))
+		if err != nil {
+			return err
+		}
+		cp, err := copyRestore(ctx, img, max(5, o.forks/50))
+		if err != nil {
+			return err
+		}
+		line := func(name string, d *dist) {
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %.1fx | %.1fx |\n", human(size), name, ms(d.q(0.5)), ms(d.q(0.99)),
+				float64(cold.q(0.5))/float64(d.q(0.5)), float64(cp.q(0.5))/float64(d.q(0.5)))
 		}
 		rows := []struct {
 			name         string
@@ -514,27 +527,10 @@ func run(ctx context.Context, o options, w io.Writer) error {
 			if err != nil {
 				return fmt.Errorf("%s at %d MiB: %w", r.name, size/mib, err)
 			}
-			if size == o.sizes[0] && r.premap {
-				base256 = d
-			}
-			fmt.Fprintf(w, "| %s | %s | %s | %s |\n", human(size), r.name, ms(d.q(0.5)), ms(d.q(0.99)))
+			line(r.name, d)
 		}
-		if size == o.sizes[0] {
-			cold, err := coldStart(ctx, size, o.forks/10)
-			if err != nil {
-				return err
-			}
-			cp, err := copyRestore(ctx, img, o.forks/10)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(w, "| %s | baseline: cold start (New + LoadBare + run) | %s | %s |\n", human(size), ms(cold.q(0.5)), ms(cold.q(0.99)))
-			fmt.Fprintf(w, "| %s | baseline: restore by copying the image | %s | %s |\n", human(size), ms(cp.q(0.5)), ms(cp.q(0.99)))
-			defer func(cold, cp *dist) {
-				fmt.Fprintf(w, "\nRatios at %s (p50): fork is %.1fx faster than a cold start and %.1fx faster than a copying restore.\n",
-					human(o.sizes[0]), float64(cold.q(0.5))/float64(base256.q(0.5)), float64(cp.q(0.5))/float64(base256.q(0.5)))
-			}(cold, cp)
-		}
+		line("baseline: cold start (New + LoadBare + run)", cold)
+		line("baseline: restore by copying the image", cp)
 		img.Close()
 		vm.Close()
 	}
