@@ -43,6 +43,7 @@ const (
 	bpE820Table       = 0x2d0
 	bpE820Max         = 128
 	bpVidMode         = 0x1fa
+	bpACPIRSDPAddr    = 0x070
 )
 
 const (

@@ -35,7 +35,7 @@ type MachineConfig struct {
 	// MaxMem).
 	MemSize uint64
 	// VCPUs is the number of vCPUs (default 1), described to the guest
-	// in an MP table with the IOAPIC and the ISA interrupt wiring.
+	// in an ACPI MADT and an MP table, with the IOAPIC.
 	VCPUs int
 	// Console receives the guest's serial output (COM1); nil discards it.
 	Console io.Writer
@@ -77,6 +77,10 @@ func NewMachine(ctx context.Context, cfg MachineConfig) (*Machine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("linux machine: %w", err)
 	}
+	if err := vm.SetGuestCPUID(); err != nil {
+		vm.Close()
+		return nil, fmt.Errorf("linux machine: %w", err)
+	}
 	m := &Machine{VM: vm}
 	m.UART = serial.New(serial.Config{
 		Base: serial.COM1Base,
@@ -102,6 +106,12 @@ func NewMachine(ctx context.Context, cfg MachineConfig) (*Machine, error) {
 		vm.Close()
 		return nil, fmt.Errorf("linux machine: %w", err)
 	}
+	rsdp, err := writeACPI(vm.Mem(), cfg.VCPUs)
+	if err != nil {
+		vm.Close()
+		return nil, fmt.Errorf("linux machine: %w", err)
+	}
+	b.setRSDP(vm.Mem(), rsdp)
 	if err := setBootState(vm.VCPU(0), b); err != nil {
 		vm.Close()
 		return nil, fmt.Errorf("linux machine: %w", err)

@@ -61,7 +61,7 @@ func TestMPTable(t *testing.T) {
 			t.Fatalf("%d CPUs: %d left over bytes, %d processors, %d IOAPICs, %d interrupts", cpus, len(e), procs, ioapics, ints)
 		}
 	}
-	if err := writeMPTable(make([]byte, 1<<20), 1); err == nil {
+	if err := writeMPTable(make([]byte, 0xf8000), 1); err == nil {
 		t.Fatal("wrote an MP table past the end of 1 MiB of RAM")
 	}
 }

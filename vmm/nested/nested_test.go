@@ -133,9 +133,9 @@ func TestL2BootsToInit(t *testing.T) {
 		t.Skip("busybox-static is not installed")
 	}
 	script := `set -e
-for k in vmlinuz vmlinux; do
+for k in vmlinux vmlinuz; do
 	echo "== L2 $k"
-	/bin/tine vm boot --kernel l2/$k --initrd l2/init.cpio.gz --mem 256M --cmdline "console=ttyS0 panic=-1 quiet"
+	/bin/tine vm boot --kernel l2/$k --initrd l2/init.cpio.gz --mem 256M --cmdline "console=ttyS0 panic=-1 earlycon=uart8250,io,0x3f8"
 	echo "== L2 $k done"
 done
 `
