@@ -46,6 +46,7 @@ type config struct {
 	Mode        string
 	TreeSizes   []int  // synthetic tree sizes for snapshot and fork
 	GoTree      bool   // also snapshot and fork the Go source tree
+	CopyMax     int    // cp -a and git snapshot/fork only trees up to this many files (0: all)
 	DiffTree    int    // files in the tree diffs run on
 	DiffChanges []int  // changed files per diff row; each divides the next
 	BigFile     int64  // bytes of the sequential read/write file
@@ -78,6 +79,7 @@ func modeConfig(mode string) (config, error) {
 		c.BtrfsBytes = 16 << 30
 	case "quick":
 		c.TreeSizes = []int{1000, 10000}
+		c.CopyMax = 1000
 		c.DiffTree, c.DiffChanges = 10000, []int{1, 100}
 		c.BigFile, c.RandReads, c.MetaFiles = 256<<20, 2048, 5000
 		c.Untar, c.UntarSubdir = true, "net"
@@ -107,6 +109,7 @@ func mainErr(args []string, stdout, stderr io.Writer) int {
 	quick := fl.Bool("quick", false, "smaller trees and fewer rows (about 2 minutes)")
 	tiny := fl.Bool("tiny", false, "smallest sizes, one or two samples: checks that every row runs")
 	asJSON := fl.Bool("json", false, "print the report as JSON instead of tables")
+	save := fl.String("save", "", "also write the report as JSON to this file")
 	dir := fl.String("dir", "/var/tmp", "directory for temporary trees, images and mounts (its filesystem is the native peer)")
 	only := fl.String("only", "", "comma-separated sections to run: snapfork, diff, io (default all)")
 	tools := fl.String("tools", "", "comma-separated tools to run (default all): "+strings.Join(allTools, ", "))
@@ -153,6 +156,9 @@ func mainErr(args []string, stdout, stderr io.Writer) int {
 		} else {
 			werr = writeTable(stdout, rep)
 		}
+		if werr == nil && *save != "" {
+			werr = saveJSON(*save, rep)
+		}
 		if werr != nil && err == nil {
 			err = werr
 		}
@@ -162,6 +168,18 @@ func mainErr(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+func saveJSON(path string, rep *report) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("save report: %w", err)
+	}
+	err = writeJSON(f, rep)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("save report %s: %w", path, cerr)
+	}
+	return err
 }
 
 func parseSet(s string, valid []string) (map[string]bool, error) {

@@ -67,6 +67,10 @@ type machine struct {
 	Go      string `json:"go"`
 	WorkDir string `json:"work_dir"`
 	WorkFS  string `json:"work_fs"`
+	// Load is /proc/loadavg at the start and at the end of the run: other
+	// work on the machine makes the numbers noisier.
+	LoadStart string `json:"load_start"`
+	LoadEnd   string `json:"load_end"`
 }
 
 // report is the whole output of one run.
@@ -174,6 +178,7 @@ func writeTable(w io.Writer, rep *report) error {
 	m := rep.Machine
 	fmt.Fprintf(w, "machine: %d CPUs, %s, kernel %s, %d GiB RAM, %s; work dir %s (%s)\n",
 		m.CPUs, m.CPU, m.Kernel, m.MemGiB, m.Go, m.WorkDir, m.WorkFS)
+	fmt.Fprintf(w, "load average (1/5/15 min) at start %s, at end %s\n", m.LoadStart, m.LoadEnd)
 	fmt.Fprintf(w, "command: %s; took %s\n", rep.Command, time.Duration(rep.Seconds*float64(time.Second)).Round(time.Second))
 	fmt.Fprintln(w, "cells: median [ratio tine/peer]; for times a ratio below 1 means tine is faster, for MB/s above 1.")
 	for _, s := range rep.Sections {

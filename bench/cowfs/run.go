@@ -56,6 +56,7 @@ func run(ctx context.Context, cfg config, command string) (rep *report, err erro
 			err = errors.Join(err, cerr)
 		}
 		rep.Seconds = time.Since(start).Seconds()
+		rep.Machine.LoadEnd = loadAvg()
 	}()
 	rep.Machine = describeMachine(work)
 	e := &env{cfg: cfg, cl: cl, work: work, trees: map[int]string{}}
@@ -183,7 +184,21 @@ func describeMachine(work string) machine {
 		m.MemGiB = int((uint64(si.Totalram)*uint64(si.Unit) + 1<<29) >> 30)
 	}
 	m.WorkFS, _ = peer.FSType(work)
+	m.LoadStart = loadAvg()
 	return m
+}
+
+// loadAvg returns the 1, 5 and 15 minute load averages.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 // fail reports whether err ends the whole run (cancellation) rather than

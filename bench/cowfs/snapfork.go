@@ -79,8 +79,12 @@ func snapForkSection(ctx context.Context, e *env) (*section, error) {
 			if !e.cfg.Tools[tool] {
 				continue
 			}
+			copies := tool == toolCp || tool == toolGit
+			if copies && e.cfg.CopyMax > 0 && tr.files > e.cfg.CopyMax {
+				continue
+			}
 			reps := e.cfg.Reps
-			if (tool == toolCp || tool == toolGit) && tr.files >= 10000 {
+			if copies && tr.files >= 10000 {
 				reps = e.cfg.SlowReps
 			}
 			e.cfg.logf("snapshot/fork: %s on %s, %d samples", tool, tr.label, reps)
@@ -127,11 +131,17 @@ func runForker(ctx context.Context, e *env, tool, base string, tr testTree, reps
 			err = cerr
 		}
 	}()
+	t0 := time.Now()
 	live, err := f.setup(ctx, tr.path)
 	if err != nil {
 		return nil, nil, err
 	}
+	t1 := time.Now()
 	unix.Sync()
+	e.cfg.logf("  setup %s, sync %s", t1.Sub(t0).Round(time.Millisecond), time.Since(t1).Round(time.Millisecond))
+	defer func(t0 time.Time) {
+		e.cfg.logf("  samples %s", time.Since(t0).Round(time.Millisecond))
+	}(time.Now())
 	for i := 0; i < reps; i++ {
 		if err := ctx.Err(); err != nil {
 			return snaps, forks, err
