@@ -110,8 +110,7 @@ type Store struct {
 	touchMu   sync.Mutex
 	opened    time.Time
 	touched   map[ID]time.Duration // objects put or found, with when (since opened)
-	flushMu   sync.Mutex
-	putsSince int64
+	smallBufs sync.Pool // *[]byte of smallStream bytes
 }
 
 // packWriter appends records to the open pack through a buffer.
@@ -179,6 +178,7 @@ func Open(dir string, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("chunkstore: open %s: zstd: %w", dir, err)
 	}
 	s.cache = newChunkCache(o.CacheBytes)
+	s.smallBufs.New = func() any { b := make([]byte, smallStream); return &b }
 	if err := s.load(); err != nil {
 		s.closeFiles()
 		return nil, err
@@ -409,18 +409,31 @@ type prepared struct {
 	stored []byte
 }
 
-// compress encodes data with zstd into dst's spare capacity and keeps the
-// result only if it is smaller.
+// prepare compresses data with zstd (into scratch's spare capacity) and
+// keeps the result only if it saves at least 1/64. Large chunks are
+// sampled first: if 8 KiB from their middle do not shrink, the chunk is
+// stored raw without compressing the rest (random or already compressed
+// data costs a fraction of a full attempt).
 func (s *Store) prepare(id ID, kind uint8, data []byte, scratch []byte) prepared {
 	p := prepared{id: id, kind: kind, codec: codecRaw, ulen: uint32(len(data)), stored: data}
-	if s.opts.Level > 0 && len(data) >= 64 {
-		c := s.enc.EncodeAll(data, scratch[:0])
-		if len(c) < len(data)-len(data)/64 {
-			p.codec, p.stored = codecZstd, c
+	if s.opts.Level <= 0 || len(data) < 64 {
+		return p
+	}
+	if len(data) >= 32<<10 {
+		mid := len(data)/2 - sampleSize/2
+		c := s.enc.EncodeAll(data[mid:mid+sampleSize], scratch[:0])
+		if len(c) > sampleSize-sampleSize/32 {
+			return p
 		}
+	}
+	c := s.enc.EncodeAll(data, scratch[:0])
+	if len(c) < len(data)-len(data)/64 {
+		p.codec, p.stored = codecZstd, c
 	}
 	return p
 }
+
+const sampleSize = 8 << 10
 
 // lookup reports where id is stored and records it as recently used, so
 // that the next two GCs keep it (see GC).

@@ -1,6 +1,7 @@
 package chunkstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -44,6 +45,49 @@ type chunkResult struct {
 // putChunks reads r, cuts it with cut (which sees at least maxLen bytes
 // unless the stream ends) and stores the chunks in parallel.
 func (s *Store) putChunks(ctx context.Context, r io.Reader, maxLen int, cut func([]byte) int) ([]Ref, error) {
+	// Small streams (most files) are cut and stored in this goroutine.
+	bp := s.smallBufs.Get().(*[]byte)
+	defer s.smallBufs.Put(bp)
+	head := (*bp)[:smallStream]
+	n, err := io.ReadFull(r, head)
+	head = head[:n]
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		return s.putSmall(ctx, head, cut)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("chunkstore: read stream: %w", err)
+	}
+	return s.putParallel(ctx, io.MultiReader(bytes.NewReader(head), r), maxLen, cut)
+}
+
+// smallStream is the size up to which a stream is stored without
+// spawning workers.
+const smallStream = 1 << 20
+
+func (s *Store) putSmall(ctx context.Context, data []byte, cut func([]byte) int) ([]Ref, error) {
+	var refs []Ref
+	var scratch []byte
+	for len(data) > 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		n := cut(data)
+		ref, err := s.putChunk(data[:n], &scratch)
+		if err != nil {
+			return nil, err
+		}
+		refs = append(refs, ref)
+		data = data[n:]
+	}
+	var total uint64
+	for _, r := range refs {
+		total += uint64(r.Size)
+	}
+	s.addLogical(total)
+	return refs, nil
+}
+
+func (s *Store) putParallel(ctx context.Context, r io.Reader, maxLen int, cut func([]byte) int) ([]Ref, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	workers := s.opts.Workers
