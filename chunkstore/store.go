@@ -110,7 +110,7 @@ type Store struct {
 	touchMu   sync.Mutex
 	opened    time.Time
 	touched   map[ID]time.Duration // objects put or found, with when (since opened)
-	smallBufs sync.Pool // *[]byte of smallStream bytes
+	smallBufs sync.Pool            // *[]byte of smallStream bytes
 }
 
 // packWriter appends records to the open pack through a buffer.
