@@ -97,3 +97,10 @@ kernels: deps
 	if [ "$$(od -An -tx1 -N4 $(KERNEL_DIR)/vmlinux | tr -d ' ')" != 7f454c46 ]; then echo "kernels: extracted vmlinux is not ELF" >&2; exit 1; fi; \
 	echo "$$pkg" > $(KERNEL_DIR)/PACKAGE; \
 	ls -l $(KERNEL_DIR)
+
+# nested-test runs the tests that need real hardware virtualization inside
+# QEMU with an emulated SVM CPU (see docs/nested.md). Packages with such
+# tests add themselves to NESTED_PKGS.
+NESTED_PKGS ?= ./vmm/nested
+nested-test: deps kernels
+	TINE_NESTED=1 $(GO) test -count=1 -v -timeout 15m $(NESTED_PKGS)

@@ -24,14 +24,25 @@ const (
 	i8042Reset   = 0xfe // command: pulse the CPU reset line
 )
 
-// i8042 is a keyboard controller with no keyboard: its status says both
-// buffers are empty, and the one command it acts on is the reset pulse
-// Linux uses to reboot.
+// i8042 is a keyboard controller with nothing behind it. Its status says
+// the input buffer is empty (so a reboot's wait for it ends at once) and
+// the output buffer full of 0xff (so Linux's probe, which drains it, gives
+// up at once: "No controller found"). The one command it acts on is the
+// reset pulse Linux uses to reboot.
 type i8042 struct {
 	reset func()
 }
 
-func (k *i8042) In(port uint16, data []byte) { clear(data) }
+const i8042StatusOBF = 0x01
+
+func (k *i8042) In(port uint16, data []byte) {
+	for i := range data {
+		data[i] = 0xff
+		if port+uint16(i) == i8042Command {
+			data[i] = i8042StatusOBF
+		}
+	}
+}
 
 func (k *i8042) Out(port uint16, data []byte) {
 	if port == i8042Command && len(data) > 0 && data[0] == i8042Reset {
