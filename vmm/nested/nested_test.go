@@ -110,7 +110,7 @@ func l2Initramfs(t *testing.T, busybox string) []byte {
 	a.File("bin/busybox", 0o755, bb)
 	a.Dir("dev")
 	a.Dir("proc")
-	a.File("init", 0o755, []byte("#!/bin/busybox sh\n/bin/busybox echo \""+l2Marker+"\" on $(/bin/busybox uname -r)\n/bin/busybox reboot -f\n"))
+	a.File("init", 0o755, []byte("#!/bin/busybox sh\n/bin/busybox echo \""+l2Marker+"\" on $(/bin/busybox uname -r) with $(/bin/busybox nproc) CPUs\n/bin/busybox reboot -f\n"))
 	gz, err := a.Gzip()
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +120,7 @@ func l2Initramfs(t *testing.T, busybox string) []byte {
 
 // TestL2BootsToInit boots QEMU with emulated SVM (L1), loads kvm-amd in it,
 // and has tine's VMM boot Debian's kernel as L2 from inside, by both entry
-// paths, until L2's /init runs.
+// paths and with two vCPUs, until L2's /init runs and sees its CPUs.
 func TestL2BootsToInit(t *testing.T) {
 	if err := Check(); err != nil {
 		t.Skipf("%v", err)
@@ -134,11 +134,14 @@ func TestL2BootsToInit(t *testing.T) {
 		t.Skip("busybox-static is not installed")
 	}
 	script := `set -e
-for k in vmlinuz vmlinux; do
-	echo "== L2 $k"
-	/bin/tine vm boot --kernel l2/$k --initrd l2/init.cpio.gz --mem 256M --cmdline "console=ttyS0 panic=-1 quiet"
-	echo "== L2 $k done"
-done
+boot() {
+	echo "== L2 $1"
+	/bin/tine vm boot --kernel l2/$2 --initrd l2/init.cpio.gz --mem 256M --cpus $3 --cmdline "console=ttyS0 panic=-1 quiet"
+	echo "== L2 $1 done"
+}
+boot bzImage vmlinuz 1
+boot pvh vmlinux 1
+boot smp vmlinuz 2
 `
 	out := RunTest(context.Background(), t, Options{
 		Script: script,
@@ -148,11 +151,17 @@ done
 			{Path: "l2/init.cpio.gz", Data: l2Initramfs(t, bb)},
 		},
 	})
-	for _, kind := range []string{"vmlinuz", "vmlinux"} {
-		_, section, _ := strings.Cut(out, "== L2 "+kind+"\n")
-		section, _, done := strings.Cut(section, "== L2 "+kind+" done")
+	for _, tc := range []struct{ name, want string }{
+		{"bzImage", " with 1 CPUs"},
+		{"pvh", " with 1 CPUs"},
+		{"smp", " with 2 CPUs"},
+	} {
+		_, section, _ := strings.Cut(out, "== L2 "+tc.name+"\n")
+		section, _, done := strings.Cut(section, "== L2 "+tc.name+" done")
 		if !done || !strings.Contains(section, l2Marker) {
-			t.Errorf("L2 %s did not reach /init; its console:\n%s", kind, section)
+			t.Errorf("L2 %s did not reach /init; its console:\n%s", tc.name, section)
+		} else if !strings.Contains(section, tc.want) {
+			t.Errorf("L2 %s: /init did not see%s; its console:\n%s", tc.name, tc.want, section)
 		}
 	}
 }
