@@ -95,6 +95,7 @@ type Store struct {
 	index    map[ID]loc
 	packs    map[uint32]*os.File // sealed and open packs, by number
 	w        *packWriter         // open pack, nil until the first put
+	fl       *flights            // pack buffers being written
 	dirty    []*os.File          // sealed packs not yet fsync'd
 	pending  []indexEntry        // entries not yet in an index file
 	nextPack uint32
@@ -122,19 +123,6 @@ type packWriter struct {
 }
 
 func (w *packWriter) size() int64 { return w.base + int64(len(w.buf)) }
-
-// writeOut writes the buffer to the file.
-func (w *packWriter) writeOut() error {
-	if len(w.buf) == 0 {
-		return nil
-	}
-	if _, err := w.f.WriteAt(w.buf, w.base); err != nil {
-		return fmt.Errorf("chunkstore: write pack %s: %w", w.f.Name(), err)
-	}
-	w.base += int64(len(w.buf))
-	w.buf = w.buf[:0]
-	return nil
-}
 
 const writeBufSize = 4 << 20
 
@@ -178,6 +166,7 @@ func Open(dir string, opts *Options) (*Store, error) {
 		return nil, fmt.Errorf("chunkstore: open %s: zstd: %w", dir, err)
 	}
 	s.cache = newChunkCache(o.CacheBytes)
+	s.fl = newFlights()
 	s.smallBufs.New = func() any { b := make([]byte, smallStream); return &b }
 	if err := s.load(); err != nil {
 		s.closeFiles()
@@ -381,6 +370,9 @@ func (s *Store) Close() error {
 }
 
 func (s *Store) closeFiles() {
+	if s.fl != nil {
+		s.fl.stop()
+	}
 	for _, f := range s.packs {
 		f.Close()
 	}
@@ -469,6 +461,9 @@ func (s *Store) add(p prepared) error {
 }
 
 func (s *Store) appendLocked(kind, codec uint8, ulen uint32, id ID, stored []byte) error {
+	if err := s.fl.throttle(); err != nil {
+		return err
+	}
 	if s.w == nil {
 		if err := s.newPackLocked(); err != nil {
 			return err
@@ -482,9 +477,7 @@ func (s *Store) appendLocked(kind, codec uint8, ulen uint32, id ID, stored []byt
 	s.pending = append(s.pending, indexEntry{id: id, loc: l})
 	s.touch(id)
 	if len(w.buf) >= writeBufSize {
-		if err := w.writeOut(); err != nil {
-			return err
-		}
+		s.handOffLocked()
 	}
 	if w.size() >= s.opts.PackSize {
 		return s.sealLocked()
@@ -500,7 +493,7 @@ func (s *Store) newPackLocked() error {
 		return fmt.Errorf("chunkstore: create pack %s: %w", path, err)
 	}
 	s.nextPack++
-	s.w = &packWriter{num: n, f: f, buf: make([]byte, 0, writeBufSize+(1<<20))}
+	s.w = &packWriter{num: n, f: f, buf: s.fl.newBuf()}
 	s.w.buf = append(s.w.buf, encodePackHeader(n)...)
 	s.packs[n] = f
 	return nil
@@ -512,9 +505,7 @@ func (s *Store) sealLocked() error {
 	if s.w == nil {
 		return nil
 	}
-	if err := s.w.writeOut(); err != nil {
-		return err
-	}
+	s.handOffLocked()
 	s.dirty = append(s.dirty, s.w.f)
 	s.w = nil
 	return nil
@@ -588,19 +579,33 @@ func (s *Store) readRawLocked(id ID) ([]byte, loc, error) {
 		return nil, l, fmt.Errorf("chunkstore: get %s from %s: %w", id, s.dir, ErrNotFound)
 	}
 	raw := make([]byte, recHeaderLen+int(l.clen))
-	if s.w != nil && l.pack == s.w.num && l.off >= s.w.base {
-		copy(raw, s.w.buf[l.off-s.w.base:])
-		return raw, l, nil
-	}
-	f := s.packs[l.pack]
-	if f == nil {
-		return nil, l, fmt.Errorf("chunkstore: get %s: pack %s is missing: %w", id, s.packPath(l.pack), ErrCorrupt)
-	}
-	n, err := f.ReadAt(raw, l.off)
-	if err != nil && n < len(raw) {
-		return nil, l, fmt.Errorf("chunkstore: get %s: read pack %s offset %d: %w (%w)", id, s.packPath(l.pack), l.off, err, ErrCorrupt)
+	if err := s.readAtLocked(l.pack, l.off, raw); err != nil {
+		return nil, l, fmt.Errorf("chunkstore: get %s: %w", id, err)
 	}
 	return raw, l, nil
+}
+
+// readAtLocked fills p from pack n at off: from the open pack's buffer, a
+// buffer being written, or the file. The caller holds s.mu.
+func (s *Store) readAtLocked(n uint32, off int64, p []byte) error {
+	if s.w != nil && n == s.w.num && off >= s.w.base {
+		if off+int64(len(p)) > s.w.size() {
+			return fmt.Errorf("pack %s offset %d: beyond the end of the pack: %w", s.packPath(n), off, ErrCorrupt)
+		}
+		copy(p, s.w.buf[off-s.w.base:])
+		return nil
+	}
+	if s.fl.read(n, off, p) {
+		return nil
+	}
+	f := s.packs[n]
+	if f == nil {
+		return fmt.Errorf("pack %s is missing: %w", s.packPath(n), ErrCorrupt)
+	}
+	if k, err := f.ReadAt(p, off); err != nil && k < len(p) {
+		return fmt.Errorf("read pack %s offset %d: %w (%w)", s.packPath(n), off, err, ErrCorrupt)
+	}
+	return nil
 }
 
 func (s *Store) packPath(n uint32) string { return filepath.Join(s.dir, "packs", packName(n)) }
@@ -732,10 +737,11 @@ func (s *Store) flushLocked() error {
 // not yet synced, then the packs directory.
 func (s *Store) syncPacksLocked() error {
 	if s.w != nil {
-		if err := s.w.writeOut(); err != nil {
-			return err
-		}
+		s.handOffLocked()
 		s.dirty = append(s.dirty, s.w.f)
+	}
+	if err := s.fl.drain(); err != nil {
+		return err
 	}
 	if len(s.dirty) == 0 {
 		return nil

@@ -56,13 +56,10 @@ func (s *Store) Verify(ctx context.Context) (VerifyReport, error) {
 	for n, id := range s.refs {
 		refs[n] = id
 	}
-	for n, f := range s.packs {
-		if s.w != nil && n == s.w.num && s.w.base == 0 {
-			continue // header still in the write buffer
-		}
+	for n := range s.packs {
 		hdr := make([]byte, packHeaderLen)
 		name := s.packPath(n)
-		if _, err := f.ReadAt(hdr, 0); err != nil {
+		if err := s.readAtLocked(n, 0, hdr); err != nil {
 			rep.Damaged = append(rep.Damaged, Damage{File: name, Problem: fmt.Sprintf("offset 0: read header: %v", err)})
 		} else if num, err := decodePackHeader(name, hdr); err != nil {
 			rep.Damaged = append(rep.Damaged, Damage{File: name, Problem: err.Error()})
