@@ -2,6 +2,10 @@ package chunkstore
 
 import (
 	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -74,4 +78,49 @@ func FuzzDecodeNode(f *testing.F) {
 			t.Fatalf("node round trip differs")
 		}
 	})
+}
+
+var updateSeeds = flag.Bool("update-seeds", false, "rewrite the fuzz seed files made from a real store")
+
+// TestFuzzSeeds writes (with -update-seeds) and checks seed corpus files
+// taken from a real store: its pack, index, ref and a node.
+func TestFuzzSeeds(t *testing.T) {
+	dir := t.TempDir()
+	s := openT(t, dir, nil)
+	a, _ := s.Put(bytes.Repeat([]byte("seed "), 100))
+	b, _ := s.Put(randBytes(3, 300))
+	node, _ := s.PutNode([]ID{a, {}, b}, []byte("dir payload"))
+	if err := s.SetRef("snapshots/seed", ID{}, node); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	read := func(glob string) []byte {
+		m, _ := filepath.Glob(filepath.Join(dir, glob))
+		if len(m) != 1 {
+			t.Fatalf("%s: %v", glob, m)
+		}
+		data, err := os.ReadFile(m[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	seeds := map[string]string{
+		"FuzzScanPack":    fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", read("packs/*.pack")),
+		"FuzzDecodeIndex": fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", read("index/*.idx")),
+		"FuzzDecodeRef":   fmt.Sprintf("go test fuzz v1\nstring(%q)\n[]byte(%q)\n", "snapshots/seed", read("refs/snapshots/seed")),
+		"FuzzDecodeNode":  fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", encodeNode([]ID{a, {}, b}, []byte("dir payload"))),
+	}
+	for target, content := range seeds {
+		path := filepath.Join("testdata", "fuzz", target, "real-store")
+		if *updateSeeds {
+			os.MkdirAll(filepath.Dir(path), 0o755)
+			if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("seed corpus file missing: %v (run go test -run TestFuzzSeeds . -args -update-seeds)", err)
+		}
+	}
 }
