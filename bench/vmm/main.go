@@ -51,6 +51,7 @@ type options struct {
 	workingSet uint64
 	sizes      []uint64
 	fanouts    []int
+	crowds     []int
 }
 
 func main() {
@@ -58,11 +59,12 @@ func main() {
 	flag.Parse()
 	o := options{quick: *quick, forks: 1000, workingSet: 64 * mib,
 		sizes:   []uint64{256 * mib, 1 << 30, 4 << 30, 16 << 30},
-		fanouts: []int{1, 10, 100, 1000}}
+		fanouts: []int{1, 10, 100, 1000}, crowds: []int{0, 100, 1000}}
 	if o.quick {
 		o.forks = 200
 		o.sizes = []uint64{256 * mib, 4 << 30}
 		o.fanouts = []int{1, 10, 100}
+		o.crowds = []int{0, 100}
 	}
 	raiseNoFile()
 	if err := run(context.Background(), o, os.Stdout); err != nil {
@@ -550,6 +552,25 @@ func run(ctx context.Context, o options, w io.Writer) error {
 			return fmt.Errorf("fan-out %d: %w", n, err)
 		}
 		fmt.Fprintf(w, "| %d | %s | %s | %s |\n", n, ms(forked), ms(last), ms(last/time.Duration(n)))
+	}
+
+	fmt.Fprintf(w, "\n## Fork latency against VMs in the same process (%s RAM, warm image pool)\n\n", human(o.sizes[0]))
+	fmt.Fprintln(w, "Every VM registers an MMU notifier on the process's address space, so each")
+	fmt.Fprintln(w, "mapping change (mapping an image, closing a child) calls every VM's notifier.")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| other idle VMs in the process | p50 | p99 |")
+	fmt.Fprintln(w, "|---|---|---|")
+	for _, k := range o.crowds {
+		crowd, err := vmm.NewImagePool(ctx, img, vmm.Config{}, k)
+		if err != nil {
+			return fmt.Errorf("crowd of %d VMs: %w", k, err)
+		}
+		d, err := forkLatency(ctx, img, o.forks/4, true, true, vmm.ForkMapPrivate)
+		crowd.Close()
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "| %d | %s | %s |\n", k, ms(d.q(0.5)), ms(d.q(0.99)))
 	}
 
 	fmt.Fprintf(w, "\n## Host memory per child (%s RAM, 64 MiB working set in the image; KiB)\n\n", human(o.sizes[0]))
