@@ -107,11 +107,14 @@ type Store struct {
 	logicalDurable uint64 // logical bytes recorded in index files
 	logicalPending uint64 // logical bytes put since the last index file
 
-	gcMu      sync.Mutex // one GC at a time
-	touchMu   sync.Mutex
-	opened    time.Time
-	touched   map[ID]time.Duration // objects put or found, with when (since opened)
-	smallBufs sync.Pool            // *[]byte of smallStream bytes
+	gcMu       sync.Mutex // one GC at a time
+	touchMu    sync.Mutex
+	opened     time.Time
+	touched    map[ID]time.Duration // objects put or found, with when (since opened)
+	touchCount int64
+	lastPrune  time.Duration
+	deltaSize  int       // entries in index files written since the last whole-store index
+	smallBufs  sync.Pool // *[]byte of smallStream bytes
 }
 
 // packWriter appends records to the open pack through a buffer.
@@ -293,6 +296,9 @@ func (s *Store) load() error {
 			continue
 		}
 		s.idxFiles = append(s.idxFiles, f.num)
+		if i > base {
+			s.deltaSize += len(f.entries)
+		}
 		s.logicalDurable += f.logical
 		for _, ent := range f.entries {
 			s.index[ent.id] = ent.loc // later index files win (ReadDir sorts by name)
@@ -441,7 +447,18 @@ func (s *Store) lookup(id ID) (loc, bool) {
 
 func (s *Store) touch(id ID) {
 	s.touchMu.Lock()
-	s.touched[id] = time.Since(s.opened)
+	now := time.Since(s.opened)
+	s.touched[id] = now
+	// Forget touches older than the grace period now and then, so that
+	// the map stays bounded in a process that never runs GC.
+	if s.touchCount++; s.touchCount%(1<<16) == 0 && now-s.lastPrune > s.opts.GCGrace/2 {
+		for k, t := range s.touched {
+			if t < now-s.opts.GCGrace {
+				delete(s.touched, k)
+			}
+		}
+		s.lastPrune = now
+	}
 	s.touchMu.Unlock()
 }
 
@@ -724,10 +741,14 @@ func (s *Store) flushLocked() error {
 	if err := s.writeIndexLocked(s.pending, s.logicalPending, false); err != nil {
 		return err
 	}
+	s.deltaSize += len(s.pending)
 	s.logicalDurable += s.logicalPending
 	s.logicalPending = 0
 	s.pending = s.pending[:0]
-	if len(s.idxFiles) > 64 {
+	// Replace the index files by one whole-store index when they are many
+	// and together large next to the index, so that open stays quick
+	// without rewriting a big index on every flush.
+	if n := len(s.idxFiles); n > 1024 || n > 64 && s.deltaSize > len(s.index)/8 {
 		return s.rewriteIndexLocked()
 	}
 	return nil
@@ -794,6 +815,7 @@ func (s *Store) rewriteIndexLocked() error {
 	s.logicalDurable += s.logicalPending
 	s.logicalPending = 0
 	s.pending = s.pending[:0]
+	s.deltaSize = 0
 	idxDir := filepath.Join(s.dir, "index")
 	for _, n := range old {
 		if err := os.Remove(filepath.Join(idxDir, indexName(n))); err != nil && !errors.Is(err, os.ErrNotExist) {

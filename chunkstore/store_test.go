@@ -350,3 +350,41 @@ func TestOpenPackReadAndReopen(t *testing.T) {
 		t.Fatalf("Verify: %v %+v", err, rep)
 	}
 }
+
+// TestManyFlushes: every SetRef flushes and writes an index file; they are
+// merged into a whole-store index so that their number stays bounded, and
+// everything reads back after reopening.
+func TestManyFlushes(t *testing.T) {
+	dir := t.TempDir()
+	s := openT(t, dir, nil)
+	var ids []ID
+	for i := range 300 {
+		id, err := s.Put(randBytes(uint64(5000+i), 100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+		if err := s.SetRef("r", ID{}, id); err != nil && i == 0 {
+			t.Fatal(err)
+		}
+		old, _ := s.GetRef("r")
+		if err := s.SetRef("r", old, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Close()
+	idx, _ := filepath.Glob(filepath.Join(dir, "index", "*.idx"))
+	if len(idx) > 80 {
+		t.Fatalf("%d index files after 300 flushes; want them merged", len(idx))
+	}
+	s = openT(t, dir, nil)
+	defer s.Close()
+	for i, id := range ids {
+		if b, err := s.Get(id); err != nil || !bytes.Equal(b, randBytes(uint64(5000+i), 100)) {
+			t.Fatalf("object %d after reopen: %v", i, err)
+		}
+	}
+	if st := s.Stats(); st.LogicalBytes != 300*100 {
+		t.Fatalf("logical bytes %d after merges, want %d", st.LogicalBytes, 300*100)
+	}
+}
