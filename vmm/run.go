@@ -21,6 +21,8 @@ var (
 	ErrEntryFailed    = errors.New("KVM failed to enter the guest")
 	ErrBadExit        = errors.New("unexpected KVM exit")
 	ErrBadRequest     = errors.New("guest request not handled")
+	// ErrClosed is returned by Run on a VM that is or gets closed.
+	ErrClosed = errors.New("vmm: VM closed")
 )
 
 // GuestError is how a VM ends when its guest misbehaves. It names the
@@ -82,9 +84,6 @@ type loopResult struct {
 func (vm *VM) Run(ctx context.Context) error {
 	vm.runMu.Lock()
 	defer vm.runMu.Unlock()
-	if vm.closed {
-		return errors.New("vmm: Run on a closed VM")
-	}
 	if vm.exited.Load() {
 		return errors.New("vmm: Run on a VM whose guest has exited")
 	}
@@ -92,8 +91,12 @@ func (vm *VM) Run(ctx context.Context) error {
 	results := make(chan loopResult, n)
 	for {
 		vm.mu.Lock()
-		for vm.pauses > 0 {
+		for vm.pauses > 0 && !vm.closed {
 			vm.cond.Wait()
+		}
+		if vm.closed {
+			vm.mu.Unlock()
+			return ErrClosed
 		}
 		if err := ctx.Err(); err != nil {
 			vm.mu.Unlock()

@@ -383,12 +383,29 @@ func (vm *VM) SetIRQ(irq uint32, high bool) error {
 	return kvmapi.IRQLine(vm.vmFd, irq, level)
 }
 
-// Close stops the VM and releases its vCPUs, RAM and descriptors.
+// Close stops the VM (a Run in progress returns ErrClosed) and releases
+// its vCPUs, RAM and descriptors. Do not call it from OnRequest.
 func (vm *VM) Close() error {
+	vm.mu.Lock()
 	if vm.closed {
+		vm.mu.Unlock()
 		return nil
 	}
+	// Stop a Run in progress: it sees closed and returns.
 	vm.closed = true
+	if vm.running {
+		select {
+		case vm.kick <- struct{}{}:
+		default:
+		}
+		for vm.running {
+			vm.cond.Wait()
+		}
+	}
+	vm.cond.Broadcast()
+	vm.mu.Unlock()
+	vm.runMu.Lock() // wait for Run to return
+	defer vm.runMu.Unlock()
 	for _, c := range vm.vcpus {
 		c.stopThread()
 		if c.run != nil {

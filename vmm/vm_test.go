@@ -3,8 +3,10 @@ package vmm
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"testing"
+	"time"
 )
 
 func needKVM(t testing.TB) {
@@ -59,5 +61,22 @@ void main(u64 memsize) {
 	}
 	if vm.ExitCode() != 7 {
 		t.Errorf("exit code %d, want 7", vm.ExitCode())
+	}
+}
+
+func TestCloseStopsRun(t *testing.T) {
+	prog := buildGuest(t, `void main(u64 m) { for (;;) __asm__ volatile(""); }`)
+	vm := newBare(t, 4<<20, prog, Config{})
+	done := make(chan error, 1)
+	go func() { done <- vm.Run(context.Background()) }()
+	time.Sleep(20 * time.Millisecond)
+	if err := vm.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Fatalf("Run = %v, want ErrClosed", err)
+	}
+	if err := vm.Run(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Run after Close = %v, want ErrClosed", err)
 	}
 }

@@ -1,20 +1,45 @@
 package linux
 
-import "fmt"
+import (
+	"fmt"
+	"sync"
+)
 
-// Minimal ACPI tables: an RSDP, an XSDT and a MADT that lists the local
-// APICs and the IOAPIC. Distribution kernels are often built without MP
-// table support (Debian's is), and without either table Linux falls back
-// to virtual-wire mode, which does not get far. There is no FADT or DSDT:
-// Linux parses the MADT early, then gives up on the ACPI interpreter and
-// carries on with legacy devices, which is what this machine has.
+// Minimal ACPI: an RSDP, an XSDT, a MADT listing the local APICs and the
+// IOAPIC, and a FADT with a FACS and a DSDT whose only object is \_S5, so
+// that Linux can power the machine off through the PM1 control register.
+// Distribution kernels are often built without MP table support (Debian's
+// is); without ACPI, Linux falls back to virtual-wire mode, which does not
+// get far.
 const (
 	acpiBase   = 0xe0000 // RSDP here (Linux scans 0xe0000-0xfffff)
 	xsdtAddr   = acpiBase + 0x40
-	madtAddr   = acpiBase + 0x100
+	facsAddr   = acpiBase + 0x80 // 64-byte aligned
+	dsdtAddr   = acpiBase + 0x100
+	fadtAddr   = acpiBase + 0x200
+	madtAddr   = acpiBase + 0x400
 	acpiEnd    = mpAddr // the MP table follows
 	sdtHdrSize = 36
+
+	sciIRQ = 9
+
+	// PM1 register blocks, decoded by pmDevice.
+	pm1EvtBase = 0x600 // PM1a_STS (2 bytes), PM1a_EN (2 bytes)
+	pm1CntBase = 0x604 // PM1a_CNT (2 bytes)
+	pmPorts    = 6
+
+	pm1CntSCIEN   = 1 << 0
+	pm1CntSlpEn   = 1 << 13
+	pm1CntSlpTyp  = 7 << 10
+	slpTypS5      = 5
+	fadtFlagWBINV = 1 << 0
+	fadtFlagPwrBt = 1 << 4 // no fixed power button
+	fadtFlagSlpBt = 1 << 5 // no fixed sleep button
 )
+
+// s5AML is the DSDT body: Name (_S5, Package (4) {5, 5, 0, 0}), the
+// sleep type values Linux writes to PM1a_CNT to power off.
+var s5AML = []byte{0x08, '_', 'S', '5', '_', 0x12, 0x08, 0x04, 0x0a, slpTypS5, 0x0a, slpTypS5, 0x00, 0x00}
 
 // writeACPI writes the tables for cpus processors and returns the RSDP's
 // address.
@@ -36,9 +61,39 @@ func writeACPI(mem []byte, cpus int) (uint64, error) {
 	madt = append(madt, 1, 12, uint8(cpus), 0) // IOAPIC, ID after the CPUs
 	madt = le.AppendUint32(madt, ioapicAddr)
 	madt = le.AppendUint32(madt, 0) // GSI base
+	// The SCI is ISA IRQ 9 on GSI 9, level-triggered, active high.
+	madt = append(madt, 2, 10, 0, sciIRQ)
+	madt = le.AppendUint32(madt, sciIRQ)
+	madt = le.AppendUint16(madt, 0x1|0x3<<2)
 	finishSDT(madt)
 
+	dsdt := append(sdtHeader("DSDT", 2), s5AML...)
+	finishSDT(dsdt)
+
+	facs := make([]byte, 64)
+	copy(facs, "FACS")
+	le.PutUint32(facs[4:], 64)
+	facs[32] = 2 // version
+
+	fadt := sdtHeader("FACP", 6)
+	fadt = append(fadt, make([]byte, 276-sdtHdrSize)...)
+	le.PutUint32(fadt[36:], facsAddr)
+	le.PutUint32(fadt[40:], dsdtAddr)
+	le.PutUint16(fadt[46:], sciIRQ)
+	// SMI_CMD (48) stays 0: the machine is always in ACPI mode.
+	le.PutUint32(fadt[56:], pm1EvtBase)
+	le.PutUint32(fadt[64:], pm1CntBase)
+	fadt[88] = 4 // PM1_EVT_LEN
+	fadt[89] = 2 // PM1_CNT_LEN
+	fadt[108] = cmosCentury
+	// IAPC_BOOT_ARCH (109) stays 0: no 8042, so Linux does not probe it.
+	le.PutUint32(fadt[112:], fadtFlagWBINV|fadtFlagPwrBt|fadtFlagSlpBt)
+	le.PutUint64(fadt[132:], facsAddr)
+	le.PutUint64(fadt[140:], dsdtAddr)
+	finishSDT(fadt)
+
 	xsdt := sdtHeader("XSDT", 1)
+	xsdt = le.AppendUint64(xsdt, fadtAddr)
 	xsdt = le.AppendUint64(xsdt, madtAddr)
 	finishSDT(xsdt)
 
@@ -55,9 +110,12 @@ func writeACPI(mem []byte, cpus int) (uint64, error) {
 		return 0, fmt.Errorf("ACPI tables: MADT of %d bytes runs past %#x", len(madt), acpiEnd)
 	}
 	clear(mem[acpiBase:acpiEnd])
-	copy(mem[acpiBase:], rsdp)
-	copy(mem[xsdtAddr:], xsdt)
-	copy(mem[madtAddr:], madt)
+	for _, t := range []struct {
+		addr int
+		b    []byte
+	}{{acpiBase, rsdp}, {xsdtAddr, xsdt}, {facsAddr, facs}, {dsdtAddr, dsdt}, {fadtAddr, fadt}, {madtAddr, madt}} {
+		copy(mem[t.addr:], t.b)
+	}
 	return acpiBase, nil
 }
 
@@ -91,4 +149,63 @@ func (b *Boot) setRSDP(mem []byte, addr uint64) {
 	case ProtocolBzImage:
 		le.PutUint64(mem[bootInfoAddr+bpACPIRSDPAddr:], addr)
 	}
+}
+
+// pmDevice is the ACPI PM1a event and control register blocks. Status
+// bits are write-one-to-clear, SCI_EN always reads as set (ACPI mode), and
+// writing SLP_EN with sleep type S5 powers the machine off.
+type pmDevice struct {
+	mu       sync.Mutex
+	sts, en  uint16
+	cnt      uint16
+	powerOff func()
+}
+
+func (p *pmDevice) In(port uint16, data []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	regs := p.bytes()
+	for i := range data {
+		off := int(port) - pm1EvtBase + i
+		data[i] = 0xff
+		if off >= 0 && off < len(regs) {
+			data[i] = regs[off]
+		}
+	}
+}
+
+func (p *pmDevice) Out(port uint16, data []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	regs := p.bytes()
+	off := int(port) - pm1EvtBase
+	var sts uint16
+	for i, b := range data {
+		o := off + i
+		if o < 0 || o >= len(regs) {
+			continue
+		}
+		switch {
+		case o < 2:
+			sts |= uint16(b) << (8 * o)
+		default:
+			regs[o] = b
+		}
+	}
+	p.sts &^= sts
+	p.en = le.Uint16(regs[2:])
+	p.cnt = le.Uint16(regs[4:]) &^ pm1CntSlpEn
+	cnt := le.Uint16(regs[4:])
+	if cnt&pm1CntSlpEn != 0 && (cnt&pm1CntSlpTyp)>>10 == slpTypS5 && p.powerOff != nil {
+		p.powerOff()
+	}
+}
+
+// bytes returns the six register bytes: PM1a_STS, PM1a_EN, PM1a_CNT.
+func (p *pmDevice) bytes() []byte {
+	b := make([]byte, pmPorts)
+	le.PutUint16(b, p.sts)
+	le.PutUint16(b[2:], p.en)
+	le.PutUint16(b[4:], p.cnt|pm1CntSCIEN)
+	return b
 }

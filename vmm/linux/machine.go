@@ -46,8 +46,9 @@ type MachineConfig struct {
 
 // Machine is a KVM VM set up to boot Linux: in-kernel PIC, IOAPIC, LAPICs
 // and PIT, a 16550A on COM1 (IRQ 4), a CMOS clock, a keyboard controller
-// that only knows the reset command, and every other port reading as
-// all-ones and ignoring writes, as an empty ISA bus does.
+// that only knows the reset command, ACPI tables with a PM1 register block
+// for power-off, and every other port reading as all-ones and ignoring
+// writes, as an empty ISA bus does.
 type Machine struct {
 	VM   *vmm.VM
 	Boot *Boot
@@ -91,6 +92,7 @@ func NewMachine(ctx context.Context, cfg MachineConfig) (*Machine, error) {
 		{serial.COM1Base, serial.Ports, m.UART},
 		{cmosBase, 2, newCMOS()},
 		{i8042Base, 5, &i8042{reset: m.requestReset}},
+		{pm1EvtBase, pmPorts, &pmDevice{powerOff: m.requestReset}},
 	}, cfg.Ports...)
 	if err := addPorts(vm, devs); err != nil {
 		vm.Close()
@@ -172,7 +174,7 @@ func setBootState(c *vmm.VCPU, b *Boot) error {
 	return c.SetRegs(&r)
 }
 
-// Run boots the guest and returns when it resets or powers off (nil: a
+// Run boots the guest and returns when it powers off or resets (nil: a
 // machine without firmware ends there), when it faults, or when ctx ends.
 func (m *Machine) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
@@ -190,8 +192,8 @@ func (m *Machine) Run(ctx context.Context) error {
 	return err
 }
 
-// requestReset is called by the keyboard controller when the guest pulses
-// the reset line.
+// requestReset is called when the guest pulses the reset line (keyboard
+// controller) or enters S5 (ACPI power-off): either ends Run.
 func (m *Machine) requestReset() {
 	m.reset.Store(true)
 	m.mu.Lock()

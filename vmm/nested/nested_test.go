@@ -97,9 +97,8 @@ func TestScriptOutput(t *testing.T) {
 // l2Marker is what the L2 guest's /init prints.
 const l2Marker = "TINE-L2: init reached"
 
-// l2Initramfs is a tiny initramfs whose /init prints l2Marker and ends the
-// machine. It reboots rather than powers off: the machine has no ACPI power
-// management, so Linux would halt forever, while a reboot ends tine's Run.
+// l2Initramfs is a tiny initramfs whose /init prints l2Marker and powers
+// the machine off (through ACPI S5, which ends tine's Run).
 func l2Initramfs(t *testing.T, busybox string) []byte {
 	t.Helper()
 	bb, err := os.ReadFile(busybox)
@@ -110,7 +109,7 @@ func l2Initramfs(t *testing.T, busybox string) []byte {
 	a.File("bin/busybox", 0o755, bb)
 	a.Dir("dev")
 	a.Dir("proc")
-	a.File("init", 0o755, []byte("#!/bin/busybox sh\n/bin/busybox echo \""+l2Marker+"\" on $(/bin/busybox uname -r) with $(/bin/busybox nproc) CPUs\n/bin/busybox reboot -f\n"))
+	a.File("init", 0o755, []byte("#!/bin/busybox sh\n/bin/busybox echo \""+l2Marker+"\" on $(/bin/busybox uname -r) with $(/bin/busybox nproc) CPUs\n/bin/busybox poweroff -f\n"))
 	gz, err := a.Gzip()
 	if err != nil {
 		t.Fatal(err)
