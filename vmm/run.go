@@ -34,6 +34,7 @@ type GuestError struct {
 	Err    error
 }
 
+// Error describes the fault with the vCPU and guest RIP.
 func (e *GuestError) Error() string {
 	s := fmt.Sprintf("vmm: guest fault on vCPU %d at rip %#x: %v", e.VCPU, e.RIP, e.Err)
 	if e.Detail != "" {
@@ -42,6 +43,7 @@ func (e *GuestError) Error() string {
 	return s
 }
 
+// Unwrap returns the kind of fault, one of the Err* values.
 func (e *GuestError) Unwrap() error { return e.Err }
 
 // RequestKind says what a guest asks of the VMM.

@@ -18,12 +18,12 @@ type VCPUState struct {
 	Regs      Regs
 	Sregs     Sregs
 	XSAVE     []byte // FPU/SSE/AVX state, KVM_GET_XSAVE(2) layout
-	XCRS      kvmapi.XCRS
+	XCRS      XCRS
 	MSRs      []MSR
-	LAPIC     *kvmapi.LAPICState // nil without the in-kernel irqchip
-	Events    kvmapi.VCPUEvents
+	LAPIC     *LAPICState // nil without the in-kernel irqchip
+	Events    VCPUEvents
 	MPState   uint32
-	DebugRegs kvmapi.DebugRegs
+	DebugRegs DebugRegs
 }
 
 // State is a VM's complete machine state apart from RAM: every vCPU and,
@@ -32,9 +32,9 @@ type State struct {
 	MemSize  uint64
 	VCPUs    []VCPUState
 	IRQChip  bool
-	Chips    [3]kvmapi.IRQChip // PIC master, PIC slave, IOAPIC
-	PIT      kvmapi.PITState2
-	Clock    kvmapi.ClockData
+	Chips    [3]IRQChip // PIC master, PIC slave, IOAPIC
+	PIT      PITState2
+	Clock    ClockData
 	HasClock bool
 }
 

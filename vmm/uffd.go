@@ -19,6 +19,7 @@ type PageSource interface {
 
 type imageSource struct{ img *Image }
 
+// ReadPage reads a page of the image file.
 func (s imageSource) ReadPage(off uint64, buf []byte) (bool, error) {
 	n, err := unix.Pread(s.img.fd, buf, int64(off))
 	if err != nil {

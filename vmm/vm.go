@@ -26,6 +26,20 @@ type (
 	Segment = kvmapi.Segment
 	// Descriptor is a GDT or IDT base and limit.
 	Descriptor = kvmapi.Descriptor
+	// XCRS are a vCPU's extended control registers.
+	XCRS = kvmapi.XCRS
+	// LAPICState is a local APIC's register page.
+	LAPICState = kvmapi.LAPICState
+	// VCPUEvents are a vCPU's pending exceptions, interrupts and NMIs.
+	VCPUEvents = kvmapi.VCPUEvents
+	// DebugRegs are a vCPU's debug registers.
+	DebugRegs = kvmapi.DebugRegs
+	// IRQChip is the state of one in-kernel interrupt controller.
+	IRQChip = kvmapi.IRQChip
+	// PITState2 is the in-kernel PIT's state.
+	PITState2 = kvmapi.PITState2
+	// ClockData is the kvmclock state.
+	ClockData = kvmapi.ClockData
 )
 
 // PageSize is the guest page size tine tracks, seals and forks by.
