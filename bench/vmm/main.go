@@ -56,6 +56,7 @@ type options struct {
 
 func main() {
 	quick := flag.Bool("quick", false, "fewer forks and sizes (about a minute)")
+	forks := flag.Int("forks", 0, "forks per latency row (default 1000, 200 with -quick)")
 	flag.Parse()
 	o := options{quick: *quick, forks: 1000, workingSet: 64 * mib,
 		sizes:   []uint64{256 * mib, 1 << 30, 4 << 30, 16 << 30},
@@ -65,6 +66,9 @@ func main() {
 		o.sizes = []uint64{256 * mib, 4 << 30}
 		o.fanouts = []int{1, 10, 100}
 		o.crowds = []int{0, 100}
+	}
+	if *forks > 0 {
+		o.forks = *forks
 	}
 	raiseNoFile()
 	if err := run(context.Background(), o, os.Stdout); err != nil {
