@@ -159,7 +159,7 @@ func Open(dir string, opts *Options) (*Store, error) {
 	case 4:
 		lvl = zstd.SpeedBestCompression
 	}
-	s.enc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(lvl), zstd.WithEncoderConcurrency(o.Workers),
+	s.enc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(lvl), zstd.WithEncoderConcurrency(2*o.Workers),
 		zstd.WithEncoderCRC(false), zstd.WithZeroFrames(true), zstd.WithLowerEncoderMem(true))
 	if err == nil {
 		s.dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(o.Workers), zstd.WithDecoderMaxMemory(maxObject))

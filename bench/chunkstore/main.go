@@ -9,7 +9,7 @@
 // another. Inputs are read once before timing so that all tools read from
 // the page cache. restic runs with --no-cache on every backup.
 //
-// Usage: go run ./bench/chunkstore [-quick] [-work DIR] [-src DIR]
+// Usage: go run ./bench/chunkstore [-quick] [-rounds N] [-work DIR] [-src DIR]
 package main
 
 import (
@@ -39,8 +39,12 @@ func main() {
 	src := flag.String("src", "", "source tree for (a) and (c) (default $(go env GOROOT)/src, or its net/ subtree with -quick)")
 	randMiB := flag.Int("random-mib", 1024, "size of the random data set (b) in MiB (-quick: 128)")
 	keep := flag.Bool("keep", false, "keep the scratch directory")
+	rounds := flag.Int("rounds", 3, "rounds to run; the table shows medians (-quick: 1)")
 	flag.Parse()
-	if err := run(*quick, *work, *src, *randMiB, *keep); err != nil {
+	if *quick && *rounds == 3 {
+		*rounds = 1
+	}
+	if err := run(*quick, *work, *src, *randMiB, *rounds, *keep); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/chunkstore:", err)
 		os.Exit(1)
 	}
@@ -57,7 +61,7 @@ type result struct {
 
 func (r result) mbps() float64 { return float64(r.logical) / 1e6 / r.dur.Seconds() }
 
-func run(quick bool, work, src string, randMiB int, keep bool) error {
+func run(quick bool, work, src string, randMiB, rounds int, keep bool) error {
 	if src == "" {
 		src = filepath.Join(runtime.GOROOT(), "src")
 		if quick {
@@ -107,52 +111,93 @@ func run(quick bool, work, src string, randMiB int, keep bool) error {
 		{"c", "tree", treeC, sizeC},
 		{"b", "random", randFile, sizeB},
 	}
-	var results []result
-	tools := []struct {
+	type tool struct {
 		name string
 		init func(repo string) error
 		put  func(repo, set, path string) error
-	}{
+	}
+	var tools []tool
+	for _, t := range []tool{
 		{"tine", func(string) error { return nil }, tinePut},
 		{"restic", resticInit, resticPut},
 		{"casync", func(repo string) error { return os.MkdirAll(repo, 0o755) }, casyncPut},
-	}
-	for _, t := range tools {
+	} {
 		if t.name != "tine" {
 			if _, err := exec.LookPath(t.name); err != nil {
 				fmt.Printf("%s: not installed, skipped\n", t.name)
 				continue
 			}
 		}
+		tools = append(tools, t)
+	}
+	// Each round starts from empty repositories. Within a round the tools
+	// take turns on each data set, in an order that rotates from round to
+	// round, so that they meet the same machine load; the table shows each
+	// one's median.
+	var all [][]result
+	for round := range rounds {
+		repoDir := filepath.Join(work, "repo")
+		if err := os.RemoveAll(repoDir); err != nil {
+			return err
+		}
+		var results []result
 		inited := map[string]bool{}
 		for _, s := range sets {
-			repo := filepath.Join(work, "repo", t.name+"-"+s.repo)
-			r := result{tool: t.name, set: s.name, logical: s.logical}
-			if !inited[s.repo] {
-				if err := t.init(repo); err != nil {
-					r.err = err
-					results = append(results, r)
-					continue
+			for i := range tools {
+				t := tools[(i+round)%len(tools)]
+				repo := filepath.Join(repoDir, t.name+"-"+s.repo)
+				r := result{tool: t.name, set: s.name, logical: s.logical}
+				if !inited[repo] {
+					if r.err = t.init(repo); r.err != nil {
+						results = append(results, r)
+						continue
+					}
+					inited[repo] = true
 				}
-				inited[s.repo] = true
-			}
-			before, _ := treeSize(repo)
-			warm(s.path)
-			start := time.Now()
-			r.err = t.put(repo, s.name, s.path)
-			r.dur = time.Since(start)
-			r.stored, _ = treeSize(repo)
-			r.added = r.stored - before
-			results = append(results, r)
-			if r.err != nil {
-				fmt.Printf("%-7s (%s): error: %v\n", t.name, s.name, r.err)
-			} else {
-				fmt.Printf("%-7s (%s): %6.1f MB/s, %.2fs, repository %.1f MB (+%.1f MB)\n", t.name, s.name, r.mbps(), r.dur.Seconds(), float64(r.stored)/1e6, float64(r.added)/1e6)
+				before, _ := treeSize(repo)
+				warm(s.path)
+				start := time.Now()
+				r.err = t.put(repo, s.name, s.path)
+				r.dur = time.Since(start)
+				r.stored, _ = treeSize(repo)
+				r.added = r.stored - before
+				results = append(results, r)
+				if r.err != nil {
+					fmt.Printf("round %d %-7s (%s): error: %v\n", round+1, t.name, s.name, r.err)
+				} else {
+					fmt.Printf("round %d %-7s (%s): %6.1f MB/s, %.2fs, repository %.1f MB (+%.1f MB)\n", round+1, t.name, s.name, r.mbps(), r.dur.Seconds(), float64(r.stored)/1e6, float64(r.added)/1e6)
+				}
 			}
 		}
+		all = append(all, results)
 	}
-	printTable(os.Stdout, results)
+	printTable(os.Stdout, medians(all))
+	load, _ = os.ReadFile("/proc/loadavg")
+	fmt.Printf("\nload average at the end: %s", load)
 	return nil
+}
+
+// medians returns, for each tool and set, the round with the median
+// duration.
+func medians(all [][]result) []result {
+	var out []result
+	for i := range all[0] {
+		var rs []result
+		for _, round := range all {
+			for _, r := range round {
+				if r.tool == all[0][i].tool && r.set == all[0][i].set && r.err == nil {
+					rs = append(rs, r)
+				}
+			}
+		}
+		if len(rs) == 0 {
+			out = append(out, all[0][i])
+			continue
+		}
+		sort.Slice(rs, func(a, b int) bool { return rs[a].dur < rs[b].dur })
+		out = append(out, rs[len(rs)/2])
+	}
+	return out
 }
 
 // printTable prints one row per data set and tool, with tine's ratio to
@@ -245,7 +290,7 @@ func ingest(ctx context.Context, s *chunkstore.Store, root string) (chunkstore.I
 	}
 	jobs := make(chan *file)
 	var wg sync.WaitGroup
-	for range runtime.GOMAXPROCS(0) {
+	for range 2 * runtime.GOMAXPROCS(0) { // twice the cores: opens and reads block
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
