@@ -1,0 +1,193 @@
+package cowfs
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const crashEnv = "TINE_COWFS_CRASH_CHILD" // "root mountpoint" for the child
+
+// TestCrashChild is the mounting process of TestCrash; it does nothing
+// unless started by it.
+func TestCrashChild(t *testing.T) {
+	args := splitArgs(os.Getenv(crashEnv))
+	if len(args) != 2 {
+		t.Skip("helper process of TestCrash, started only by it")
+	}
+	ctx := context.Background()
+	f, err := Open(args[0], nil)
+	if err != nil {
+		fmt.Println("ERR", err)
+		return
+	}
+	m, err := f.Mount(ctx, "main", args[1], nil)
+	if err != nil {
+		fmt.Println("ERR", err)
+		return
+	}
+	_ = m
+	fmt.Println("READY")
+	select {} // serve until killed
+}
+
+// TestCrash SIGKILLs the process serving a mount in the middle of writes,
+// then checks that everything fsync'd survives and the store verifies.
+func TestCrash(t *testing.T) {
+	needFUSE(t)
+	ctx := context.Background()
+	root := t.TempDir()
+	mnt := t.TempDir()
+	f, err := Open(root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"old": "old content"})
+	snap, err := f.Import(ctx, src, "")
+	if err == nil {
+		err = f.Branch(ctx, snap, "main")
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
+	cmd.Env = append(os.Environ(), crashEnv+"="+root+" "+mnt)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(mnt, unix.MNT_DETACH)
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() || sc.Text() != "READY" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("child did not mount: %q", sc.Text())
+	}
+	durable := pattern(11, 300<<10)
+	if err := os.WriteFile(filepath.Join(mnt, "durable"), durable, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if fh, err := os.OpenFile(filepath.Join(mnt, "durable"), os.O_RDWR, 0); err != nil {
+		t.Fatal(err)
+	} else if err := fh.Sync(); err != nil {
+		t.Fatal(err)
+	} else {
+		fh.Close()
+	}
+	// Append to a stream, fsyncing now and then; the server is killed in
+	// the middle of the writes.
+	data := pattern(12, 64<<20)
+	synced := make(chan int, 1000)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		st, err := os.Create(filepath.Join(mnt, "stream"))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer st.Close()
+		off := 0
+		for i := 0; off+30000 < len(data); i++ {
+			n := 10000 + i%7*3000
+			if _, err := st.WriteAt(data[off:off+n], int64(off)); err != nil {
+				return // the server died
+			}
+			off += n
+			if i%5 == 4 {
+				if err := st.Sync(); err != nil {
+					return
+				}
+				synced <- off
+			}
+		}
+	}()
+	last, syncs := -1, 0
+	for syncs < 20 {
+		select {
+		case v := <-synced:
+			last, syncs = v, syncs+1
+			continue
+		case <-done:
+		case <-time.After(60 * time.Second):
+		}
+		break
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	<-done
+	for len(synced) > 0 {
+		last = <-synced
+	}
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		t.Logf("lazy unmount: %v", err)
+	}
+	if last < 0 {
+		t.Fatal("no fsync of the stream completed")
+	}
+	synced2 := last
+	t.Logf("killed the server after %d fsyncs; last fsync'd length %d", syncs, synced2)
+
+	f, err = Open(root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rep, err := f.Store().Verify(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		t.Fatalf("store verify after crash: %v", rep.Damaged)
+	}
+	mnt2 := t.TempDir()
+	m, err := f.Mount(ctx, "main", mnt2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Unmount()
+	got, err := os.ReadFile(filepath.Join(mnt2, "durable"))
+	if err != nil || !bytes.Equal(got, durable) {
+		t.Errorf("durable: fsync'd file lost or wrong after crash (len %d, err %v)", len(got), err)
+	}
+	st, err := os.ReadFile(filepath.Join(mnt2, "stream"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) < synced2 {
+		t.Errorf("stream: %d bytes after crash, %d were fsync'd", len(st), synced2)
+	} else if !bytes.Equal(st[:synced2], data[:synced2]) {
+		t.Errorf("stream: fsync'd bytes differ after crash")
+	}
+	if old, err := os.ReadFile(filepath.Join(mnt2, "old")); err != nil || string(old) != "old content" {
+		t.Errorf("old: %q, %v", old, err)
+	}
+}
+
+func splitArgs(s string) []string {
+	var out []string
+	for _, f := range bytes.Fields([]byte(s)) {
+		out = append(out, string(f))
+	}
+	return out
+}
