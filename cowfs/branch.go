@@ -248,13 +248,13 @@ func (in *inode) entry(name string) Entry {
 	switch in.typ {
 	case TypeFile:
 		e.Size, e.ID = in.size, in.id
-		if in.linkID != 0 && in.nlink > 1 {
-			e.LinkID, e.Nlink = in.linkID, in.nlink
-		}
 	case TypeDir:
 		e.ID = in.id
 	case TypeSymlink:
 		e.Size = int64(len(in.target))
+	}
+	if in.typ != TypeDir && in.linkID != 0 && in.nlink > 1 {
+		e.LinkID, e.Nlink = in.linkID, in.nlink
 	}
 	if len(in.xattrs) > 0 {
 		for k, v := range in.xattrs {
