@@ -162,7 +162,7 @@ func (d *decoder) uvarint(what string) uint64 {
 		return 0
 	}
 	v, n := binary.Uvarint(d.b[d.off:])
-	if n <= 0 {
+	if n <= 0 || n != uvarintLen(v) {
 		d.fail("bad " + what)
 		return 0
 	}
@@ -170,12 +170,23 @@ func (d *decoder) uvarint(what string) uint64 {
 	return v
 }
 
+// uvarintLen is the length of v's canonical (shortest) encoding; longer
+// encodings are rejected so that an object has exactly one encoding.
+func uvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
+}
+
 func (d *decoder) varint(what string) int64 {
 	if d.err != nil {
 		return 0
 	}
 	v, n := binary.Varint(d.b[d.off:])
-	if n <= 0 {
+	if n <= 0 || n != len(binary.AppendVarint(nil, v)) {
 		d.fail("bad " + what)
 		return 0
 	}
@@ -256,6 +267,8 @@ func decodeDir(links []chunkstore.ID, payload []byte) ([]Entry, error) {
 		case hasID == 1:
 			if li >= len(links) {
 				d.fail("more ids than links")
+			} else if links[li].IsZero() {
+				d.fail("zero id in links")
 			} else {
 				e.ID = links[li]
 				li++
@@ -291,6 +304,9 @@ func decodeDir(links []chunkstore.ID, payload []byte) ([]Entry, error) {
 			var x Xattr
 			x.Name = d.str("xattr name", 255)
 			x.Value = []byte(d.str("xattr value", 1<<16))
+			if d.err == nil && len(e.Xattrs) > 0 && e.Xattrs[len(e.Xattrs)-1].Name >= x.Name {
+				d.fail("xattr names out of order")
+			}
 			e.Xattrs = append(e.Xattrs, x)
 		}
 		entries = append(entries, e)
@@ -399,6 +415,8 @@ func decodeFile(links []chunkstore.ID, payload []byte) (*fileHeader, error) {
 			case hole == 0:
 				if li >= len(links) {
 					d.fail("more chunks than links")
+				} else if links[li].IsZero() {
+					d.fail("zero chunk id in links")
 				} else {
 					r.ID = links[li]
 					li++
