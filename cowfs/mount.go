@@ -35,6 +35,7 @@ type Mount struct {
 	b      *branch
 	dir    string
 	server *fuse.Server
+	served chan struct{} // closed when the server has stopped
 	once   sync.Once
 	err    error
 }
@@ -96,7 +97,12 @@ func (f *FS) Mount(ctx context.Context, branchName, dir string, opts *MountOptio
 	f.mu.Lock()
 	f.live[branchName] = b
 	f.mu.Unlock()
-	return &Mount{fs: f, b: b, dir: dir, server: srv}, nil
+	m := &Mount{fs: f, b: b, dir: dir, server: srv, served: make(chan struct{})}
+	go func() {
+		srv.Wait()
+		close(m.served)
+	}()
+	return m, nil
 }
 
 // Dir returns the mount point.
@@ -106,19 +112,24 @@ func (m *Mount) Dir() string { return m.dir }
 func (m *Mount) Branch() string { return m.b.name }
 
 // Wait blocks until the filesystem is unmounted (by Unmount or from outside).
-func (m *Mount) Wait() { m.server.Wait() }
+func (m *Mount) Wait() { <-m.served }
 
 // Unmount detaches the mount, commits the branch durably and releases it.
 func (m *Mount) Unmount() error {
 	m.once.Do(func() {
-		err := m.server.Unmount()
+		var err error
+		select {
+		case <-m.served: // unmounted from outside already
+		default:
+			err = m.server.Unmount()
+		}
 		if err != nil {
 			// Busy: detach lazily so the branch can still be released.
 			if uerr := unix.Unmount(m.dir, unix.MNT_DETACH); uerr == nil {
 				err = nil
 			}
 		}
-		m.server.Wait()
+		<-m.served
 		_, cerr := m.b.checkpoint(context.Background(), true)
 		m.b.close()
 		m.fs.mu.Lock()

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func tine(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(args, &out, &errOut)
+	return out.String(), errOut.String(), code
+}
+
+func TestFSUsageErrors(t *testing.T) {
+	root := t.TempDir()
+	for _, args := range [][]string{
+		{"fs", "import"},
+		{"fs", "branch", "only-one", "--root", root},
+		{"fs", "diff", "nosuch", "nosuch2", "--root", root},
+		{"fs", "import", "x", "--bogus-flag"},
+		{"fs", "quota", "b", "lots", "--root", root},
+	} {
+		if _, errOut, code := tine(t, args...); code != 2 {
+			t.Errorf("%q: exit %d, want 2 (stderr %q)", args, code, errOut)
+		}
+	}
+}
+
+func TestFSCommandsWithoutMount(t *testing.T) {
+	root := t.TempDir()
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "a"), []byte("one\n"), 0o644)
+	out, errOut, code := tine(t, "fs", "import", src, "--name", "base", "--root", root)
+	if code != 0 {
+		t.Fatalf("import: %d %s", code, errOut)
+	}
+	id := strings.TrimSpace(out)
+	if len(id) != 64 {
+		t.Fatalf("import printed %q, want a snapshot id", out)
+	}
+	if _, errOut, code := tine(t, "fs", "branch", "base", "main", "--root", root); code != 0 {
+		t.Fatalf("branch: %s", errOut)
+	}
+	if _, errOut, code := tine(t, "fs", "branch", "base", "main", "--root", root); code != 1 || !strings.Contains(errOut, "already exists") {
+		t.Errorf("second branch of the same name: exit %d, %q", code, errOut)
+	}
+	out, errOut, code = tine(t, "fs", "ls", "--json", "--root", root)
+	if code != 0 {
+		t.Fatalf("ls: %s", errOut)
+	}
+	var ls struct {
+		Branches  []struct{ Name, Head string }
+		Snapshots []struct {
+			ID    string
+			Names []string
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &ls); err != nil {
+		t.Fatalf("ls --json: %v\n%s", err, out)
+	}
+	if len(ls.Branches) != 1 || ls.Branches[0].Name != "main" || ls.Branches[0].Head != id {
+		t.Errorf("ls branches = %+v", ls.Branches)
+	}
+	if len(ls.Snapshots) != 1 || ls.Snapshots[0].ID != id || len(ls.Snapshots[0].Names) != 1 {
+		t.Errorf("ls snapshots = %+v", ls.Snapshots)
+	}
+	os.WriteFile(filepath.Join(src, "a"), []byte("two\n"), 0o644)
+	os.WriteFile(filepath.Join(src, "b"), []byte("bee\n"), 0o644)
+	if _, errOut, code := tine(t, "fs", "import", src, "--name", "next", "--root", root); code != 0 {
+		t.Fatalf("import: %s", errOut)
+	}
+	out, _, code = tine(t, "fs", "diff", "base", "next", "--root", root)
+	if code != 0 || out != "M a\nA b\n" {
+		t.Errorf("diff = %q (exit %d)", out, code)
+	}
+	out, _, code = tine(t, "fs", "patch", "base", "next", "--root", root)
+	if code != 0 || !strings.Contains(out, "-one\n+two\n") {
+		t.Errorf("patch = %q (exit %d)", out, code)
+	}
+	tarPath := filepath.Join(t.TempDir(), "x.tar")
+	if _, errOut, code := tine(t, "fs", "export-tar", "next", "base", tarPath, "--root", root); code != 0 {
+		t.Fatalf("export-tar: %s", errOut)
+	}
+	if st, err := os.Stat(tarPath); err != nil || st.Size() == 0 {
+		t.Errorf("tar not written: %v", err)
+	}
+	if _, errOut, code := tine(t, "fs", "rollback", "main", "next", "--root", root); code != 0 {
+		t.Fatalf("rollback: %s", errOut)
+	}
+	out, _, _ = tine(t, "fs", "diff", "main", "next", "--root", root)
+	if out != "" {
+		t.Errorf("after rollback, main differs from next: %q", out)
+	}
+}
+
+func TestFSMountAndControlSocket(t *testing.T) {
+	if _, err := os.Stat("/dev/fuse"); err != nil || os.Geteuid() != 0 {
+		t.Skip("needs /dev/fuse and root")
+	}
+	root, src, mnt := t.TempDir(), t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(src, "a"), []byte("one\n"), 0o644)
+	if _, errOut, code := tine(t, "fs", "import", src, "--name", "base", "--root", root); code != 0 {
+		t.Fatal(errOut)
+	}
+	if _, errOut, code := tine(t, "fs", "branch", "base", "main", "--root", root); code != 0 {
+		t.Fatal(errOut)
+	}
+	done := make(chan int)
+	go func() {
+		_, errOut, code := tine(t, "fs", "mount", "main", mnt, "--root", root)
+		if code != 0 {
+			t.Errorf("mount: %s", errOut)
+		}
+		done <- code
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(root, "control.sock")); err == nil {
+			if _, err := os.Stat(filepath.Join(mnt, "a")); err == nil {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("mount did not come up")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := os.WriteFile(filepath.Join(mnt, "new"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// These go through the control socket: the mount owns the store.
+	out, errOut, code := tine(t, "fs", "diff", "base", "main", "--root", root)
+	if code != 0 || out != "A new\n" {
+		t.Errorf("diff through control socket = %q, %q, %d", out, errOut, code)
+	}
+	out, errOut, code = tine(t, "fs", "snapshot", "main", "--name", "s1", "--root", root)
+	if code != 0 || len(strings.TrimSpace(out)) != 64 {
+		t.Errorf("snapshot through control socket = %q, %q", out, errOut)
+	}
+	if _, errOut, code := tine(t, "fs", "rollback", "main", "base", "--root", root); code != 0 {
+		t.Errorf("rollback: %s", errOut)
+	}
+	if _, err := os.Stat(filepath.Join(mnt, "new")); !os.IsNotExist(err) {
+		t.Errorf("after rollback of the mounted branch, new still exists (%v)", err)
+	}
+	if _, _, code := tine(t, "fs", "diff", "nosuch", "main", "--root", root); code != 2 {
+		t.Errorf("bad snapshot through control socket: exit %d, want 2", code)
+	}
+	if err := unix.Unmount(mnt, 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("mount command did not return after unmount")
+	}
+	if _, err := os.Stat(filepath.Join(root, "control.sock")); !os.IsNotExist(err) {
+		t.Errorf("control socket left behind (%v)", err)
+	}
+}
