@@ -53,8 +53,10 @@ var fsCmds = []fsCmd{
 			fs.DurationVar(&o.timeout, "timeout", 0, "kernel entry/attr cache time (default 1s, negative: none)")
 		}},
 	{name: "branch", summary: "fork a new branch from a snapshot (--quota BYTES)", args: []string{"SNAP", "NEWBRANCH"},
-		flags: func(fs *flag.FlagSet, o *fsOpts) { fs.Int64Var(&o.quota, "quota", 0, "bytes the branch may write (0: no limit)") },
-		do:    fsBranch},
+		flags: func(fs *flag.FlagSet, o *fsOpts) {
+			fs.Int64Var(&o.quota, "quota", 0, "bytes the branch may write (0: no limit)")
+		},
+		do: fsBranch},
 	{name: "snapshot", summary: "snapshot a branch's current state (--name N)", args: []string{"BRANCH"},
 		flags: func(fs *flag.FlagSet, o *fsOpts) { fs.StringVar(&o.name, "name", "", "also name the snapshot") },
 		do:    fsSnapshot},
@@ -572,4 +574,3 @@ func fsQuota(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Wri
 func fsRemove(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Writer) error {
 	return f.DeleteBranch(ctx, pos[0])
 }
-
