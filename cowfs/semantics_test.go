@@ -1,0 +1,224 @@
+package cowfs
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// remount unmounts m and mounts its branch again at a fresh directory.
+func remount(t *testing.T, f *FS, m *Mount) *Mount {
+	t.Helper()
+	if err := m.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := f.Mount(context.Background(), m.Branch(), t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m2.Unmount() })
+	return m2
+}
+
+func TestMountTwiceIsRefused(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	mountNew(t, f, "main", map[string]string{"a": "a"})
+	_, err := f.Mount(context.Background(), "main", t.TempDir(), nil)
+	if !errors.Is(err, ErrBusy) {
+		t.Fatalf("second mount: %v, want ErrBusy", err)
+	}
+	// The lock file refuses another holder too (as another process would).
+	if _, err := lockFile(filepath.Join(f.branchDir("main"), "lock")); !errors.Is(err, ErrBusy) {
+		t.Fatalf("lock while mounted: %v, want ErrBusy", err)
+	}
+}
+
+func TestQuota(t *testing.T) {
+	needFUSE(t)
+	ctx := context.Background()
+	f := openTestFS(t)
+	m, _ := mountNew(t, f, "main", map[string]string{"a": "a"})
+	if err := f.SetQuota(ctx, "main", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(m.Dir(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Blocks * uint64(st.Bsize); got != 1<<20 {
+		t.Errorf("statfs size %d, want the quota %d", got, 1<<20)
+	}
+	fh, err := os.Create(filepath.Join(m.Dir(), "big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	chunk := make([]byte, 256<<10)
+	var werr error
+	written := 0
+	for i := 0; i < 8 && werr == nil; i++ {
+		var n int
+		n, werr = fh.Write(chunk)
+		written += n
+	}
+	if !errors.Is(werr, syscall.ENOSPC) {
+		t.Fatalf("writing past the quota: %v, want ENOSPC", werr)
+	}
+	if written > 1<<20 {
+		t.Errorf("wrote %d bytes under a %d quota", written, 1<<20)
+	}
+}
+
+func TestAttributesAndLinksSurviveRemount(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	m, _ := mountNew(t, f, "main", map[string]string{"d1/f": "content", "d2/": ""})
+	dir := m.Dir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.Link(filepath.Join(dir, "d1/f"), filepath.Join(dir, "d2/g")))
+	must(unix.Setxattr(filepath.Join(dir, "d1/f"), "user.k", []byte("v"), 0))
+	must(os.Chmod(filepath.Join(dir, "d1/f"), 0o640))
+	must(os.Chown(filepath.Join(dir, "d1/f"), 1234, 5678))
+	must(unix.Mkfifo(filepath.Join(dir, "fifo"), 0o600))
+	must(unix.Mknod(filepath.Join(dir, "null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
+	ts := []unix.Timespec{{Sec: 1000, Nsec: 5}, {Sec: 2000, Nsec: 7}}
+	must(unix.UtimesNano(filepath.Join(dir, "d2"), ts))
+	// A sparse file past 4 GiB.
+	sp, err := os.Create(filepath.Join(dir, "sparse"))
+	must(err)
+	_, err = sp.WriteAt([]byte("end"), 5<<30)
+	must(err)
+	must(sp.Close())
+
+	m = remount(t, f, m)
+	dir = m.Dir()
+	// The hard link is one inode again: a write through one name shows
+	// through the other, also after a further remount.
+	must(os.WriteFile(filepath.Join(dir, "d2/g"), []byte("changed"), 0o640))
+	m = remount(t, f, m)
+	dir = m.Dir()
+	got, err := os.ReadFile(filepath.Join(dir, "d1/f"))
+	if err != nil || string(got) != "changed" {
+		t.Errorf("d1/f = %q, %v; want the write made through d2/g", got, err)
+	}
+	var st unix.Stat_t
+	must(unix.Stat(filepath.Join(dir, "d1/f"), &st))
+	if st.Nlink != 2 || st.Mode&0o7777 != 0o640 || st.Uid != 1234 || st.Gid != 5678 {
+		t.Errorf("d1/f: nlink %d mode %o uid %d gid %d", st.Nlink, st.Mode&0o7777, st.Uid, st.Gid)
+	}
+	var st2 unix.Stat_t
+	must(unix.Stat(filepath.Join(dir, "d2/g"), &st2))
+	if st2.Ino != st.Ino {
+		t.Errorf("d1/f and d2/g have inodes %d and %d", st.Ino, st2.Ino)
+	}
+	buf := make([]byte, 8)
+	if n, err := unix.Getxattr(filepath.Join(dir, "d1/f"), "user.k", buf); err != nil || string(buf[:n]) != "v" {
+		t.Errorf("xattr user.k = %q, %v", buf[:n], err)
+	}
+	must(unix.Lstat(filepath.Join(dir, "fifo"), &st))
+	if st.Mode&unix.S_IFMT != unix.S_IFIFO {
+		t.Errorf("fifo has mode %o", st.Mode)
+	}
+	must(unix.Lstat(filepath.Join(dir, "null"), &st))
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != unix.Mkdev(1, 3) {
+		t.Errorf("null: mode %o rdev %x", st.Mode, st.Rdev)
+	}
+	must(unix.Stat(filepath.Join(dir, "d2"), &st))
+	if st.Mtim.Sec != 2000 || st.Mtim.Nsec != 7 {
+		t.Errorf("d2 mtime %v, want 2000.000000007", st.Mtim)
+	}
+	must(unix.Stat(filepath.Join(dir, "sparse"), &st))
+	if st.Size != 5<<30+3 {
+		t.Errorf("sparse size %d", st.Size)
+	}
+	sp, err = os.Open(filepath.Join(dir, "sparse"))
+	must(err)
+	defer sp.Close()
+	b := make([]byte, 6)
+	if _, err := sp.ReadAt(b, 5<<30-3); err != nil || !bytes.Equal(b, []byte("\x00\x00\x00end")) {
+		t.Errorf("sparse tail = %q, %v", b, err)
+	}
+	if st := f.Store().Stats(); st.UniqueBytes > 1<<20 {
+		t.Errorf("a 5 GiB sparse file took %d chunk bytes", st.UniqueBytes)
+	}
+}
+
+func TestMmapWrite(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	m, _ := mountNew(t, f, "main", map[string]string{"m": string(bytes.Repeat([]byte("."), 8192))})
+	p := filepath.Join(m.Dir(), "m")
+	fh, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(int(fh.Fd()), 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(mem[4096:], "mapped")
+	if err := unix.Msync(mem, unix.MS_SYNC); err != nil {
+		t.Fatal(err)
+	}
+	unix.Munmap(mem)
+	fh.Close()
+	m = remount(t, f, m)
+	got, err := os.ReadFile(filepath.Join(m.Dir(), "m"))
+	if err != nil || string(got[4096:4102]) != "mapped" || got[0] != '.' {
+		t.Errorf("after mmap write and remount: %q, %v", got[4090:4110], err)
+	}
+}
+
+func TestPermissionsEnforced(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	ctx := context.Background()
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"secret": "s", "open": "o"})
+	os.Chmod(src, 0o755)
+	snap, err := f.Import(ctx, src, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Branch(ctx, snap, "main"); err != nil {
+		t.Fatal(err)
+	}
+	// A mount point every user can reach.
+	mnt, err := os.MkdirTemp("", "cowfs-perm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(mnt)
+	os.Chmod(mnt, 0o755)
+	m, err := f.Mount(ctx, "main", mnt, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Unmount()
+	os.Chmod(filepath.Join(m.Dir(), "secret"), 0o600)
+	os.Chmod(filepath.Join(m.Dir(), "open"), 0o644)
+	cat := func(name string) error {
+		cmd := exec.Command("cat", filepath.Join(m.Dir(), name))
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		return cmd.Run()
+	}
+	if err := cat("open"); err != nil {
+		t.Errorf("nobody cannot read a 0644 file: %v", err)
+	}
+	if err := cat("secret"); err == nil {
+		t.Error("nobody read a 0600 root file")
+	}
+}
