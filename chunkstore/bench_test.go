@@ -49,3 +49,76 @@ func BenchmarkPutStreamRandom(b *testing.B) {
 		s.Close()
 	}
 }
+
+// BenchmarkPutExisting measures Put of a chunk already stored: a hash and
+// a map look-up.
+func BenchmarkPutExisting(b *testing.B) {
+	s := openT(b, b.TempDir(), nil)
+	defer s.Close()
+	data := randBytes(1, 4096)
+	s.Put(data)
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		if _, err := s.Put(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkHas measures Has of a stored id.
+func BenchmarkHas(b *testing.B) {
+	s := openT(b, b.TempDir(), nil)
+	defer s.Close()
+	id, _ := s.Put(randBytes(1, 4096))
+	for b.Loop() {
+		if !s.Has(id) {
+			b.Fatal("missing")
+		}
+	}
+}
+
+// BenchmarkPutFixedPages stores 64 MiB of half-compressible pages, a
+// quarter of them zero, as a VM memory image would be.
+func BenchmarkPutFixedPages(b *testing.B) {
+	data := randBytes(2, 64<<20)
+	for p := 0; p < len(data)/4096; p++ {
+		page := data[p*4096 : (p+1)*4096]
+		switch p % 4 {
+		case 0:
+			clear(page)
+		case 1:
+			clear(page[2048:])
+		}
+	}
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		s := openT(b, b.TempDir(), nil)
+		if _, err := s.PutFixed(context.Background(), bytes.NewReader(data), 4096); err != nil {
+			b.Fatal(err)
+		}
+		s.Close()
+	}
+}
+
+// BenchmarkGetSealed measures Get of 4 KiB chunks from a sealed pack with
+// the cache off: one pread, a CRC, a SHA-256.
+func BenchmarkGetSealed(b *testing.B) {
+	dir := b.TempDir()
+	s := openT(b, dir, nil)
+	var ids []ID
+	for i := range 1000 {
+		id, _ := s.Put(randBytes(uint64(i), 4096))
+		ids = append(ids, id)
+	}
+	s.Close()
+	s = openT(b, dir, &Options{CacheBytes: -1})
+	defer s.Close()
+	b.SetBytes(4096)
+	i := 0
+	for b.Loop() {
+		if _, err := s.Get(ids[i%len(ids)]); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}

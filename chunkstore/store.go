@@ -591,6 +591,9 @@ func (s *Store) read(id ID) ([]byte, loc, error) {
 // readRawLocked returns the record (header and stored bytes) of object id.
 // The caller holds s.mu (read or write).
 func (s *Store) readRawLocked(id ID) ([]byte, loc, error) {
+	if s.closed {
+		return nil, loc{}, fmt.Errorf("chunkstore: get %s: store %s is closed", id, s.dir)
+	}
 	l, ok := s.index[id]
 	if !ok {
 		return nil, l, fmt.Errorf("chunkstore: get %s from %s: %w", id, s.dir, ErrNotFound)
