@@ -699,18 +699,14 @@ func (b *branch) checkpointLocked(ctx context.Context, durable bool) (chunkstore
 		return id, err
 	}
 	if id != b.head {
+		// SetRef makes the objects durable before the ref.
 		if err := b.fs.store.SetRef(refBranch+b.name, b.head, id); err != nil {
 			return id, fmt.Errorf("branch %q: move head: %w", b.name, err)
 		}
 		b.head = id
-		durable = true
-	}
-	if durable {
+	} else if durable {
 		if err := b.fs.store.Flush(); err != nil {
 			return id, fmt.Errorf("branch %q: flush store: %w", b.name, err)
-		}
-		if err := b.fs.writeMeta(b.name, b.meta); err != nil {
-			return id, err
 		}
 	}
 	return id, nil

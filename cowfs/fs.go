@@ -138,12 +138,10 @@ func (f *FS) getRef(name string) (chunkstore.ID, bool, error) {
 	return id, true, nil
 }
 
-// keepSnapshot makes id a durable, named-by-id snapshot.
+// keepSnapshot makes id a durable, named-by-id snapshot (SetRef makes
+// the objects durable first).
 func (f *FS) keepSnapshot(id SnapshotID) error {
-	if err := f.setRef(refSnap+id.String(), id); err != nil {
-		return err
-	}
-	return f.store.Flush()
+	return f.setRef(refSnap+id.String(), id)
 }
 
 // NameSnapshot gives snapshot id the name n (replacing an older snapshot of
@@ -221,9 +219,6 @@ func (f *FS) Snapshot(ctx context.Context, branchName string) (SnapshotID, error
 	if err != nil {
 		return id, err
 	}
-	if err := f.setRef(refBase+branchName, id); err != nil {
-		return id, err
-	}
 	if err := f.keepSnapshot(id); err != nil {
 		return id, fmt.Errorf("snapshot %q: %w", branchName, err)
 	}
@@ -254,6 +249,8 @@ func (f *FS) readMeta(name string) (branchMeta, error) {
 	return m, nil
 }
 
+// writeMeta durably replaces the branch meta file. A mounted branch writes
+// it when the quota is set and at unmount.
 func (f *FS) writeMeta(name string, m branchMeta) error {
 	dir := f.branchDir(name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {

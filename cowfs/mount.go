@@ -131,6 +131,12 @@ func (m *Mount) Unmount() error {
 		}
 		<-m.served
 		_, cerr := m.b.checkpoint(context.Background(), true)
+		m.b.mu.Lock()
+		meta := m.b.meta
+		m.b.mu.Unlock()
+		if merr := m.fs.writeMeta(m.b.name, meta); cerr == nil {
+			cerr = merr
+		}
 		m.b.close()
 		m.fs.mu.Lock()
 		delete(m.fs.live, m.b.name)
