@@ -84,7 +84,10 @@ func snapForkSection(ctx context.Context, e *env) (*section, error) {
 				continue
 			}
 			reps := e.cfg.Reps
-			if copies && tr.files >= 10000 {
+			switch {
+			case copies && tr.files >= 50000:
+				reps = 1 // one copy of 100k files takes tens of seconds
+			case copies && tr.files >= 10000:
 				reps = e.cfg.SlowReps
 			}
 			e.cfg.logf("snapshot/fork: %s on %s, %d samples", tool, tr.label, reps)
