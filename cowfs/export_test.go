@@ -224,3 +224,21 @@ func TestWriteTar(t *testing.T) {
 		t.Error("tar holds unchanged file keep")
 	}
 }
+
+func TestDeleteSnapshot(t *testing.T) {
+	f := openTestFS(t)
+	ctx := context.Background()
+	a := importTree(t, f, map[string]string{"x": "x"})
+	if err := f.NameSnapshot(ctx, a, "named"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.DeleteSnapshot(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Resolve(ctx, "named"); !errors.Is(err, ErrNoSnapshot) {
+		t.Errorf("resolve deleted snapshot name: %v", err)
+	}
+	if err := f.DeleteSnapshot(ctx, a); !errors.Is(err, ErrNoSnapshot) {
+		t.Errorf("second delete: %v", err)
+	}
+}

@@ -463,3 +463,45 @@ func putRoot(s nodeStore, top Entry) (SnapshotID, error) {
 	top.Name = rootName
 	return putDir(s, []Entry{top})
 }
+
+// DeleteSnapshot drops the snapshot's id ref and every name pointing at
+// it. Branches made from it are unaffected; its data goes at the store's
+// next GC once nothing else reaches it.
+func (f *FS) DeleteSnapshot(ctx context.Context, id SnapshotID) error {
+	refs, err := f.store.ListRefs("cowfs/")
+	if err != nil {
+		return fmt.Errorf("list refs: %w", err)
+	}
+	found := false
+	for r, v := range refs {
+		if v != id || !(strings.HasPrefix(r, refSnap) || strings.HasPrefix(r, refName)) {
+			continue
+		}
+		found = true
+		if err := f.store.DeleteRef(r, id); err != nil {
+			return fmt.Errorf("delete ref %s: %w", r, err)
+		}
+	}
+	if !found {
+		return fmt.Errorf("delete snapshot %s: %w", id, ErrNoSnapshot)
+	}
+	return nil
+}
+
+// PruneCache empties the passthrough read cache. Files open now keep
+// reading their cache file; later opens materialise it again.
+func (f *FS) PruneCache() error {
+	dir := filepath.Join(f.root, "cache")
+	names, err := filepath.Glob(filepath.Join(dir, "*"))
+	if err != nil {
+		return err
+	}
+	f.matMu.Lock()
+	defer f.matMu.Unlock()
+	for _, n := range names {
+		if err := os.Remove(n); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("prune cache: %w", err)
+		}
+	}
+	return nil
+}

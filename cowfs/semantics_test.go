@@ -222,3 +222,38 @@ func TestPermissionsEnforced(t *testing.T) {
 		t.Error("nobody read a 0600 root file")
 	}
 }
+
+func TestPassthroughCache(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	data := pattern(8, 1<<20)
+	m, _ := mountNew(t, f, "main", map[string]string{"f": string(data)})
+	p := filepath.Join(m.Dir(), "f")
+	got, err := os.ReadFile(p)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read: %v", err)
+	}
+	cached, _ := filepath.Glob(filepath.Join(f.Root(), "cache", "*"))
+	if len(cached) != 1 {
+		t.Fatalf("cache holds %d files after reading one unchanged file, want 1", len(cached))
+	}
+	// A reader keeps its passthrough handle while a writer changes the file
+	// through FUSE; new opens see the change.
+	rd, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	if err := os.WriteFile(p, []byte("new"), 0o644); err != nil {
+		t.Fatalf("open for writing while a passthrough reader is open: %v", err)
+	}
+	if got, err := os.ReadFile(p); err != nil || string(got) != "new" {
+		t.Errorf("after rewrite: %q, %v", got, err)
+	}
+	if err := f.PruneCache(); err != nil {
+		t.Fatal(err)
+	}
+	if cached, _ := filepath.Glob(filepath.Join(f.Root(), "cache", "*")); len(cached) != 0 {
+		t.Errorf("cache not empty after prune: %v", cached)
+	}
+}
