@@ -163,3 +163,35 @@ func TestDamagedIndexAndRef(t *testing.T) {
 		t.Fatalf("restored store: %v %v", err, rep.Damaged)
 	}
 }
+
+// TestMissingPack: a pack the index names is gone. Open fails naming it;
+// with AllowDamaged, reads fail with ErrCorrupt and Verify names the pack.
+func TestMissingPack(t *testing.T) {
+	dir, ids, _ := buildDamageStore(t)
+	pack := onlyFile(t, dir, "packs")
+	if err := os.Remove(pack); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir, nil); err == nil || !strings.Contains(err.Error(), pack) {
+		t.Fatalf("Open without the pack: %v; want an error naming %s", err, pack)
+	}
+	s, err := Open(dir, &Options{AllowDamaged: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.Get(ids[0]); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Get from a missing pack: %v", err)
+	}
+	rep, err := s.Verify(context.Background())
+	if err != nil || rep.OK() {
+		t.Fatalf("Verify: %v %+v", err, rep)
+	}
+	named := false
+	for _, d := range rep.Damaged {
+		named = named || d.File == pack
+	}
+	if !named {
+		t.Fatalf("Verify does not name %s: %v", pack, rep.Damaged)
+	}
+}
