@@ -84,6 +84,11 @@ func (f *FS) Mount(ctx context.Context, branchName, dir string, opts *MountOptio
 			DirectMount: true,
 			MaxWrite:    1 << 20,
 			Debug:       opts.Debug,
+			// Attributes with directory listings only when the caller goes
+			// on to stat the entries (the kernel's adaptive mode).
+			ExtraCapabilities: fuse.CAP_READDIRPLUS_AUTO,
+			// A symlink's target never changes for an inode number.
+			EnableSymlinkCaching: true,
 		},
 	}
 	srv, err := gofs.Mount(dir, root, fo)
