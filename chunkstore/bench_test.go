@@ -3,6 +3,7 @@ package chunkstore
 import (
 	"bytes"
 	"context"
+	"strconv"
 	"testing"
 
 	"tine/chunkstore/internal/cdc"
@@ -28,9 +29,15 @@ func BenchmarkSum(b *testing.B) {
 }
 
 func BenchmarkCompressRandom(b *testing.B) {
+	for _, n := range []int{4 << 10, 64 << 10} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) { benchCompressRandom(b, n) })
+	}
+}
+
+func benchCompressRandom(b *testing.B, n int) {
 	s := openT(b, b.TempDir(), nil)
 	defer s.Close()
-	data := randBytes(1, 64<<10)
+	data := randBytes(1, n)
 	b.SetBytes(int64(len(data)))
 	scratch := make([]byte, 0, 80<<10)
 	for b.Loop() {
@@ -80,6 +87,12 @@ func BenchmarkHas(b *testing.B) {
 // BenchmarkPutFixedPages stores 64 MiB of half-compressible pages, a
 // quarter of them zero, as a VM memory image would be.
 func BenchmarkPutFixedPages(b *testing.B) {
+	for _, level := range []int{-1, 1, 2} {
+		b.Run("level"+string(rune('0'+level+1)), func(b *testing.B) { benchPages(b, level) })
+	}
+}
+
+func benchPages(b *testing.B, level int) {
 	data := randBytes(2, 64<<20)
 	for p := 0; p < len(data)/4096; p++ {
 		page := data[p*4096 : (p+1)*4096]
@@ -92,7 +105,7 @@ func BenchmarkPutFixedPages(b *testing.B) {
 	}
 	b.SetBytes(int64(len(data)))
 	for b.Loop() {
-		s := openT(b, b.TempDir(), nil)
+		s := openT(b, b.TempDir(), &Options{Level: level})
 		if _, err := s.PutFixed(context.Background(), bytes.NewReader(data), 4096); err != nil {
 			b.Fatal(err)
 		}
@@ -120,5 +133,13 @@ func BenchmarkGetSealed(b *testing.B) {
 			b.Fatal(err)
 		}
 		i++
+	}
+}
+
+func BenchmarkLooksRandom(b *testing.B) {
+	data := randBytes(1, 4096)
+	b.SetBytes(4096)
+	for b.Loop() {
+		looksRandom(data)
 	}
 }

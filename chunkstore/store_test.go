@@ -388,3 +388,33 @@ func TestManyFlushes(t *testing.T) {
 		t.Fatalf("logical bytes %d after merges, want %d", st.LogicalBytes, 300*100)
 	}
 }
+
+func TestLooksRandom(t *testing.T) {
+	text := bytes.Repeat([]byte("func main() { println(\"hello\") }\n"), 200)
+	half := randBytes(9, 4096)
+	clear(half[2048:])
+	cases := []struct {
+		name string
+		data []byte
+		want bool
+	}{
+		{"random 4K", randBytes(1, 4096), true},
+		{"random 2K", randBytes(2, 2048), true},
+		{"random 30K", randBytes(3, 30000), true},
+		{"text", text[:4096], false},
+		{"half zero page", half, false},
+		{"zeros", make([]byte, 4096), false},
+		{"7-bit random", func() []byte {
+			b := randBytes(4, 4096)
+			for i := range b {
+				b[i] &= 0x7f
+			}
+			return b
+		}(), false},
+	}
+	for _, c := range cases {
+		if got := looksRandom(c.data); got != c.want {
+			t.Errorf("%s: looksRandom = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
