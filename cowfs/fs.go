@@ -205,10 +205,20 @@ func (f *FS) Head(ctx context.Context, branchName string) (SnapshotID, error) {
 	return id, nil
 }
 
+// liveBranch returns the mounted branch of that name, or nil (also while
+// a mount of it is still being set up).
 func (f *FS) liveBranch(name string) *branch {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.live[name]
+}
+
+// mounted reports whether the branch is mounted or being mounted here.
+func (f *FS) mounted(name string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.live[name]
+	return ok
 }
 
 // Snapshot records the branch's current state as a snapshot and returns
@@ -361,7 +371,7 @@ func (f *FS) Rollback(ctx context.Context, name string, snap SnapshotID) error {
 
 // DeleteBranch removes an unmounted branch. Its snapshots stay.
 func (f *FS) DeleteBranch(ctx context.Context, name string) error {
-	if f.liveBranch(name) != nil {
+	if f.mounted(name) {
 		return fmt.Errorf("delete %q: %w", name, ErrBusy)
 	}
 	for _, r := range []string{refBranch + name, refBase + name} {

@@ -48,11 +48,11 @@ func (f *FS) Mount(ctx context.Context, branchName, dir string, opts *MountOptio
 		opts = &MountOptions{}
 	}
 	f.mu.Lock()
-	if f.live[branchName] != nil {
+	if _, ok := f.live[branchName]; ok {
 		f.mu.Unlock()
 		return nil, fmt.Errorf("mount %q: %w in this process", branchName, ErrBusy)
 	}
-	f.live[branchName] = &branch{} // reserve
+	f.live[branchName] = nil // reserved while mounting
 	f.mu.Unlock()
 	b, err := f.openBranch(branchName)
 	if err != nil {

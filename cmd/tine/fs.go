@@ -202,13 +202,18 @@ func forward(ctx context.Context, conn net.Conn, args []string, w io.Writer) err
 		return errors.New(resp.Err)
 	}
 	if resp.Held {
-		// The mount lives in the serving process until we hang up.
+		// The mount lives in the serving process until we hang up, or
+		// until it is unmounted from outside and the server hangs up.
+		gone := make(chan struct{})
 		go func() {
 			var b [1]byte
 			conn.Read(b[:])
-			conn.Close()
+			close(gone)
 		}()
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-gone:
+		}
 	}
 	return nil
 }
@@ -292,8 +297,14 @@ func (s *server) handle(conn net.Conn) {
 			conn.Read(b[:])
 			close(done)
 		}()
+		unmounted := make(chan struct{})
+		go func() {
+			m.Wait()
+			close(unmounted)
+		}()
 		select {
 		case <-done:
+		case <-unmounted:
 		case <-s.ctx.Done():
 		}
 		m.Unmount()

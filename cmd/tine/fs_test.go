@@ -154,6 +154,36 @@ func TestFSMountAndControlSocket(t *testing.T) {
 	if _, _, code := tine(t, "fs", "diff", "nosuch", "main", "--root", root); code != 2 {
 		t.Errorf("bad snapshot through control socket: exit %d, want 2", code)
 	}
+	// A second mount is served by the first process.
+	if _, errOut, code := tine(t, "fs", "branch", "s1", "second", "--root", root); code != 0 {
+		t.Fatal(errOut)
+	}
+	mnt2 := t.TempDir()
+	done2 := make(chan int)
+	go func() {
+		_, errOut, code := tine(t, "fs", "mount", "second", mnt2, "--root", root)
+		if code != 0 {
+			t.Errorf("second mount: %s", errOut)
+		}
+		done2 <- code
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := os.Stat(filepath.Join(mnt2, "new")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("second mount did not come up with the snapshot's files")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := unix.Unmount(mnt2, 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done2:
+	case <-time.After(20 * time.Second):
+		t.Fatal("second mount command did not return after unmount")
+	}
 	if err := unix.Unmount(mnt, 0); err != nil {
 		t.Fatal(err)
 	}
