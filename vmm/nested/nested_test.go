@@ -97,6 +97,20 @@ func TestScriptOutput(t *testing.T) {
 // l2Marker is what the L2 guest's /init prints.
 const l2Marker = "TINE-L2: init reached"
 
+// l2Init prints l2Marker with the kernel release and CPU count; with
+// tine.input on the command line it also reads a line from the console
+// and prints it back. Then it powers off.
+const l2Init = `#!/bin/busybox sh
+export PATH=/bin
+/bin/busybox mount -t proc proc /proc
+/bin/busybox echo "` + l2Marker + `" on $(/bin/busybox uname -r) with $(/bin/busybox nproc) CPUs
+if /bin/busybox grep -q tine.input /proc/cmdline; then
+	/bin/busybox stty -echo
+	read -t 120 line && /bin/busybox echo "TINE-L2: read <$line>"
+fi
+/bin/busybox poweroff -f
+`
+
 // l2Initramfs is a tiny initramfs whose /init prints l2Marker and powers
 // the machine off (through ACPI S5, which ends tine's Run).
 func l2Initramfs(t *testing.T, busybox string) []byte {
@@ -109,7 +123,7 @@ func l2Initramfs(t *testing.T, busybox string) []byte {
 	a.File("bin/busybox", 0o755, bb)
 	a.Dir("dev")
 	a.Dir("proc")
-	a.File("init", 0o755, []byte("#!/bin/busybox sh\n/bin/busybox echo \""+l2Marker+"\" on $(/bin/busybox uname -r) with $(/bin/busybox nproc) CPUs\n/bin/busybox poweroff -f\n"))
+	a.File("init", 0o755, []byte(l2Init))
 	gz, err := a.Gzip()
 	if err != nil {
 		t.Fatal(err)
@@ -119,7 +133,8 @@ func l2Initramfs(t *testing.T, busybox string) []byte {
 
 // TestL2BootsToInit boots QEMU with emulated SVM (L1), loads kvm-amd in it,
 // and has tine's VMM boot Debian's kernel as L2 from inside, by both entry
-// paths and with two vCPUs, until L2's /init runs and sees its CPUs.
+// paths and with two vCPUs, until L2's /init runs and sees its CPUs; the
+// last boot also types a line into L2's serial console.
 func TestL2BootsToInit(t *testing.T) {
 	if err := Check(); err != nil {
 		t.Skipf("%v", err)
@@ -135,12 +150,15 @@ func TestL2BootsToInit(t *testing.T) {
 	script := `set -e
 boot() {
 	echo "== L2 $1"
-	/bin/tine vm boot --kernel l2/$2 --initrd l2/init.cpio.gz --mem 256M --cpus $3 --cmdline "console=ttyS0 panic=-1 quiet"
+	timeout 240 /bin/tine vm boot --kernel l2/$2 --initrd l2/init.cpio.gz --mem 256M --cpus $3 --cmdline "console=ttyS0 panic=-1 quiet"
 	echo "== L2 $1 done"
 }
 boot bzImage vmlinuz 1
 boot pvh vmlinux 1
 boot smp vmlinuz 2
+echo "== L2 input"
+(while :; do echo typed-into-com1; sleep 1; done) | timeout 240 /bin/tine vm boot --input --kernel l2/vmlinuz --initrd l2/init.cpio.gz --mem 256M --cmdline "console=ttyS0 panic=-1 quiet tine.input"
+echo "== L2 input done"
 `
 	out := RunTest(context.Background(), t, Options{
 		Script: script,
@@ -154,6 +172,7 @@ boot smp vmlinuz 2
 		{"bzImage", " with 1 CPUs"},
 		{"pvh", " with 1 CPUs"},
 		{"smp", " with 2 CPUs"},
+		{"input", "TINE-L2: read <typed-into-com1>"},
 	} {
 		_, section, _ := strings.Cut(out, "== L2 "+tc.name+"\n")
 		section, _, done := strings.Cut(section, "== L2 "+tc.name+" done")
@@ -162,5 +181,27 @@ boot smp vmlinuz 2
 		} else if !strings.Contains(section, tc.want) {
 			t.Errorf("L2 %s: /init did not see%s; its console:\n%s", tc.name, tc.want, section)
 		}
+	}
+}
+
+// TestScriptStatus checks that the harness reports a failing script with
+// its status and output, and that L1 really has /dev/kvm.
+func TestScriptStatus(t *testing.T) {
+	if os.Getenv(EnvEnable) == "" {
+		t.Skipf("nested QEMU runs take minutes: set %s=1 (make nested-test) to run them", EnvEnable)
+	}
+	if err := Check(); err != nil {
+		t.Skipf("%v", err)
+	}
+	res, err := Run(context.Background(), Options{
+		Script: "test -c /dev/kvm && echo kvm-is-a-char-device; cat note.txt; exit 3\n",
+		Files:  []File{{Path: "note.txt", Data: []byte("file-from-host\n")}},
+		Log:    t.Logf,
+	})
+	if err == nil || !strings.Contains(err.Error(), "status 3") {
+		t.Fatalf("error %v, want the script's status 3", err)
+	}
+	if res.ExitCode != 3 || !strings.Contains(res.Output, "kvm-is-a-char-device") || !strings.Contains(res.Output, "file-from-host") {
+		t.Fatalf("exit code %d, output %q", res.ExitCode, res.Output)
 	}
 }
