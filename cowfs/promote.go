@@ -82,7 +82,7 @@ func (f *FS) Promote(ctx context.Context, base, snap SnapshotID, dir string, dry
 		}
 	}
 	if len(res.Conflicts) > 0 {
-		return res, fmt.Errorf("promote into %s: %d conflicting paths, first %q (%s): %w",
+		return res, fmt.Errorf("promote into %s: %d path(s) in conflict, first %q (%s): %w",
 			dir, len(res.Conflicts), res.Conflicts[0].Path, res.Conflicts[0].Reason, ErrConflict)
 	}
 	if dryRun {
