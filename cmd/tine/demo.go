@@ -36,7 +36,7 @@ var demoIdeas = []demoIdea{
 		"mean.go": "package mean\n\n// Mean returns the average of xs, or 0 for none.\nfunc Mean(xs []int) int {\n\tif len(xs) == 0 {\n\t\treturn 0\n\t}\n\tsum := 0\n\tfor _, x := range xs {\n\t\tsum += x\n\t}\n\treturn (sum + len(xs)/2) / len(xs)\n}\n",
 	}},
 	{"guard empty input", map[string]string{
-		"mean.go": "package mean\n\n// Mean returns the average of xs, or 0 for none.\nfunc Mean(xs []int) int {\n\tif len(xs) == 0 {\n\t\treturn 0\n\t}\n\tsum := 0\n\tfor _, x := range xs {\n\t\tsum += x\n\t}\n\treturn sum / len(xs)\n}\n",
+		"mean.go":  "package mean\n\n// Mean returns the average of xs, or 0 for none.\nfunc Mean(xs []int) int {\n\tif len(xs) == 0 {\n\t\treturn 0\n\t}\n\tsum := 0\n\tfor _, x := range xs {\n\t\tsum += x\n\t}\n\treturn sum / len(xs)\n}\n",
 		"NOTES.md": "Tried: guard against empty input.\n",
 	}},
 	{"delete the test", map[string]string{
