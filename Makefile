@@ -61,9 +61,9 @@ bench-vmm: deps
 	$(GO) run ./bench/vmm
 
 # kernels fetches Debian's cloud kernel into $(KERNEL_DIR) (idempotent): the
-# bzImage (vmlinuz), an uncompressed vmlinux cut out of it for PVH boots, and
-# the decompressed modules irqbypass.ko, kvm.ko and kvm-amd.ko that the nested
-# harness loads. The concrete package is the one the linux-image-cloud-amd64
+# bzImage (vmlinuz), an uncompressed vmlinux cut out of it for PVH boots, its
+# config and System.map, and the decompressed modules irqbypass.ko, kvm.ko and
+# kvm-amd.ko that the nested harness loads. The concrete package is the one the linux-image-cloud-amd64
 # metapackage depends on.
 KERNEL_DIR ?= testdata/cache/kernel
 kernels: deps
@@ -77,6 +77,7 @@ kernels: deps
 	rm -rf $(KERNEL_DIR); mkdir -p $(KERNEL_DIR); \
 	cp "$$tmp"/x/boot/vmlinuz-* $(KERNEL_DIR)/vmlinuz; \
 	cp "$$tmp"/x/boot/config-* $(KERNEL_DIR)/config; \
+	cp "$$tmp"/x/boot/System.map-* $(KERNEL_DIR)/System.map; \
 	for m in irqbypass kvm kvm-amd; do \
 		src=$$(find "$$tmp/x/lib/modules" -name "$$m.ko" -o -name "$$m.ko.xz" -o -name "$$m.ko.zst" -o -name "$$m.ko.gz" | sort | sed -n 1p); \
 		if [ -z "$$src" ]; then echo "kernels: module $$m not found in $$pkg" >&2; exit 1; fi; \

@@ -70,6 +70,15 @@ func runVMBoot(ctx context.Context, args []string, stdout io.Writer) error {
 		}()
 	}
 	if err := m.Run(ctx); err != nil {
+		if ctx.Err() != nil {
+			// Stopped from outside: say where each vCPU was, which is
+			// what one needs to find a guest that hangs.
+			for _, c := range m.VM.VCPUs() {
+				if r, rerr := c.Regs(); rerr == nil {
+					fmt.Fprintf(os.Stderr, "tine vm boot: vCPU %d stopped at rip %#x rsp %#x rflags %#x\n", c.ID(), r.RIP, r.RSP, r.RFLAGS)
+				}
+			}
+		}
 		return fmt.Errorf("kernel %s: %w", *kernel, err)
 	}
 	return nil
