@@ -722,6 +722,13 @@ func (b *branch) reset(ctx context.Context, snap chunkstore.ID) error {
 		}
 	}
 	err := b.resetLocked(snap)
+	if err == nil && b.load(b.root) == nil {
+		// Names that exist only in the new tree may sit in the kernel's
+		// cache as negative entries: drop those too.
+		for n := range b.root.children {
+			names = append(names, n)
+		}
+	}
 	b.mu.Unlock()
 	if err == nil {
 		b.notifyRollback(names)

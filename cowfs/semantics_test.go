@@ -257,3 +257,37 @@ func TestPassthroughCache(t *testing.T) {
 		t.Errorf("cache not empty after prune: %v", cached)
 	}
 }
+
+func TestRollbackWhileMounted(t *testing.T) {
+	needFUSE(t)
+	ctx := context.Background()
+	f := openTestFS(t)
+	m, base := mountNew(t, f, "main", map[string]string{"keep": "k", "d/inner": "i"})
+	dir := m.Dir()
+	if err := os.WriteFile(filepath.Join(dir, "x"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	withX, err := f.Snapshot(ctx, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Rollback(ctx, "main", base); err != nil {
+		t.Fatal(err)
+	}
+	// The kernel now caches "x" as missing.
+	if _, err := os.Stat(filepath.Join(dir, "x")); !os.IsNotExist(err) {
+		t.Fatalf("x after rollback to base: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "d/missing")); !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if err := f.Rollback(ctx, "main", withX); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "x")); err != nil || string(got) != "x" {
+		t.Errorf("x right after rollback to a snapshot holding it: %q, %v", got, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "d/inner")); err != nil || string(got) != "i" {
+		t.Errorf("d/inner: %q, %v", got, err)
+	}
+}
