@@ -76,7 +76,8 @@ func (vm *VM) startUserfault(src PageSource) error {
 		return fmt.Errorf("vmm: pipe: %w", err)
 	}
 	vm.uffd = uf
-	go func() { uf.done <- uf.serve(vm, src) }()
+	mem := vm.mem
+	go func() { uf.done <- uf.serve(vm, mem, src) }()
 	return nil
 }
 
@@ -89,8 +90,7 @@ func uffdIoctl(fd int, req uintptr, arg unsafe.Pointer) error {
 }
 
 // serve answers page faults until the stop pipe closes.
-func (uf *userfault) serve(vm *VM, src PageSource) error {
-	mem := vm.mem
+func (uf *userfault) serve(vm *VM, mem []byte, src PageSource) error {
 	base := uint64(uintptr(unsafePointer(mem)))
 	size := uint64(len(mem))
 	page := make([]byte, PageSize)

@@ -429,13 +429,13 @@ func (vm *VM) Close() error {
 			unix.Close(c.fd)
 		}
 	}
-	if vm.mem != nil {
-		unix.Munmap(vm.mem)
-		vm.mem = nil
-	}
 	if vm.uffd != nil {
 		vm.uffd.close()
 		vm.uffd = nil
+	}
+	if vm.mem != nil {
+		unix.Munmap(vm.mem)
+		vm.mem = nil
 	}
 	if vm.image != nil {
 		vm.image.unref()
