@@ -80,7 +80,7 @@ func TestSnapshotRestoreInNewProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, mode := range []string{"image", "lazy", "file"} {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestRestoreHelper$", "-test.v")
+		cmd := exec.Command(os.Args[0])
 		cmd.Env = append(os.Environ(), "TINE_VMM_RESTORE="+dir+","+root.String()+","+mode)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -93,19 +93,34 @@ func TestSnapshotRestoreInNewProcess(t *testing.T) {
 	}
 }
 
-// TestRestoreHelper runs only as the child process of
+// TestMain lets the test binary act as the restore process of
 // TestSnapshotRestoreInNewProcess.
-func TestRestoreHelper(t *testing.T) {
-	arg := os.Getenv("TINE_VMM_RESTORE")
-	if arg == "" {
-		t.Skip("runs only as the restore process of TestSnapshotRestoreInNewProcess")
+func TestMain(m *testing.M) {
+	if arg := os.Getenv("TINE_VMM_RESTORE"); arg != "" {
+		if err := restoreProcess(arg); err != nil {
+			fmt.Fprintln(os.Stderr, "restore process:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
 	}
+	os.Exit(m.Run())
+}
+
+// restoreProcess restores a snapshot ("dir,root,mode") in this fresh
+// process, runs it to the end and prints what it reported.
+func restoreProcess(arg string) error {
 	parts := strings.Split(arg, ",")
-	store := openStore(t, parts[0])
+	if len(parts) != 3 {
+		return fmt.Errorf("bad argument %q", arg)
+	}
+	store, err := chunkstore.Open(parts[0], nil)
+	if err != nil {
+		return err
+	}
 	defer store.Close()
 	root, err := chunkstore.ParseID(parts[1])
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	var img *Image
 	opts := ForkOptions{}
@@ -114,38 +129,40 @@ func TestRestoreHelper(t *testing.T) {
 		img, err = OpenSnapshotLazy(store, root, Config{})
 		opts.Mode = ForkUserfault
 	case "file":
-		var b []byte
-		b, err = os.ReadFile(filepath.Join(parts[0], "state"))
+		b, err := os.ReadFile(filepath.Join(parts[0], "state"))
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
-		var st *State
-		st, err = UnmarshalState("state file", b)
+		st, err := UnmarshalState("state file", b)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		img, err = OpenImageFile(filepath.Join(parts[0], "image"), st, Config{})
+		if err != nil {
+			return err
+		}
 	default:
 		img, err = LoadSnapshot(context.Background(), store, root, Config{})
 	}
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer img.Close()
 	kids, err := img.Fork(context.Background(), 1, opts)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	vm := kids[0]
 	defer vm.Close()
 	if err := vm.Run(context.Background()); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	r := vm.Reports()
 	if len(r) != 2 {
-		t.Fatalf("restored VM reported %v", r)
+		return fmt.Errorf("restored VM reported %v", r)
 	}
 	fmt.Printf("RESULT %d %d exit %d\n", r[0], r[1], vm.ExitCode())
+	return nil
 }
 
 func TestIncrementalSnapshot(t *testing.T) {
@@ -204,5 +221,64 @@ void main(u64 memsize) {
 	}
 	if v := got[0x1000000+100*4096]; v != 77 {
 		t.Errorf("byte at page 100 of the array = %d, want 77", v)
+	}
+}
+
+// TestSnapshotOfChild snapshots VMs whose RAM is mapped from an image (in
+// both fork modes) and checks that the stored snapshot holds exactly
+// their memory: pages from the image and pages they wrote.
+func TestSnapshotOfChild(t *testing.T) {
+	prog := buildGuest(t, `
+void main(u64 memsize) {
+	volatile u64 *a = (u64 *)0x1000000;
+	for (u64 i = 0; i < 64; i++) a[i * 512] = i + 1;
+	u64 id = fork(1);
+	if (id) for (u64 i = 32; i < 96; i++) a[i * 512] = 1000 + i;
+	exit(0);
+}`)
+	for _, mode := range []ForkMode{ForkMapPrivate, ForkUserfault} {
+		store := openStore(t, t.TempDir())
+		var kids []*VM
+		var img *Image
+		onRequest := func(ctx context.Context, vm *VM, req Request) (uint64, error) {
+			var err error
+			img, kids, err = vm.Fork(ctx, 1, ForkOptions{IndexInRAX: true, Mode: mode})
+			return 0, err
+		}
+		parent := newBare(t, 32<<20, prog, Config{OnRequest: onRequest})
+		if err := parent.Run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		child := kids[0]
+		if err := child.Run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		for _, vm := range []*VM{parent, child} {
+			root, _, err := vm.Snapshot(context.Background(), store)
+			if err != nil {
+				t.Fatal(err)
+			}
+			snap, err := LoadSnapshot(context.Background(), store, root, Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, snap.Size())
+			if _, err := readFull(snap.Fd(), got); err != nil {
+				t.Fatal(err)
+			}
+			snap.Close()
+			if !bytes.Equal(got, vm.Mem()) {
+				t.Errorf("mode %d, VM %d: snapshot differs from the VM's memory", mode, vm.Index())
+			}
+		}
+		if v, _ := child.guestU64(0x1000000 + 40*4096); v != 1040 {
+			t.Errorf("child's page 40 = %d, want 1040", v)
+		}
+		if v, _ := parent.guestU64(0x1000000 + 40*4096); v != 41 {
+			t.Errorf("parent's page 40 = %d, want 41", v)
+		}
+		child.Close()
+		img.Close()
+		store.Close()
 	}
 }
