@@ -29,6 +29,24 @@ func debianKernel(t *testing.T) (bzImage, vmlinux []byte) {
 	return bz, elf
 }
 
+type benchKernel struct{ bz, elf []byte }
+
+func kernelsForBench() (*benchKernel, error) {
+	k, err := kernels.Find()
+	if err != nil {
+		return nil, err
+	}
+	bz, err := os.ReadFile(k.Vmlinuz)
+	if err != nil {
+		return nil, err
+	}
+	elf, err := os.ReadFile(k.Vmlinux)
+	if err != nil {
+		return nil, err
+	}
+	return &benchKernel{bz, elf}, nil
+}
+
 // walk translates a virtual address through the 4-level page tables at cr3.
 func walk(t *testing.T, mem []byte, cr3, va uint64) uint64 {
 	t.Helper()
