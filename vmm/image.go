@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -448,16 +449,36 @@ type ForkOptions struct {
 // instruction with copy-on-write memory: it never sees another VM's
 // writes made after the seal. Child i (1..n) has Index() == i.
 func (img *Image) Fork(ctx context.Context, n int, opts ForkOptions) ([]*VM, error) {
-	children := make([]*VM, 0, n)
-	for i := 1; i <= n; i++ {
-		c, err := img.forkOne(ctx, i, opts)
-		if err != nil {
-			for _, c := range children {
+	if n < 0 {
+		return nil, fmt.Errorf("vmm: fork of %d children", n)
+	}
+	children := make([]*VM, n)
+	errs := make([]error, n)
+	// Children are independent: make them on a few goroutines at once.
+	workers := min(n, runtime.GOMAXPROCS(0))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				children[i], errs[i] = img.forkOne(ctx, i+1, opts)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range children {
+			if c != nil {
 				c.Close()
 			}
-			return nil, err
 		}
-		children = append(children, c)
+		return nil, err
 	}
 	return children, nil
 }
