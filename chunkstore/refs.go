@@ -135,7 +135,8 @@ func (s *Store) mkdirRefParents(path string) error {
 }
 
 // DeleteRef removes ref name if it points at old; otherwise it fails with
-// ErrConflict (ErrNotFound-wrapping conflict if the ref does not exist).
+// ErrConflict. If the ref does not exist, the error wraps both ErrNotFound
+// and ErrConflict. It returns once the removal is durable.
 func (s *Store) DeleteRef(name string, old ID) error {
 	if err := validRefName(name); err != nil {
 		return err

@@ -27,6 +27,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -54,8 +55,9 @@ type result struct {
 	tool, set string
 	logical   int64
 	dur       time.Duration
-	stored    int64 // repository size after this step (bytes on disk)
-	added     int64 // growth of the repository in this step
+	cpu       time.Duration // user + system CPU time the tool used
+	stored    int64         // repository size after this step (bytes on disk)
+	added     int64         // growth of the repository in this step
 	err       error
 }
 
@@ -114,7 +116,7 @@ func run(quick bool, work, src string, randMiB, rounds int, keep bool) error {
 	type tool struct {
 		name string
 		init func(repo string) error
-		put  func(repo, set, path string) error
+		put  func(repo, set, path string) (cpu time.Duration, err error)
 	}
 	var tools []tool
 	for _, t := range []tool{
@@ -157,7 +159,7 @@ func run(quick bool, work, src string, randMiB, rounds int, keep bool) error {
 				before, _ := treeSize(repo)
 				warm(s.path)
 				start := time.Now()
-				r.err = t.put(repo, s.name, s.path)
+				r.cpu, r.err = t.put(repo, s.name, s.path)
 				r.dur = time.Since(start)
 				r.stored, _ = treeSize(repo)
 				r.added = r.stored - before
@@ -165,7 +167,7 @@ func run(quick bool, work, src string, randMiB, rounds int, keep bool) error {
 				if r.err != nil {
 					fmt.Printf("round %d %-7s (%s): error: %v\n", round+1, t.name, s.name, r.err)
 				} else {
-					fmt.Printf("round %d %-7s (%s): %6.1f MB/s, %.2fs, repository %.1f MB (+%.1f MB)\n", round+1, t.name, s.name, r.mbps(), r.dur.Seconds(), float64(r.stored)/1e6, float64(r.added)/1e6)
+					fmt.Printf("round %d %-7s (%s): %6.1f MB/s, %.2fs (CPU %.2fs), repository %.1f MB (+%.1f MB)\n", round+1, t.name, s.name, r.mbps(), r.dur.Seconds(), r.cpu.Seconds(), float64(r.stored)/1e6, float64(r.added)/1e6)
 				}
 			}
 		}
@@ -213,7 +215,7 @@ func printTable(w io.Writer, results []result) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "set\ttool\tMB/s\tseconds\trepo MB\tadded MB\tdedup (c)\ttine/peer MB/s\ttine/peer repo\t")
+	fmt.Fprintln(tw, "set\ttool\tMB/s\tseconds\tCPU s\trepo MB\tadded MB\tdedup (c)\ttine/peer MB/s\ttine/peer CPU\ttine/peer repo\t")
 	for _, set := range []string{"a", "b", "c"} {
 		tine := get("tine", set)
 		for _, tool := range []string{"tine", "restic", "casync"} {
@@ -221,27 +223,44 @@ func printTable(w io.Writer, results []result) {
 			if r == nil {
 				continue
 			}
-			dedup, speed, size := "", "", ""
+			dedup, speed, cpu, size := "", "", "", ""
 			if set == "c" && r.added > 0 {
 				dedup = fmt.Sprintf("%.1fx", float64(r.logical)/float64(r.added))
 			}
 			if tool != "tine" && tine != nil {
 				speed = fmt.Sprintf("%.2f", tine.mbps()/r.mbps())
+				cpu = fmt.Sprintf("%.2f", tine.cpu.Seconds()/r.cpu.Seconds())
 				size = fmt.Sprintf("%.2f", float64(tine.stored)/float64(r.stored))
 			}
-			fmt.Fprintf(tw, "(%s)\t%s\t%.1f\t%.2f\t%.1f\t%.1f\t%s\t%s\t%s\t\n", set, tool, r.mbps(), r.dur.Seconds(), float64(r.stored)/1e6, float64(r.added)/1e6, dedup, speed, size)
+			fmt.Fprintf(tw, "(%s)\t%s\t%.1f\t%.2f\t%.2f\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t\n", set, tool, r.mbps(), r.dur.Seconds(), r.cpu.Seconds(), float64(r.stored)/1e6, float64(r.added)/1e6, dedup, speed, cpu, size)
 		}
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\nrepo MB: the repository's size on disk after the step ((c) goes into the same repository as (a));")
 	fmt.Fprintln(w, "dedup (c): bytes of (c) / bytes (c) added to the repository.")
+	fmt.Fprintln(w, "CPU s: user + system CPU time of the tool (for tine, of this process during the step).")
 }
 
 // tinePut ingests a file or tree into the store at repo: files in
 // parallel (one goroutine per core, each file cut with FastCDC and its
 // chunks hashed and compressed), a node per file and directory, and a ref
 // to the root. Timing includes opening and closing (the final fsyncs).
-func tinePut(repo, set, path string) error {
+func tinePut(repo, set, path string) (time.Duration, error) {
+	start := selfCPU()
+	err := tineIngest(repo, set, path)
+	return selfCPU() - start, err
+}
+
+// selfCPU returns the user and system CPU time this process has used.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func tineIngest(repo, set, path string) error {
 	s, err := chunkstore.Open(repo, nil)
 	if err != nil {
 		return err
@@ -384,14 +403,15 @@ func resticEnv(repo string) []string {
 }
 
 func resticInit(repo string) error {
-	return runCmd(resticEnv(repo), "restic", "init", "--no-cache", "-q")
+	_, err := runCmd(resticEnv(repo), "restic", "init", "--no-cache", "-q")
+	return err
 }
 
-func resticPut(repo, set, path string) error {
+func resticPut(repo, set, path string) (time.Duration, error) {
 	return runCmd(resticEnv(repo), "restic", "backup", "--no-cache", "-q", path)
 }
 
-func casyncPut(repo, set, path string) error {
+func casyncPut(repo, set, path string) (time.Duration, error) {
 	idx := filepath.Join(filepath.Dir(repo), filepath.Base(repo)+"-"+set+".caidx")
 	if st, err := os.Stat(path); err == nil && st.Mode().IsRegular() {
 		idx = strings.TrimSuffix(idx, ".caidx") + ".caibx"
@@ -399,7 +419,8 @@ func casyncPut(repo, set, path string) error {
 	return runCmd(nil, "casync", "make", "--store="+repo, idx, path)
 }
 
-func runCmd(env []string, name string, args ...string) error {
+// runCmd runs a command and returns the CPU time it used.
+func runCmd(env []string, name string, args ...string) (time.Duration, error) {
 	cmd := exec.Command(name, args...)
 	if env != nil {
 		cmd.Env = env
@@ -407,9 +428,9 @@ func runCmd(env []string, name string, args ...string) error {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+		return 0, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(out.String()))
 	}
-	return nil
+	return cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), nil
 }
 
 // copyTree copies the regular files and directories of src to dst.
