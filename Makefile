@@ -42,10 +42,11 @@ fuzz:
 		done; \
 	done
 
-# unit runs every test once and closes with "N passed, N failed, N skipped",
-# listing each skipped test with its reason.
-unit:
-	$(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) ./... | $(GO) run ./internal/testsum
+# unit runs every test once, the nested real-KVM ones included, and closes
+# with "N passed, N failed, N skipped", listing each skipped test with its
+# reason.
+unit: kernels
+	TINE_NESTED=1 $(GO) test -json -count=1 -timeout $(TEST_TIMEOUT) ./... | $(GO) run ./internal/testsum
 
 test: deps kernels vet fuzz unit
 
