@@ -2,6 +2,7 @@ package cowfs
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"testing"
 
@@ -29,22 +30,30 @@ func TestPOSIX(t *testing.T) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	for i, n := range names {
-		t.Run(n, func(t *testing.T) {
-			br := "posix" + string(rune('a'+i/26)) + string(rune('a'+i%26))
-			if err := f.Branch(ctx, empty, br); err != nil {
-				t.Fatal(err)
+	i := 0
+	for _, noPT := range []bool{false, true} {
+		for _, n := range names {
+			i++
+			name := n
+			if noPT {
+				name += "/no-passthrough"
 			}
-			m, err := f.Mount(ctx, br, t.TempDir(), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				if err := m.Unmount(); err != nil {
-					t.Errorf("unmount: %v", err)
+			t.Run(name, func(t *testing.T) {
+				br := fmt.Sprintf("posix%d", i)
+				if err := f.Branch(ctx, empty, br); err != nil {
+					t.Fatal(err)
 				}
-			}()
-			posixtest.All[n](t, m.Dir())
-		})
+				m, err := f.Mount(ctx, br, t.TempDir(), &MountOptions{NoPassthrough: noPT})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() {
+					if err := m.Unmount(); err != nil {
+						t.Errorf("unmount: %v", err)
+					}
+				}()
+				posixtest.All[n](t, m.Dir())
+			})
+		}
 	}
 }
