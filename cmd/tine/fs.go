@@ -331,18 +331,21 @@ func fsMount(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Wri
 	defer cancel()
 	srv, err := serveControl(sctx, f, o.root)
 	if err != nil {
-		return err
+		// The mount still works; other commands cannot reach the store
+		// while it runs.
+		fmt.Fprintf(os.Stderr, "tine fs mount: no control socket: %v\n", err)
+	} else {
+		defer func() {
+			srv.close()
+			cancel()
+			srv.wg.Wait()
+		}()
 	}
-	defer func() {
-		srv.close()
-		cancel()
-		srv.wg.Wait()
-	}()
 	m, err := f.Mount(ctx, pos[0], pos[1], &cowfs.MountOptions{NoPassthrough: o.noPT, Debug: o.debug, Timeout: o.timeout})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "mounted %s at %s (control socket %s)\n", pos[0], pos[1], controlPath(o.root))
+	fmt.Fprintf(w, "mounted %s at %s\n", pos[0], pos[1])
 	if f, ok := w.(*os.File); ok {
 		f.Sync()
 	}
