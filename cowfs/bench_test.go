@@ -84,3 +84,22 @@ func BenchmarkRead(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkBranch measures forking a branch from a snapshot (O(1): refs
+// and a settings file).
+func BenchmarkBranch(b *testing.B) {
+	ctx := context.Background()
+	f := openTestFS(b)
+	src := b.TempDir()
+	os.WriteFile(filepath.Join(src, "a"), []byte("a"), 0o644)
+	snap, err := f.Import(ctx, src, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := f.Branch(ctx, snap, fmt.Sprintf("b%d", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

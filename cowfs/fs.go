@@ -304,16 +304,16 @@ func (f *FS) Branch(ctx context.Context, snap SnapshotID, name string) error {
 	} else if ok {
 		return fmt.Errorf("branch %q: %w", name, ErrExists)
 	}
-	if err := f.writeMeta(name, branchMeta{}); err != nil {
-		return err
+	// No settings file yet: a missing one means no quota and nothing
+	// written. A leftover from a deleted branch of the same name goes.
+	if err := os.RemoveAll(f.branchDir(name)); err != nil {
+		return fmt.Errorf("branch %q: clear old state %s: %w", name, f.branchDir(name), err)
 	}
 	if err := f.setRef(refBase+name, snap); err != nil {
 		return err
 	}
-	if err := f.setRef(refBranch+name, snap); err != nil {
-		return err
-	}
-	return f.store.Flush()
+	// SetRef makes the ref durable.
+	return f.setRef(refBranch+name, snap)
 }
 
 // SetQuota limits the bytes that may be written into the branch (0: no
