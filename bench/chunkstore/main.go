@@ -24,6 +24,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -41,12 +43,24 @@ func main() {
 	randMiB := flag.Int("random-mib", 1024, "size of the random data set (b) in MiB (-quick: 128)")
 	keep := flag.Bool("keep", false, "keep the scratch directory")
 	rounds := flag.Int("rounds", 3, "rounds to run; the table shows medians (-quick: 1)")
+	only := flag.String("tools", "tine,restic,casync", "comma-separated tools to run")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (tine's work) to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench/chunkstore:", err)
+			os.Exit(1)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	if *quick && *rounds == 3 {
 		*rounds = 1
 	}
-	if err := run(*quick, *work, *src, *randMiB, *rounds, *keep); err != nil {
+	if err := run(*quick, *work, *src, *randMiB, *rounds, *keep, strings.Split(*only, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/chunkstore:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
@@ -63,7 +77,7 @@ type result struct {
 
 func (r result) mbps() float64 { return float64(r.logical) / 1e6 / r.dur.Seconds() }
 
-func run(quick bool, work, src string, randMiB, rounds int, keep bool) error {
+func run(quick bool, work, src string, randMiB, rounds int, keep bool, only []string) error {
 	if src == "" {
 		src = filepath.Join(runtime.GOROOT(), "src")
 		if quick {
@@ -124,6 +138,9 @@ func run(quick bool, work, src string, randMiB, rounds int, keep bool) error {
 		{"restic", resticInit, resticPut},
 		{"casync", func(repo string) error { return os.MkdirAll(repo, 0o755) }, casyncPut},
 	} {
+		if !slices.Contains(only, t.name) {
+			continue
+		}
 		if t.name != "tine" {
 			if _, err := exec.LookPath(t.name); err != nil {
 				fmt.Printf("%s: not installed, skipped\n", t.name)
