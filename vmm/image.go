@@ -367,6 +367,10 @@ func (p *Pool) Fill(ctx context.Context, n int) error {
 		if err != nil {
 			return err
 		}
+		if err := vm.warmUp(ctx); err != nil {
+			vm.Close()
+			return err
+		}
 		if p.img != nil {
 			if err := vm.mapImage(p.img); err != nil {
 				vm.Close()
@@ -552,4 +556,26 @@ func (vm *VM) Fork(ctx context.Context, n int, opts ForkOptions) (*Image, []*VM,
 		return nil, nil, err
 	}
 	return img, children, nil
+}
+
+// warmUp enters a pool VM's vCPU once, running a one-instruction bare
+// guest in the placeholder RAM: KVM does its first-entry work for the
+// vCPU now instead of in the fork (on PVM that halves the time from a
+// fork to the child's first instruction). The placeholder pages it wrote
+// are dropped when an image is mapped over them, and the fork loads the
+// whole machine state anyway.
+func (vm *VM) warmUp(ctx context.Context) error {
+	if len(vm.vcpus) != 1 || vm.cfg.IRQChip || vm.cfg.MemSize < bareMinMemSize || vm.cfg.MemSize >= bareMaxGiB<<30-1<<30 {
+		return nil
+	}
+	exit := []byte{0x66, 0xba, byte(PortExit & 0xff), byte(PortExit >> 8), 0x31, 0xc0, 0xef}
+	if err := vm.LoadBare(exit); err != nil {
+		return fmt.Errorf("vmm: warm up pool VM: %w", err)
+	}
+	if err := vm.Run(ctx); err != nil {
+		return fmt.Errorf("vmm: warm up pool VM: %w", err)
+	}
+	vm.exited.Store(false)
+	vm.exitCode.Store(0)
+	return nil
 }
