@@ -914,20 +914,62 @@ func (n *node) Lseek(ctx context.Context, fh gofs.FileHandle, off uint64, whence
 	b := n.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	size := uint64(n.cur().size)
-	switch whence {
-	case unix.SEEK_DATA:
-		if off >= size {
-			return 0, syscall.ENXIO
-		}
-		return off, 0
-	case unix.SEEK_HOLE:
-		if off >= size {
-			return 0, syscall.ENXIO
-		}
-		return size, 0
+	in := n.cur()
+	if h, ok := fh.(*handle); ok {
+		in = h.in
 	}
-	return 0, syscall.EINVAL
+	if whence != unix.SEEK_DATA && whence != unix.SEEK_HOLE {
+		return 0, syscall.EINVAL
+	}
+	if in.typ != TypeFile || int64(off) >= in.size {
+		return 0, syscall.ENXIO
+	}
+	fd, err := b.fileOf(in)
+	if err != nil {
+		return 0, syscall.EIO
+	}
+	pos, ok := fd.seek(int64(off), in.size, whence == unix.SEEK_DATA)
+	if !ok {
+		return 0, syscall.ENXIO
+	}
+	return uint64(pos), 0
+}
+
+// isData reports whether the byte at pos holds data (written, or inside a
+// stored chunk) and where that state ends.
+func (fd *fileData) isData(pos, size int64) (bool, int64) {
+	end := size
+	i := fd.extentAfter(pos)
+	if i < len(fd.dirty) {
+		if fd.dirty[i].off <= pos {
+			return true, fd.dirty[i].end
+		}
+		end = fd.dirty[i].off // a written range starts here at the latest
+	}
+	if pos < fd.baseLen() {
+		j := sort.Search(len(fd.refs), func(k int) bool { return fd.offs[k+1] > pos })
+		if !fd.refs[j].ID.IsZero() {
+			return true, fd.offs[j+1]
+		}
+		return false, min(end, fd.offs[j+1])
+	}
+	return false, end
+}
+
+// seek finds the next data (or hole) at or after pos; the end of the file
+// counts as a hole.
+func (fd *fileData) seek(pos, size int64, data bool) (int64, bool) {
+	for pos < size {
+		d, end := fd.isData(pos, size)
+		if d == data {
+			return pos, true
+		}
+		pos = end
+	}
+	if data {
+		return 0, false
+	}
+	return size, true
 }
 
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {

@@ -291,3 +291,53 @@ func TestRollbackWhileMounted(t *testing.T) {
 		t.Errorf("d/inner: %q, %v", got, err)
 	}
 }
+
+func TestSeekDataHole(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	m, _ := mountNew(t, f, "main", map[string]string{"a": "a"})
+	p := filepath.Join(m.Dir(), "sparse")
+	fh, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh.WriteAt(bytes.Repeat([]byte("x"), 4096), 1<<20)
+	fh.WriteAt([]byte("y"), 8<<20)
+	fh.Close()
+	check := func(stage string) {
+		fh, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fh.Close()
+		fd := int(fh.Fd())
+		for _, c := range []struct {
+			off    int64
+			whence int
+			want   int64
+		}{
+			{0, unix.SEEK_DATA, 1 << 20},
+			{1<<20 + 10, unix.SEEK_HOLE, 1<<20 + 4096},
+			{2 << 20, unix.SEEK_DATA, 8 << 20},
+			{8 << 20, unix.SEEK_HOLE, 8<<20 + 1},
+			{0, unix.SEEK_HOLE, 0},
+		} {
+			got, err := unix.Seek(fd, c.off, c.whence)
+			// A stored chunk may hold zeros around the written bytes:
+			// data may start earlier and end later than written, never
+			// the other way round.
+			ok := err == nil && ((c.whence == unix.SEEK_DATA && got <= c.want && got >= c.off) ||
+				(c.whence == unix.SEEK_HOLE && got >= c.want))
+			if !ok {
+				t.Errorf("%s: lseek(%d, %d) = %d, %v; want %d", stage, c.off, c.whence, got, err, c.want)
+			}
+		}
+		if _, err := unix.Seek(fd, 9<<20, unix.SEEK_DATA); err != unix.ENXIO {
+			t.Errorf("%s: SEEK_DATA past the end: %v, want ENXIO", stage, err)
+		}
+	}
+	check("written")
+	m = remount(t, f, m)
+	p = filepath.Join(m.Dir(), "sparse")
+	check("committed")
+}
