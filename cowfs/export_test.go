@@ -242,3 +242,36 @@ func TestDeleteSnapshot(t *testing.T) {
 		t.Errorf("second delete: %v", err)
 	}
 }
+
+func TestImportHardLinks(t *testing.T) {
+	f := openTestFS(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	writeTree(t, dir, map[string]string{"a/f": "content", "s": "->target", "b/": ""})
+	for _, l := range [][2]string{{"a/f", "b/g"}, {"a/f", "h"}, {"s", "b/s2"}} {
+		if err := os.Link(filepath.Join(dir, l[0]), filepath.Join(dir, l[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id, err := f.Import(ctx, dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty := importTree(t, f, map[string]string{})
+	ch, err := f.Diff(ctx, empty, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]*Entry{}
+	for _, c := range ch {
+		got[c.Path] = c.New
+	}
+	f1, g, h := got["a/f"], got["b/g"], got["h"]
+	if f1 == nil || g == nil || h == nil || f1.LinkID == 0 || f1.LinkID != g.LinkID || g.LinkID != h.LinkID || f1.Nlink != 3 || g.ID != f1.ID || g.Size != 7 {
+		t.Errorf("file links: %+v %+v %+v", f1, g, h)
+	}
+	s, s2 := got["s"], got["b/s2"]
+	if s == nil || s2 == nil || s.LinkID == 0 || s.LinkID != s2.LinkID || s.Nlink != 2 || s2.Target != "target" || s.LinkID == f1.LinkID {
+		t.Errorf("symlink links: %+v %+v", s, s2)
+	}
+}

@@ -107,6 +107,17 @@ func (im *importer) walk(path, name string) (*importNode, error) {
 		return nil, err
 	}
 	n.e.Xattrs = xs
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR && st.Nlink > 1 {
+		if g := im.links[n.devino]; g != nil {
+			g.names++
+			if st.Mode&unix.S_IFMT == unix.S_IFREG {
+				n.e.Type = TypeFile
+				return n, nil // content read once, with the first name
+			}
+		} else {
+			im.links[n.devino] = &linkGroup{names: 1}
+		}
+	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
 		n.e.Type = TypeDir
@@ -129,14 +140,6 @@ func (im *importer) walk(path, name string) (*importNode, error) {
 	case unix.S_IFREG:
 		n.e.Type = TypeFile
 		n.e.Size = st.Size
-		if st.Nlink > 1 {
-			g := im.links[n.devino]
-			if g != nil {
-				g.names++
-				return n, nil // content read once, with the first name
-			}
-			im.links[n.devino] = &linkGroup{names: 1}
-		}
 		fh, err := os.Open(path)
 		if err != nil {
 			return nil, fmt.Errorf("import: open %s: %w", path, err)
@@ -181,17 +184,15 @@ func (im *importer) walk(path, name string) (*importNode, error) {
 
 // store writes directory objects bottom-up and fills in hard-link fields.
 func (im *importer) store(n *importNode) error {
-	if n.e.Type == TypeFile {
-		if g := im.links[n.devino]; g != nil && g.names > 1 {
+	if n.e.Type != TypeDir {
+		g := im.links[n.devino]
+		if g != nil && g.names > 1 {
 			n.e.LinkID = g.id
 			n.e.Nlink = uint32(g.names)
 		}
-		if g := im.links[n.devino]; g != nil {
+		if g != nil && n.e.Type == TypeFile {
 			n.e.ID, n.e.Size = g.content, g.size
 		}
-		return nil
-	}
-	if n.e.Type != TypeDir {
 		return nil
 	}
 	entries := make([]Entry, 0, len(n.children))
