@@ -189,8 +189,8 @@ func (f *FS) Resolve(ctx context.Context, spec string) (SnapshotID, error) {
 
 // Head returns the id of the branch's current state without making it a
 // snapshot. For a mounted branch this commits its changes (cost: what
-// changed since the last commit); the id stays valid while the branch
-// head does not move on, and for good once passed to KeepSnapshot.
+// changed since the last commit). The id stays in the store while the
+// branch head points at it; take a Snapshot to keep it for good.
 func (f *FS) Head(ctx context.Context, branchName string) (SnapshotID, error) {
 	if b := f.liveBranch(branchName); b != nil {
 		return b.checkpoint(ctx, false)
