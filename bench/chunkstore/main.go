@@ -44,6 +44,7 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the scratch directory")
 	rounds := flag.Int("rounds", 3, "rounds to run; the table shows medians (-quick: 1)")
 	only := flag.String("tools", "tine,restic,casync", "comma-separated tools to run")
+	level := flag.Int("level", 0, "tine's zstd level (chunkstore.Options.Level; 0 = its default)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of this process (tine's work) to this file")
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -58,7 +59,7 @@ func main() {
 	if *quick && *rounds == 3 {
 		*rounds = 1
 	}
-	if err := run(*quick, *work, *src, *randMiB, *rounds, *keep, strings.Split(*only, ",")); err != nil {
+	if err := run(*quick, *work, *src, *randMiB, *rounds, *level, *keep, strings.Split(*only, ",")); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/chunkstore:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
@@ -77,7 +78,7 @@ type result struct {
 
 func (r result) mbps() float64 { return float64(r.logical) / 1e6 / r.dur.Seconds() }
 
-func run(quick bool, work, src string, randMiB, rounds int, keep bool, only []string) error {
+func run(quick bool, work, src string, randMiB, rounds, level int, keep bool, only []string) error {
 	if src == "" {
 		src = filepath.Join(runtime.GOROOT(), "src")
 		if quick {
@@ -134,7 +135,9 @@ func run(quick bool, work, src string, randMiB, rounds int, keep bool, only []st
 	}
 	var tools []tool
 	for _, t := range []tool{
-		{"tine", func(string) error { return nil }, tinePut},
+		{"tine", func(string) error { return nil }, func(repo, set, path string) (time.Duration, error) {
+			return tinePut(&chunkstore.Options{Level: level}, repo, set, path)
+		}},
 		{"restic", resticInit, resticPut},
 		{"casync", func(repo string) error { return os.MkdirAll(repo, 0o755) }, casyncPut},
 	} {
@@ -262,9 +265,9 @@ func printTable(w io.Writer, results []result) {
 // parallel (one goroutine per core, each file cut with FastCDC and its
 // chunks hashed and compressed), a node per file and directory, and a ref
 // to the root. Timing includes opening and closing (the final fsyncs).
-func tinePut(repo, set, path string) (time.Duration, error) {
+func tinePut(opts *chunkstore.Options, repo, set, path string) (time.Duration, error) {
 	start := selfCPU()
-	err := tineIngest(repo, set, path)
+	err := tineIngest(opts, repo, set, path)
 	return selfCPU() - start, err
 }
 
@@ -277,8 +280,8 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func tineIngest(repo, set, path string) error {
-	s, err := chunkstore.Open(repo, nil)
+func tineIngest(opts *chunkstore.Options, repo, set, path string) error {
+	s, err := chunkstore.Open(repo, opts)
 	if err != nil {
 		return err
 	}
