@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"tine/chunkstore/internal/cdc"
@@ -415,6 +416,30 @@ func TestLooksRandom(t *testing.T) {
 	for _, c := range cases {
 		if got := looksRandom(c.data); got != c.want {
 			t.Errorf("%s: looksRandom = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+func TestClosed(t *testing.T) {
+	s := openT(t, t.TempDir(), nil)
+	id, _ := s.Put([]byte("x"))
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	ops := map[string]func() error{
+		"Put":     func() error { _, err := s.Put([]byte("y")); return err },
+		"Get":     func() error { _, err := s.Get(id); return err },
+		"PutNode": func() error { _, err := s.PutNode(nil, []byte("n")); return err },
+		"SetRef":  func() error { return s.SetRef("a", ID{}, id) },
+		"Flush":   s.Flush,
+		"GC":      func() error { _, err := s.GC(context.Background()); return err },
+	}
+	for name, op := range ops {
+		if err := op(); err == nil || !strings.Contains(err.Error(), "closed") {
+			t.Errorf("%s after Close: %v; want an error saying the store is closed", name, err)
 		}
 	}
 }
