@@ -113,6 +113,8 @@ func TestFSMountAndControlSocket(t *testing.T) {
 	if _, errOut, code := tine(t, "fs", "branch", "base", "main", "--root", root); code != 0 {
 		t.Fatal(errOut)
 	}
+	// Whatever happens, leave no mount behind.
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
 	done := make(chan int)
 	go func() {
 		_, errOut, code := tine(t, "fs", "mount", "main", mnt, "--root", root)
@@ -159,6 +161,7 @@ func TestFSMountAndControlSocket(t *testing.T) {
 		t.Fatal(errOut)
 	}
 	mnt2 := t.TempDir()
+	t.Cleanup(func() { unix.Unmount(mnt2, unix.MNT_DETACH) })
 	done2 := make(chan int)
 	go func() {
 		_, errOut, code := tine(t, "fs", "mount", "second", mnt2, "--root", root)
@@ -176,17 +179,13 @@ func TestFSMountAndControlSocket(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := unix.Unmount(mnt2, 0); err != nil {
-		t.Fatal(err)
-	}
+	unmount(t, mnt2)
 	select {
 	case <-done2:
 	case <-time.After(20 * time.Second):
 		t.Fatal("second mount command did not return after unmount")
 	}
-	if err := unix.Unmount(mnt, 0); err != nil {
-		t.Fatal(err)
-	}
+	unmount(t, mnt)
 	select {
 	case <-done:
 	case <-time.After(20 * time.Second):
@@ -194,5 +193,21 @@ func TestFSMountAndControlSocket(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "control.sock")); !os.IsNotExist(err) {
 		t.Errorf("control socket left behind (%v)", err)
+	}
+}
+
+// unmount unmounts dir as a user would, retrying while something else on
+// the machine briefly holds it busy.
+func unmount(t *testing.T, dir string) {
+	t.Helper()
+	var err error
+	for i := 0; i < 50; i++ {
+		if err = unix.Unmount(dir, 0); err != unix.EBUSY {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("unmount %s: %v", dir, err)
 	}
 }
