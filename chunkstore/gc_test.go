@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -34,9 +36,16 @@ func TestGC(t *testing.T) {
 	}
 	extra, _ := s.Put([]byte("kept by extra root"))
 	before := s.Stats()
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	diskBefore := packBytes(t, dir)
 	st, err := s.GC(ctx, extra)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if diskAfter := packBytes(t, dir); st.PacksRepacked+st.PacksDeleted == 0 || diskAfter >= diskBefore {
+		t.Fatalf("GC %+v: pack files %d -> %d bytes; want packs rewritten or deleted and space freed", st, diskBefore, diskAfter)
 	}
 	// Live: root + 2 file nodes + 80 chunks + extra = 84.
 	if st.Live != 84 || st.Deleted != 41 {
@@ -197,4 +206,22 @@ func TestGCConcurrentPuts(t *testing.T) {
 			}
 		}
 	}
+}
+
+// packBytes sums the sizes of the pack files of the store in dir.
+func packBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(dir, "packs", "*.pack"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, p := range m {
+		st, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n += st.Size()
+	}
+	return n
 }
