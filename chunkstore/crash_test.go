@@ -65,8 +65,9 @@ func writerPayload(data []byte, refs []Ref) []byte {
 }
 
 // crashWriter puts data, sets and deletes refs and runs GCs until killed.
-// It prints each ref change after it returns ("set NAME ID", "del NAME")
-// and announces each change before it starts ("try ...").
+// It prints each ref change after it returns ("set NAME ID", "del NAME",
+// "setall NAME ID NAME ID" for two refs changed by one UpdateRefs) and
+// announces each change before it starts ("try ...", "tryall ...").
 func crashWriter(dir string, seed uint64) error {
 	s, err := Open(dir, &Options{PackSize: 1 << 20, GCGrace: 200 * time.Millisecond, MinChunk: 4 << 10, AvgChunk: 16 << 10, MaxChunk: 64 << 10})
 	if err != nil {
@@ -122,6 +123,23 @@ func writerLoop(s *Store, seed uint64, out io.Writer, stop <-chan struct{}) erro
 			return err
 		}
 		name := fmt.Sprintf("snap/%d/%d", seed, i)
+		if i%2 == 0 {
+			// The new snapshot ref and head move together.
+			old, err := s.GetRef("head")
+			if err != nil && !errors.Is(err, ErrNotFound) {
+				return err
+			}
+			fmt.Fprintf(out, "tryall %s %s head %s\n", name, node, node)
+			err = s.UpdateRefs(RefUpdate{Name: name, New: node}, RefUpdate{Name: "head", Old: old, New: node})
+			if errors.Is(err, ErrNotFound) {
+				continue
+			} else if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "setall %s %s head %s\n", name, node, node)
+			mine = append(mine, name)
+			continue
+		}
 		fmt.Fprintf(out, "try %s %s\n", name, node)
 		if err := s.SetRef(name, ID{}, node); errors.Is(err, ErrNotFound) {
 			continue // collected: older than GCGrace
@@ -227,8 +245,29 @@ func TestCrashSafety(t *testing.T) {
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() {
 			t.Fatalf("run %d: writer ended before the kill: %v\n%s", run, werr, stderr.String())
 		}
+		var group []string // refs of an UpdateRefs not confirmed before the kill
 		for _, l := range got {
 			f := strings.Fields(l)
+			switch f[0] {
+			case "tryall", "setall":
+				group = nil
+				for k := 1; k+1 < len(f); k += 2 {
+					st := state[f[k]]
+					if st == nil {
+						st = &refState{known: true} // a new name: absent before
+						state[f[k]] = st
+					}
+					id, _ := ParseID(f[k+1])
+					if f[0] == "tryall" {
+						st.maybe = &id
+						group = append(group, f[k])
+					} else {
+						st.confirmed, st.known, st.maybe = id, true, nil
+						sets++
+					}
+				}
+				continue
+			}
 			st := state[f[1]]
 			if st == nil {
 				st = &refState{}
@@ -249,11 +288,41 @@ func TestCrashSafety(t *testing.T) {
 				dels++
 			}
 		}
+		checkAtomic(t, run, dir, state, group)
 		checkCrashedStore(t, run, dir, state)
 	}
 	t.Logf("%d runs killed; %d ref sets and %d deletes confirmed and checked", runs, sets, dels)
 	if sets < runs/4 {
 		t.Fatalf("only %d ref updates confirmed in %d runs: the writer did too little", sets, runs)
+	}
+}
+
+// checkAtomic checks that an UpdateRefs cut by the kill happened for all
+// of its refs or for none: each ref either reads its new value or its
+// last confirmed one.
+func checkAtomic(t *testing.T, run int, dir string, state map[string]*refState, group []string) {
+	t.Helper()
+	var applied, skipped []string
+	s, err := Open(dir, nil)
+	if err != nil {
+		t.Fatalf("run %d: reopen after kill: %v", run, err)
+	}
+	defer s.Close()
+	for _, name := range group {
+		st := state[name]
+		if st.maybe == nil || !st.known || *st.maybe == st.confirmed {
+			continue // no way to tell whether this one changed
+		}
+		id, _ := s.GetRef(name)
+		switch id {
+		case *st.maybe:
+			applied = append(applied, name)
+		case st.confirmed:
+			skipped = append(skipped, name)
+		}
+	}
+	if len(applied) > 0 && len(skipped) > 0 {
+		t.Fatalf("run %d: UpdateRefs cut by the kill applied %v but not %v", run, applied, skipped)
 	}
 }
 

@@ -9,13 +9,15 @@ import (
 	"strings"
 )
 
-// On-disk format, version 1. See docs/chunkstore.md for the full layout.
+// On-disk format: store format 2 (the ref log); packs and index files are
+// version 1. See docs/chunkstore.md for the full layout.
 
 const (
 	formatVersion = 1
 
-	markerName = "tine-store"
-	markerText = "tine chunkstore\nformat 1\n"
+	markerName   = "tine-store"
+	markerText   = "tine chunkstore\nformat 2\n"
+	markerTextV1 = "tine chunkstore\nformat 1\n" // refs in files under refs/: moved into the ref log at open
 
 	packMagic     = "tinepak\x00"
 	packHeaderLen = 16 // magic, version u32, pack number u32

@@ -65,6 +65,40 @@ func FuzzDecodeRef(f *testing.F) {
 	})
 }
 
+func FuzzDecodeRefLog(f *testing.F) {
+	a, b := Sum([]byte("a")), Sum([]byte("b"))
+	one := appendRefRecord(encodeRefLogHeader(), []refOp{{name: "snapshots/a", id: a}})
+	two := appendRefRecord(bytes.Clone(one), []refOp{{name: "snapshots/a"}, {name: "branches/main", id: b}})
+	f.Add(encodeRefLogHeader())
+	f.Add(one)
+	f.Add(two)
+	f.Add(two[:len(two)-3])               // torn tail
+	f.Add(append(bytes.Clone(two), 0, 0)) // torn header
+	bad := bytes.Clone(two)
+	bad[refLogHeaderLen+refRecHeaderLen+2] ^= 1 // damaged first record, valid second
+	f.Add(bad)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		recs, good, err := decodeRefLog("f.log", b)
+		if good < 0 || good > int64(len(b)) || (err == nil && len(b) >= refLogHeaderLen && good < refLogHeaderLen) {
+			t.Fatalf("valid prefix %d of %d bytes (err %v)", good, len(b), err)
+		}
+		if good < refLogHeaderLen {
+			if len(recs) != 0 {
+				t.Fatalf("records without a header")
+			}
+			return
+		}
+		// The valid prefix must encode back to the same bytes.
+		again := encodeRefLogHeader()
+		for _, ops := range recs {
+			again = appendRefRecord(again, ops)
+		}
+		if !bytes.Equal(again, b[:good]) {
+			t.Fatalf("ref log round trip differs")
+		}
+	})
+}
+
 func FuzzDecodeNode(f *testing.F) {
 	f.Add(encodeNode(nil, nil))
 	f.Add(encodeNode([]ID{Sum([]byte("a")), {}}, []byte("payload")))
@@ -83,7 +117,8 @@ func FuzzDecodeNode(f *testing.F) {
 var updateSeeds = flag.Bool("update-seeds", false, "rewrite the fuzz seed files made from a real store")
 
 // TestFuzzSeeds writes (with -update-seeds) and checks seed corpus files
-// taken from a real store: its pack, index, ref and a node.
+// taken from a real store: its pack, index, ref log, a ref file of format
+// 1 and a node.
 func TestFuzzSeeds(t *testing.T) {
 	dir := t.TempDir()
 	s := openT(t, dir, nil)
@@ -106,10 +141,11 @@ func TestFuzzSeeds(t *testing.T) {
 		return data
 	}
 	seeds := map[string]string{
-		"FuzzScanPack":    fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", read("packs/*.pack")),
-		"FuzzDecodeIndex": fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", read("index/*.idx")),
-		"FuzzDecodeRef":   fmt.Sprintf("go test fuzz v1\nstring(%q)\n[]byte(%q)\n", "snapshots/seed", read("refs/snapshots/seed")),
-		"FuzzDecodeNode":  fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", encodeNode([]ID{a, {}, b}, []byte("dir payload"))),
+		"FuzzScanPack":     fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", read("packs/*.pack")),
+		"FuzzDecodeIndex":  fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", read("index/*.idx")),
+		"FuzzDecodeRef":    fmt.Sprintf("go test fuzz v1\nstring(%q)\n[]byte(%q)\n", "snapshots/seed", encodeRef("snapshots/seed", node)),
+		"FuzzDecodeRefLog": fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", read(refLogName)),
+		"FuzzDecodeNode":   fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", encodeNode([]ID{a, {}, b}, []byte("dir payload"))),
 	}
 	for target, content := range seeds {
 		path := filepath.Join("testdata", "fuzz", target, "real-store")

@@ -7,32 +7,96 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
-// Refs live one per file under refs/, the file path being the ref name.
+// Refs live in the ref log (reflog.go). Stores of format 1 kept one file
+// per ref under refs/; Open moves those into the log once.
 
-func (s *Store) refPath(name string) string {
-	return filepath.Join(s.dir, "refs", filepath.FromSlash(name))
+// RefUpdate is one compare-and-swap change for UpdateRefs: ref Name moves
+// from Old to New. A zero Old means the ref must not exist; a zero New
+// deletes it.
+type RefUpdate struct {
+	Name     string
+	Old, New ID
 }
 
-// loadRefs reads every ref file into memory and removes temporary files.
+// loadRefs reads the refs: from the ref log, or from a format 1 store's
+// ref files, which are then moved into a new log.
 func (s *Store) loadRefs() error {
-	root := filepath.Join(s.dir, "refs")
+	s.refPrefixes = map[string]int{}
+	ok, err := s.loadRefLog()
+	if err != nil {
+		return err
+	}
+	oldDir := filepath.Join(s.dir, "refs")
+	if ok {
+		// Ref files next to a log are left over from a move into it that
+		// a crash cut short: the log is the truth.
+		if !s.opts.AllowDamaged {
+			if _, err := os.Stat(oldDir); err == nil {
+				if err := os.RemoveAll(oldDir); err != nil {
+					return fmt.Errorf("chunkstore: remove moved ref files %s: %w", oldDir, err)
+				}
+				if err := syncDir(s.dir); err != nil {
+					return err
+				}
+			}
+			if err := s.writeMarker(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if _, err := os.Stat(oldDir); err != nil {
+		err := fmt.Errorf("chunkstore: open %s: ref log %s is missing: %w", s.dir, s.refLogPath(), ErrCorrupt)
+		if !s.opts.AllowDamaged {
+			return err
+		}
+		s.damage = append(s.damage, Damage{File: s.refLogPath(), Offset: -1, Problem: err.Error()})
+		return nil
+	}
+	if err := s.loadRefFiles(oldDir); err != nil {
+		return err
+	}
+	if s.opts.AllowDamaged {
+		return nil // moved into a log by the first update
+	}
+	// Log first, then the marker, then the old files go.
+	if err := s.rewriteRefLogLocked(); err != nil {
+		return err
+	}
+	if err := s.writeMarker(); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(oldDir); err != nil {
+		return fmt.Errorf("chunkstore: remove moved ref files %s: %w", oldDir, err)
+	}
+	return syncDir(s.dir)
+}
+
+// writeMarker writes the current format marker if the store has an older one.
+func (s *Store) writeMarker() error {
+	path := filepath.Join(s.dir, markerName)
+	if b, err := os.ReadFile(path); err == nil && string(b) == markerText {
+		return nil
+	}
+	return writeFileAtomic(path, []byte(markerText))
+}
+
+// loadRefFiles reads the ref files of a format 1 store (one file per ref
+// under root, the path being the name).
+func (s *Store) loadRefFiles(root string) error {
 	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return fmt.Errorf("chunkstore: read refs of %s: %w", s.dir, err)
 		}
-		if d.IsDir() {
+		if d.IsDir() || strings.HasPrefix(d.Name(), ".") {
 			return nil
 		}
 		rel, _ := filepath.Rel(root, path)
 		name := filepath.ToSlash(rel)
-		if strings.HasPrefix(d.Name(), ".") {
-			if !s.opts.AllowDamaged {
-				os.Remove(path)
-			}
-			return nil
-		}
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return fmt.Errorf("chunkstore: read ref %s: %w", path, err)
@@ -48,7 +112,7 @@ func (s *Store) loadRefs() error {
 			s.damage = append(s.damage, Damage{File: path, Problem: err.Error()})
 			return nil
 		}
-		s.refs[name] = id
+		s.applyRefOp(refOp{name: name, id: id})
 		return nil
 	})
 }
@@ -69,103 +133,119 @@ func (s *Store) GetRef(name string) (ID, error) {
 
 // SetRef points ref name at new if it currently points at old (a zero old
 // means the ref must not exist); otherwise it fails with ErrConflict. It
-// flushes first, so that the ref never names an object that is not
-// durable, and returns once the ref is durable. new must be in the store.
+// flushes first if objects were put since the last flush, so that the ref
+// never names an object that is not durable, and returns once the ref is
+// durable. new must be in the store.
 func (s *Store) SetRef(name string, old, new ID) error {
-	if err := validRefName(name); err != nil {
-		return err
-	}
 	if new.IsZero() {
 		return fmt.Errorf("chunkstore: set ref %s: zero id (use DeleteRef)", name)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return fmt.Errorf("chunkstore: set ref %s: store %s is closed", name, s.dir)
-	}
-	if _, ok := s.index[new]; !ok {
-		return fmt.Errorf("chunkstore: set ref %s to %s: object %w in %s", name, new, ErrNotFound, s.dir)
-	}
-	cur := s.refs[name]
-	if cur != old {
-		return fmt.Errorf("chunkstore: set ref %s: expected %s, found %s: %w", name, short(old), short(cur), ErrConflict)
-	}
-	if err := s.flushLocked(); err != nil {
-		return err
-	}
-	path := s.refPath(name)
-	if err := s.mkdirRefParents(path); err != nil {
-		return err
-	}
-	if err := writeFileAtomic(path, encodeRef(name, new)); err != nil {
-		return fmt.Errorf("chunkstore: set ref %s: %w", name, err)
-	}
-	s.refs[name] = new
-	s.touch(new)
-	return nil
-}
-
-// mkdirRefParents creates the directories of a ref file, fsyncing each new
-// directory's parent, and fails if a ref occupies one of their names.
-func (s *Store) mkdirRefParents(path string) error {
-	root := filepath.Join(s.dir, "refs")
-	var missing []string
-	for d := filepath.Dir(path); d != root; d = filepath.Dir(d) {
-		st, err := os.Stat(d)
-		if err == nil {
-			if !st.IsDir() {
-				return fmt.Errorf("chunkstore: ref file %s is in the way of %s", d, path)
-			}
-			break
-		}
-		missing = append(missing, d)
-	}
-	for i := len(missing) - 1; i >= 0; i-- {
-		if err := os.Mkdir(missing[i], 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return fmt.Errorf("chunkstore: create ref directory %s: %w", missing[i], err)
-		}
-		if err := syncDir(filepath.Dir(missing[i])); err != nil {
-			return err
-		}
-	}
-	if st, err := os.Stat(path); err == nil && st.IsDir() {
-		return fmt.Errorf("chunkstore: ref name %s is a directory of other refs (%s)", path, root)
-	}
-	return nil
+	return s.UpdateRefs(RefUpdate{Name: name, Old: old, New: new})
 }
 
 // DeleteRef removes ref name if it points at old; otherwise it fails with
 // ErrConflict. If the ref does not exist, the error wraps both ErrNotFound
 // and ErrConflict. It returns once the removal is durable.
 func (s *Store) DeleteRef(name string, old ID) error {
-	if err := validRefName(name); err != nil {
-		return err
+	return s.UpdateRefs(RefUpdate{Name: name, Old: old})
+}
+
+// UpdateRefs applies several compare-and-swap ref changes together: all or
+// none. Each ref must point at its Old (zero: be absent), or UpdateRefs
+// fails with ErrConflict naming the first ref that does not (wrapping
+// ErrNotFound too for a delete of an absent ref). Objects put since the
+// last flush are flushed first; then the changes cost one append to the
+// ref log and one fdatasync. Every New must be in the store. A ref cannot
+// be both a name and a '/'-prefix of other refs.
+func (s *Store) UpdateRefs(updates ...RefUpdate) error {
+	seen := make(map[string]bool, len(updates))
+	sets := false
+	for _, u := range updates {
+		if err := validRefName(u.Name); err != nil {
+			return err
+		}
+		if seen[u.Name] {
+			return fmt.Errorf("chunkstore: update refs: ref %s named twice", u.Name)
+		}
+		seen[u.Name] = true
+		sets = sets || !u.New.IsZero()
+	}
+	if len(updates) == 0 {
+		return nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("chunkstore: delete ref %s: store %s is closed", name, s.dir)
+		return fmt.Errorf("chunkstore: update ref %s: store %s is closed", updates[0].Name, s.dir)
 	}
-	cur, ok := s.refs[name]
-	if !ok {
-		return fmt.Errorf("chunkstore: delete ref %s: %w (%w)", name, ErrNotFound, ErrConflict)
-	}
-	if cur != old {
-		return fmt.Errorf("chunkstore: delete ref %s: expected %s, found %s: %w", name, short(old), short(cur), ErrConflict)
-	}
-	path := s.refPath(name)
-	if err := os.Remove(path); err != nil {
-		return fmt.Errorf("chunkstore: delete ref %s: %w", name, err)
-	}
-	delete(s.refs, name)
-	dir := filepath.Dir(path)
-	root := filepath.Join(s.dir, "refs")
-	for ; dir != root; dir = filepath.Dir(dir) {
-		if os.Remove(dir) != nil {
-			break
+	for _, u := range updates {
+		cur, ok := s.refs[u.Name]
+		if u.New.IsZero() {
+			if !ok {
+				return fmt.Errorf("chunkstore: delete ref %s: %w (%w)", u.Name, ErrNotFound, ErrConflict)
+			}
+		} else if _, ok := s.index[u.New]; !ok {
+			return fmt.Errorf("chunkstore: set ref %s to %s: object %w in %s", u.Name, u.New, ErrNotFound, s.dir)
+		}
+		if cur != u.Old {
+			return fmt.Errorf("chunkstore: update ref %s: expected %s, found %s: %w", u.Name, short(u.Old), short(cur), ErrConflict)
 		}
 	}
-	return syncDir(dir)
+	ops := make([]refOp, len(updates))
+	undo := make([]refOp, len(updates))
+	for i, u := range updates {
+		ops[i] = refOp{name: u.Name, id: u.New}
+		undo[len(updates)-1-i] = refOp{name: u.Name, id: u.Old}
+		s.applyRefOp(ops[i])
+	}
+	rollback := func() {
+		for _, op := range undo {
+			s.applyRefOp(op)
+		}
+	}
+	for _, op := range ops {
+		if err := s.refNameClashLocked(op); err != nil {
+			rollback()
+			return err
+		}
+	}
+	// Objects first, so that a ref never names an object that is not
+	// durable.
+	if sets && len(s.pending) > 0 {
+		if err := s.flushLocked(); err != nil {
+			rollback()
+			return err
+		}
+	}
+	if err := s.appendRefsLocked(ops); err != nil {
+		rollback()
+		return err
+	}
+	for _, op := range ops {
+		if !op.id.IsZero() {
+			s.touch(op.id)
+		}
+	}
+	return nil
+}
+
+// refNameClashLocked fails if a ref set by op is also a '/'-prefix of
+// another ref, or has a ref as one of its own prefixes.
+func (s *Store) refNameClashLocked(op refOp) error {
+	if op.id.IsZero() {
+		return nil
+	}
+	if s.refPrefixes[op.name] > 0 {
+		return fmt.Errorf("chunkstore: set ref %s: other refs in %s are named %s/...", op.name, s.dir, op.name)
+	}
+	for i := len(op.name) - 1; i > 0; i-- {
+		if op.name[i] == '/' {
+			if _, ok := s.refs[op.name[:i]]; ok {
+				return fmt.Errorf("chunkstore: set ref %s: ref %s in %s is in the way", op.name, op.name[:i], s.dir)
+			}
+		}
+	}
+	return nil
 }
 
 // ListRefs returns the refs whose names start with prefix.
@@ -186,4 +266,13 @@ func short(id ID) string {
 		return "(none)"
 	}
 	return id.String()[:12]
+}
+
+func fdatasync(f *os.File) error {
+	for {
+		err := unix.Fdatasync(int(f.Fd()))
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
 }

@@ -104,6 +104,14 @@ type Store struct {
 	refs     map[string]ID
 	damage   []Damage // found at open (AllowDamaged)
 
+	newPacks        bool           // packs created since the packs directory was last fsync'd
+	refPrefixes     map[string]int // '/'-prefixes of ref names, with the number of refs below
+	refLog          *os.File       // the ref log, open for appends (nil until written)
+	refLogSize      int64          // length of its valid records
+	refLogTorn      bool           // bytes of a torn record follow refLogSize
+	refLogErr       error          // set when the log cannot take more records
+	refLogCompactAt int64          // size at which the next update rewrites the log
+
 	logicalDurable uint64 // logical bytes recorded in index files
 	logicalPending uint64 // logical bytes put since the last index file
 
@@ -184,8 +192,8 @@ func initDir(dir string) error {
 	marker := filepath.Join(dir, markerName)
 	b, err := os.ReadFile(marker)
 	if err == nil {
-		if string(b) != markerText {
-			return fmt.Errorf("chunkstore: open %s: %s holds %q, not a format 1 store: %w", dir, marker, b, ErrCorrupt)
+		if string(b) != markerText && string(b) != markerTextV1 {
+			return fmt.Errorf("chunkstore: open %s: %s holds %q, not a format 1 or 2 store: %w", dir, marker, b, ErrCorrupt)
 		}
 		return nil
 	}
@@ -199,10 +207,13 @@ func initDir(dir string) error {
 			}
 		}
 	}
-	for _, d := range []string{dir, filepath.Join(dir, "packs"), filepath.Join(dir, "index"), filepath.Join(dir, "refs")} {
+	for _, d := range []string{dir, filepath.Join(dir, "packs"), filepath.Join(dir, "index")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("chunkstore: create %s: %w", d, err)
 		}
+	}
+	if err := writeFileAtomic(filepath.Join(dir, refLogName), encodeRefLogHeader()); err != nil {
+		return err
 	}
 	if err := writeFileAtomic(marker, []byte(markerText)); err != nil {
 		return err
@@ -385,6 +396,9 @@ func (s *Store) closeFiles() {
 	if s.w != nil {
 		s.w.f.Close()
 	}
+	if s.refLog != nil {
+		s.refLog.Close()
+	}
 	if s.enc != nil {
 		s.enc.Close()
 	}
@@ -540,6 +554,7 @@ func (s *Store) newPackLocked() error {
 		return fmt.Errorf("chunkstore: create pack %s: %w", path, err)
 	}
 	s.nextPack++
+	s.newPacks = true
 	s.w = &packWriter{num: n, f: f, buf: s.fl.newBuf()}
 	s.w.buf = append(s.w.buf, encodePackHeader(n)...)
 	s.packs[n] = f
@@ -806,7 +821,14 @@ func (s *Store) syncPacksLocked() error {
 		}
 	}
 	s.dirty = s.dirty[:0]
-	return syncDir(filepath.Join(s.dir, "packs"))
+	if !s.newPacks {
+		return nil // every pack file's name is durable already
+	}
+	if err := syncDir(filepath.Join(s.dir, "packs")); err != nil {
+		return err
+	}
+	s.newPacks = false
+	return nil
 }
 
 // writeIndexLocked writes one index file holding entries.

@@ -132,7 +132,7 @@ func (s *Store) Verify(ctx context.Context) (VerifyReport, error) {
 	for name, id := range refs {
 		rep.Refs++
 		if !s.present(id) {
-			report(Damage{File: s.refPath(name), Offset: -1, Problem: fmt.Sprintf("ref %s names missing object %s", name, id)})
+			report(Damage{File: s.refLogPath(), Offset: -1, Problem: fmt.Sprintf("ref %s names missing object %s", name, id)})
 		}
 	}
 	sort.Slice(rep.Damaged, func(i, j int) bool {

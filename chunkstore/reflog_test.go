@@ -1,0 +1,305 @@
+package chunkstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestUpdateRefs(t *testing.T) {
+	dir := t.TempDir()
+	s := openT(t, dir, nil)
+	x, _ := s.Put([]byte("x"))
+	y, _ := s.Put([]byte("y"))
+	var zero ID
+	absent := Sum([]byte("absent"))
+	steps := []struct {
+		name    string
+		ups     []RefUpdate
+		wantErr error  // nil: success
+		errRef  string // the ref the error must name
+	}{
+		{"create two", []RefUpdate{{"a", zero, x}, {"b", zero, y}}, nil, ""},
+		{"one conflict undoes all", []RefUpdate{{"c", zero, x}, {"b", x, x}}, ErrConflict, "b"},
+		{"swap", []RefUpdate{{"a", x, y}, {"b", y, x}}, nil, ""},
+		{"delete absent", []RefUpdate{{"a", y, x}, {"zz", x, zero}}, ErrNotFound, "zz"},
+		{"missing object", []RefUpdate{{"d", zero, absent}}, ErrNotFound, "d"},
+		{"name twice", []RefUpdate{{"d", zero, x}, {"d", zero, y}}, errAny, "d"},
+		{"ref under a ref", []RefUpdate{{"a/b", zero, x}}, errAny, "a/b"},
+		{"delete and move below", []RefUpdate{{"a", y, zero}, {"a/b", zero, x}}, nil, ""},
+		{"ref over refs", []RefUpdate{{"a", zero, x}}, errAny, "a"},
+		{"bad name", []RefUpdate{{"ok", zero, x}, {"../x", zero, x}}, errAny, "../x"},
+		{"set and delete", []RefUpdate{{"c", zero, y}, {"b", x, zero}}, nil, ""},
+	}
+	for _, st := range steps {
+		before, _ := s.ListRefs("")
+		err := s.UpdateRefs(st.ups...)
+		if st.wantErr == nil {
+			if err != nil {
+				t.Fatalf("%s: %v", st.name, err)
+			}
+			continue
+		}
+		if err == nil || (st.wantErr != errAny && !errors.Is(err, st.wantErr)) || !strings.Contains(err.Error(), st.errRef) {
+			t.Fatalf("%s: error %v, want %v naming %s", st.name, err, st.wantErr, st.errRef)
+		}
+		if after, _ := s.ListRefs(""); !equalRefs(before, after) {
+			t.Fatalf("%s: failed update changed refs: %v -> %v", st.name, before, after)
+		}
+	}
+	want := map[string]ID{"a/b": x, "c": y}
+	if got, _ := s.ListRefs(""); !equalRefs(got, want) {
+		t.Fatalf("refs %v, want %v", got, want)
+	}
+	s.Close()
+	s = openT(t, dir, nil)
+	defer s.Close()
+	if got, _ := s.ListRefs(""); !equalRefs(got, want) {
+		t.Fatalf("after reopen: refs %v, want %v", got, want)
+	}
+}
+
+var errAny = errors.New("any error")
+
+func equalRefs(a, b map[string]ID) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// refLogStore makes a store whose ref log holds four records and returns
+// its directory, the refs after the third record and after the fourth.
+func refLogStore(t *testing.T) (dir string, three, four map[string]ID) {
+	dir = t.TempDir()
+	s := openT(t, dir, nil)
+	x, _ := s.Put([]byte("x"))
+	y, _ := s.Put([]byte("y"))
+	for _, u := range [][]RefUpdate{
+		{{"a", ID{}, x}},
+		{{"b", ID{}, y}, {"c", ID{}, x}},
+		{{"a", x, y}},
+	} {
+		if err := s.UpdateRefs(u...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	three, _ = s.ListRefs("")
+	if err := s.UpdateRefs(RefUpdate{"c", x, ID{}}, RefUpdate{"d", ID{}, y}); err != nil {
+		t.Fatal(err)
+	}
+	four, _ = s.ListRefs("")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir, three, four
+}
+
+// TestRefLogTornTail: a crash while a record is written leaves part of it
+// (or the file grown by zeros): Open drops exactly that last record, and
+// the next update replaces it.
+func TestRefLogTornTail(t *testing.T) {
+	dir, three, four := refLogStore(t)
+	path := filepath.Join(dir, refLogName)
+	orig, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, good, err := decodeRefLog(path, orig)
+	if err != nil || good != int64(len(orig)) || len(recs) != 4 {
+		t.Fatalf("decode: %d records, %d of %d bytes, %v", len(recs), good, len(orig), err)
+	}
+	last := len(appendRefRecord(nil, recs[3]))
+	cases := []struct {
+		name string
+		data []byte
+		want map[string]ID
+	}{
+		{"whole", orig, four},
+		{"zeros appended", append(bytes.Clone(orig), make([]byte, 100)...), four},
+		{"garbage appended", append(bytes.Clone(orig), "\x05\x00\x00\x00junkjunk"...), four},
+		{"last cut in its body", orig[:len(orig)-3], three},
+		{"last cut in its header", orig[:len(orig)-last+5], three},
+		{"last zeroed", append(bytes.Clone(orig[:len(orig)-last]), make([]byte, last)...), three},
+		{"last byte flipped", flipByte(orig, len(orig)-1), three},
+	}
+	for _, c := range cases {
+		if err := os.WriteFile(path, c.data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		s, err := Open(dir, nil)
+		if err != nil {
+			t.Fatalf("%s: Open: %v", c.name, err)
+		}
+		if got, _ := s.ListRefs(""); !equalRefs(got, c.want) {
+			t.Fatalf("%s: refs %v, want %v", c.name, got, c.want)
+		}
+		// An update after a torn tail must survive the next open.
+		x, _ := s.Put([]byte("x"))
+		if err := s.UpdateRefs(RefUpdate{"e", ID{}, x}); err != nil {
+			t.Fatalf("%s: update: %v", c.name, err)
+		}
+		s.Close()
+		s = openT(t, dir, nil)
+		got, _ := s.ListRefs("")
+		if got["e"] != x || len(got) != len(c.want)+1 {
+			t.Fatalf("%s: after an update and reopen: refs %v", c.name, got)
+		}
+		if rep, err := s.Verify(context.Background()); err != nil || !rep.OK() {
+			t.Fatalf("%s: Verify: %v %v", c.name, err, rep.Damaged)
+		}
+		s.Close()
+	}
+}
+
+func flipByte(b []byte, i int) []byte {
+	b = bytes.Clone(b)
+	b[i] ^= 0x20
+	return b
+}
+
+// TestRefLogDamage: damage before the last record (or to the header) is
+// not a torn write: Open fails naming the file and offset, and with
+// AllowDamaged Verify reports it and the refs before it are read.
+func TestRefLogDamage(t *testing.T) {
+	dir, _, _ := refLogStore(t)
+	path := filepath.Join(dir, refLogName)
+	orig, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := refLogHeaderLen + refRecHeaderLen
+	cases := map[string][]byte{
+		"empty":               nil,
+		"magic":               flipByte(orig, 0),
+		"version":             flipByte(orig, 8),
+		"first record body":   flipByte(orig, first+3),
+		"first record length": flipByte(orig, refLogHeaderLen),
+		"third record":        flipByte(orig, len(orig)-40-2*refRecHeaderLen),
+	}
+	for name, data := range cases {
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		s, err := Open(dir, nil)
+		if err == nil {
+			s.Close()
+			t.Fatalf("%s: Open succeeded", name)
+		}
+		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "offset") {
+			t.Fatalf("%s: error %v does not wrap ErrCorrupt naming file and offset", name, err)
+		}
+		s, err = Open(dir, &Options{AllowDamaged: true})
+		if err != nil {
+			t.Fatalf("%s: Open with AllowDamaged: %v", name, err)
+		}
+		rep, err := s.Verify(context.Background())
+		if err != nil || rep.OK() {
+			t.Errorf("%s: Verify did not report the damage: %v %+v", name, err, rep)
+		}
+		s.Close()
+		if after, _ := os.ReadFile(path); !bytes.Equal(after, data) {
+			t.Fatalf("%s: opening with AllowDamaged changed the ref log", name)
+		}
+	}
+}
+
+// TestRefLogCompaction: when the log grows past its threshold, the next
+// update rewrites it as one record holding the live refs.
+func TestRefLogCompaction(t *testing.T) {
+	dir := t.TempDir()
+	s := openT(t, dir, nil)
+	x, _ := s.Put([]byte("x"))
+	y, _ := s.Put([]byte("y"))
+	s.mu.Lock()
+	s.refLogCompactAt = 2000
+	s.mu.Unlock()
+	path := filepath.Join(dir, refLogName)
+	cur, compactions, lastSize := ID{}, 0, int64(0)
+	for i := range 100 {
+		next := x
+		if i%2 == 1 {
+			next = y
+		}
+		if err := s.UpdateRefs(RefUpdate{"r", cur, next}, RefUpdate{"keep/" + string(rune('a'+i%26)), ID{}, x}); err != nil && i < 26 {
+			t.Fatal(err)
+		} else if err != nil {
+			// keep/X exists from an earlier round: move r alone.
+			if err := s.SetRef("r", cur, next); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cur = next
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Size() < lastSize {
+			compactions++
+		}
+		lastSize = st.Size()
+	}
+	if compactions == 0 {
+		t.Fatalf("log never compacted (size %d)", lastSize)
+	}
+	want, _ := s.ListRefs("")
+	s.Close()
+	s = openT(t, dir, nil)
+	defer s.Close()
+	if got, _ := s.ListRefs(""); !equalRefs(got, want) || len(got) != 27 {
+		t.Fatalf("after compactions and reopen: %d refs, want %d", len(got), len(want))
+	}
+}
+
+// TestRefFilesMoveIntoLog: a format 1 store (one file per ref under
+// refs/) opens with its refs, which move into the ref log.
+func TestRefFilesMoveIntoLog(t *testing.T) {
+	dir := t.TempDir()
+	s := openT(t, dir, nil)
+	x, _ := s.Put([]byte("x"))
+	y, _ := s.Put([]byte("y"))
+	s.Close()
+	// Turn it into a format 1 store.
+	old := map[string]ID{"snapshots/a": x, "snapshots/b": y, "head": x}
+	for n, id := range old {
+		p := filepath.Join(dir, "refs", filepath.FromSlash(n))
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, encodeRef(n, id), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Remove(filepath.Join(dir, refLogName))
+	os.WriteFile(filepath.Join(dir, markerName), []byte(markerTextV1), 0o644)
+
+	for round := range 2 {
+		s = openT(t, dir, nil)
+		if got, _ := s.ListRefs(""); !equalRefs(got, old) {
+			t.Fatalf("round %d: refs %v, want %v", round, got, old)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "refs")); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("round %d: refs/ still there: %v", round, err)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, markerName)); string(b) != markerText {
+			t.Fatalf("round %d: marker %q", round, b)
+		}
+		s.Close()
+	}
+	// A crash after the log was written but before the old files went:
+	// the log wins over stale files.
+	os.MkdirAll(filepath.Join(dir, "refs", "snapshots"), 0o755)
+	os.WriteFile(filepath.Join(dir, "refs", "snapshots", "a"), encodeRef("snapshots/a", y), 0o644)
+	s = openT(t, dir, nil)
+	defer s.Close()
+	if got, _ := s.ListRefs(""); !equalRefs(got, old) {
+		t.Fatalf("with stale ref files: refs %v, want %v", got, old)
+	}
+}
