@@ -694,17 +694,55 @@ func (b *branch) checkpoint(ctx context.Context, durable bool) (chunkstore.ID, e
 }
 
 func (b *branch) checkpointLocked(ctx context.Context, durable bool) (chunkstore.ID, error) {
+	return b.commitRefs(ctx, durable, false)
+}
+
+// snapshot commits the branch and, in the same ref update, moves its head
+// and keeps the result as a snapshot.
+func (b *branch) snapshot(ctx context.Context) (chunkstore.ID, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.commitRefs(ctx, false, true)
+}
+
+// commitRefs commits the branch and moves its head ref (and with keep
+// the snapshot ref of the new head) in one UpdateRefs, which flushes the
+// new objects first: one flush and one ref log record. With durable and
+// nothing to update, it still flushes the store.
+func (b *branch) commitRefs(ctx context.Context, durable, keep bool) (chunkstore.ID, error) {
 	id, err := b.commit(ctx)
 	if err != nil {
 		return id, err
 	}
-	if id != b.head {
-		// SetRef makes the objects durable before the ref.
-		if err := b.fs.store.SetRef(refBranch+b.name, b.head, id); err != nil {
+	for try := 0; ; try++ {
+		var ups []chunkstore.RefUpdate
+		if id != b.head {
+			ups = append(ups, chunkstore.RefUpdate{Name: refBranch + b.name, Old: b.head, New: id})
+		}
+		if keep {
+			cur, ok, err := b.fs.getRef(refSnap + id.String())
+			if err != nil {
+				return id, err
+			}
+			if !ok || cur != id {
+				ups = append(ups, chunkstore.RefUpdate{Name: refSnap + id.String(), Old: cur, New: id})
+			}
+		}
+		if len(ups) == 0 {
+			break
+		}
+		err := b.fs.store.UpdateRefs(ups...)
+		if err == nil {
+			b.head = id
+			return id, nil
+		}
+		// Only the snapshot ref can change under us (another branch
+		// reaching the same tree): read it again.
+		if !errors.Is(err, chunkstore.ErrConflict) || !keep || try > 5 {
 			return id, fmt.Errorf("branch %q: move head: %w", b.name, err)
 		}
-		b.head = id
-	} else if durable {
+	}
+	if durable {
 		if err := b.fs.store.Flush(); err != nil {
 			return id, fmt.Errorf("branch %q: flush store: %w", b.name, err)
 		}

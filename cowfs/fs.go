@@ -225,6 +225,13 @@ func (f *FS) mounted(name string) bool {
 // its id. It walks nothing and copies no data: for a mounted branch it
 // writes only what changed since the previous commit.
 func (f *FS) Snapshot(ctx context.Context, branchName string) (SnapshotID, error) {
+	if b := f.liveBranch(branchName); b != nil {
+		id, err := b.snapshot(ctx)
+		if err != nil {
+			return id, fmt.Errorf("snapshot %q: %w", branchName, err)
+		}
+		return id, nil
+	}
 	id, err := f.Head(ctx, branchName)
 	if err != nil {
 		return id, err
@@ -299,21 +306,32 @@ func (f *FS) Branch(ctx context.Context, snap SnapshotID, name string) error {
 	} else if !ok {
 		return fmt.Errorf("branch %q from %s: %w", name, snap, ErrNoSnapshot)
 	}
-	if _, ok, err := f.getRef(refBranch + name); err != nil {
-		return err
-	} else if ok {
-		return fmt.Errorf("branch %q: %w", name, ErrExists)
-	}
 	// No settings file yet: a missing one means no quota and nothing
 	// written. A leftover from a deleted branch of the same name goes.
 	if err := os.RemoveAll(f.branchDir(name)); err != nil {
 		return fmt.Errorf("branch %q: clear old state %s: %w", name, f.branchDir(name), err)
 	}
-	if err := f.setRef(refBase+name, snap); err != nil {
-		return err
+	// Both refs in one durable update: one ref log record, one fdatasync.
+	for try := 0; ; try++ {
+		if _, ok, err := f.getRef(refBranch + name); err != nil {
+			return err
+		} else if ok {
+			return fmt.Errorf("branch %q: %w", name, ErrExists)
+		}
+		base, _, err := f.getRef(refBase + name)
+		if err != nil {
+			return err
+		}
+		err = f.store.UpdateRefs(
+			chunkstore.RefUpdate{Name: refBranch + name, New: snap},
+			chunkstore.RefUpdate{Name: refBase + name, Old: base, New: snap})
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, chunkstore.ErrConflict) || try > 5 {
+			return fmt.Errorf("branch %q: set refs: %w", name, err)
+		}
 	}
-	// SetRef makes the ref durable.
-	return f.setRef(refBranch+name, snap)
 }
 
 // SetQuota limits the bytes that may be written into the branch (0: no
@@ -374,16 +392,18 @@ func (f *FS) DeleteBranch(ctx context.Context, name string) error {
 	if f.mounted(name) {
 		return fmt.Errorf("delete %q: %w", name, ErrBusy)
 	}
+	var ups []chunkstore.RefUpdate
 	for _, r := range []string{refBranch + name, refBase + name} {
 		id, ok, err := f.getRef(r)
 		if err != nil {
 			return err
 		}
 		if ok {
-			if err := f.store.DeleteRef(r, id); err != nil {
-				return fmt.Errorf("delete ref %s: %w", r, err)
-			}
+			ups = append(ups, chunkstore.RefUpdate{Name: r, Old: id})
 		}
+	}
+	if err := f.store.UpdateRefs(ups...); err != nil {
+		return fmt.Errorf("delete branch %q: %w", name, err)
 	}
 	if err := os.RemoveAll(f.branchDir(name)); err != nil {
 		return fmt.Errorf("delete branch dir %s: %w", f.branchDir(name), err)
