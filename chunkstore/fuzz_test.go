@@ -69,7 +69,10 @@ func FuzzDecodeRefLog(f *testing.F) {
 	a, b := Sum([]byte("a")), Sum([]byte("b"))
 	one := appendRefRecord(encodeRefLogHeader(), []refOp{{name: "snapshots/a", id: a}})
 	two := appendRefRecord(bytes.Clone(one), []refOp{{name: "snapshots/a"}, {name: "branches/main", id: b}})
+	obj := appendRecord(nil, kindBlob, codecRaw, 3, Sum([]byte("abc")), []byte("abc"))
+	journal := appendRefRecord(bytes.Clone(one), []refOp{{id: Sum([]byte("abc")), pack: 4, off: 16, raw: obj}, {name: "head", id: b}})
 	f.Add(encodeRefLogHeader())
+	f.Add(journal)
 	f.Add(one)
 	f.Add(two)
 	f.Add(two[:len(two)-3])               // torn tail

@@ -60,7 +60,7 @@ func (s *Store) GC(ctx context.Context, extraRoots ...ID) (GCStats, error) {
 	}
 	err := s.sealLocked()
 	if err == nil {
-		err = s.flushLocked()
+		err = s.checkpointLocked(false)
 	}
 	if err == nil {
 		err = s.syncPacksLocked()

@@ -9,9 +9,14 @@ import (
 	"path/filepath"
 )
 
-// The ref log (DIR/refs.log) holds every ref: a 16-byte header, then
-// records appended one per update (see docs/chunkstore.md). Each record
-// lists set and delete operations applied together.
+// The ref log (DIR/refs.log) holds every ref and journals recent objects:
+// a 16-byte header, then records appended one per commit (see
+// docs/chunkstore.md). Each record lists operations applied together: ref
+// sets and deletes, and copies of pack records put since the last
+// checkpoint, so that one fdatasync makes both durable. A checkpoint
+// (fsync the packs, write an index file, rewrite the log without objects)
+// happens when the log grows, at Close and GC, and at Open when the log
+// holds objects (they are written into their packs first).
 
 const (
 	refLogName      = "refs.log"
@@ -26,16 +31,28 @@ const (
 
 	refOpSet    = 1
 	refOpDelete = 2
+	refOpObject = 3
+
+	// journalMax bounds the object bytes one commit copies into the log;
+	// a larger commit fsyncs the packs and writes an index file instead.
+	journalMax = 1 << 20
+	// journalCheckpoint is the log size at which the next commit
+	// checkpoints, when the log holds objects.
+	journalCheckpoint = 8 << 20
 
 	// refLogMinCompact is the log size below which it is never compacted.
 	refLogMinCompact = 1 << 20
 )
 
 // refOp is one operation of a ref log record: point name at id, or delete
-// name when id is zero.
+// name when id is zero; or, when raw is set, the pack record raw of object
+// id stored in pack at off.
 type refOp struct {
 	name string
 	id   ID
+	pack uint32
+	off  int64
+	raw  []byte
 }
 
 func encodeRefLogHeader() []byte {
@@ -51,6 +68,13 @@ func appendRefRecord(dst []byte, ops []refOp) []byte {
 	dst = append(dst, make([]byte, refRecHeaderLen)...)
 	dst = binary.AppendUvarint(dst, uint64(len(ops)))
 	for _, op := range ops {
+		if op.raw != nil {
+			dst = append(dst, refOpObject)
+			dst = binary.LittleEndian.AppendUint32(dst, op.pack)
+			dst = binary.LittleEndian.AppendUint64(dst, uint64(op.off))
+			dst = append(dst, op.raw...)
+			continue
+		}
 		if op.id.IsZero() {
 			dst = append(dst, refOpDelete)
 		} else {
@@ -142,6 +166,27 @@ func decodeRefRecord(b []byte) ([]refOp, int, error) {
 		}
 		kind := body[p]
 		p++
+		if kind == refOpObject {
+			if len(body)-p < 12 {
+				return nil, 0, errors.New("record ends inside an object's place")
+			}
+			op := refOp{pack: binary.LittleEndian.Uint32(body[p:])}
+			o := binary.LittleEndian.Uint64(body[p+4:])
+			p += 12
+			if o < packHeaderLen || o > 1<<62 {
+				return nil, 0, fmt.Errorf("bad pack offset %d", o)
+			}
+			op.off = int64(o)
+			h, _, err := decodeRecord(packName(op.pack), op.off, body[p:])
+			if err != nil {
+				return nil, 0, err
+			}
+			op.id = h.id
+			op.raw = body[p : p+recHeaderLen+int(h.clen) : p+recHeaderLen+int(h.clen)]
+			p += len(op.raw)
+			ops = append(ops, op)
+			continue
+		}
 		if kind != refOpSet && kind != refOpDelete {
 			return nil, 0, fmt.Errorf("bad operation %d", kind)
 		}
@@ -194,8 +239,14 @@ func (s *Store) loadRefLog() (bool, error) {
 		s.damage = append(s.damage, Damage{File: path, Offset: good, Problem: err.Error()})
 		s.refLogErr = err
 	}
+	var objs []refOp
 	for _, ops := range recs {
 		for _, op := range ops {
+			if op.raw != nil {
+				objs = append(objs, op)
+				s.logObjects = true
+				continue
+			}
 			s.applyRefOp(op)
 		}
 	}
@@ -207,7 +258,130 @@ func (s *Store) loadRefLog() (bool, error) {
 	s.refLogSize = good
 	s.refLogTorn = good < int64(len(b)) && s.refLogErr == nil
 	s.refLogCompactAt = max(refLogMinCompact, 4*good)
+	if len(objs) > 0 && s.refLogErr == nil {
+		if err := s.replayObjectsLocked(objs); err != nil {
+			return true, err
+		}
+	}
 	return true, nil
+}
+
+// replayObjectsLocked writes the objects journaled in the log into their
+// packs at their offsets (their pack writes may not have reached the disk
+// before a crash), fsyncs the packs, records them in an index file and
+// rewrites the log without them.
+func (s *Store) replayObjectsLocked(objs []refOp) error {
+	byPack := map[uint32][]refOp{}
+	for _, o := range objs {
+		byPack[o.pack] = append(byPack[o.pack], o)
+	}
+	packDir := filepath.Join(s.dir, "packs")
+	for n, os_ := range byPack {
+		path := filepath.Join(packDir, packName(n))
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			return fmt.Errorf("chunkstore: replay ref log into pack %s: %w", path, err)
+		}
+		hdr := make([]byte, packHeaderLen)
+		if k, _ := f.ReadAt(hdr, 0); k < packHeaderLen || !validPackHeader(hdr, n) {
+			_, err = f.WriteAt(encodePackHeader(n), 0)
+		}
+		for _, o := range os_ {
+			if err == nil {
+				_, err = f.WriteAt(o.raw, o.off)
+			}
+		}
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("chunkstore: replay ref log into pack %s: %w", path, err)
+		}
+		if n >= s.nextPack {
+			s.nextPack = n + 1
+		}
+	}
+	if err := syncDir(packDir); err != nil {
+		return err
+	}
+	entries := make([]indexEntry, 0, len(objs))
+	for _, o := range objs {
+		var h recHeader
+		h.kind, h.codec = o.raw[0], o.raw[1]
+		h.ulen = binary.LittleEndian.Uint32(o.raw[4:])
+		l := loc{pack: o.pack, kind: h.kind, codec: h.codec, clen: uint32(len(o.raw) - recHeaderLen), ulen: h.ulen, off: o.off}
+		entries = append(entries, indexEntry{id: o.id, loc: l})
+		s.index[o.id] = l
+	}
+	if err := s.writeIndexLocked(entries, 0, false); err != nil {
+		return err
+	}
+	s.deltaSize += len(entries)
+	return s.rewriteRefLogLocked()
+}
+
+func validPackHeader(b []byte, n uint32) bool {
+	got, err := decodePackHeader("", b)
+	return err == nil && got == n
+}
+
+// journalObjectsLocked returns log operations copying the pending
+// objects' pack records, or ok false if they are over journalMax bytes.
+func (s *Store) journalObjectsLocked() (ops []refOp, ok bool, err error) {
+	total := 0
+	for _, e := range s.pending {
+		total += recHeaderLen + int(e.loc.clen)
+		if total > journalMax {
+			return nil, false, nil
+		}
+	}
+	ops = make([]refOp, 0, len(s.pending))
+	for _, e := range s.pending {
+		raw := make([]byte, recHeaderLen+int(e.loc.clen))
+		if err := s.readAtLocked(e.loc.pack, e.loc.off, raw); err != nil {
+			return nil, false, fmt.Errorf("chunkstore: journal %s: %w", e.id, err)
+		}
+		ops = append(ops, refOp{id: e.id, pack: e.loc.pack, off: e.loc.off, raw: raw})
+	}
+	return ops, true, nil
+}
+
+// commitLocked makes the pending objects and the ref operations ops
+// (already applied to s.refs) durable. Usually that is one log record and
+// one fdatasync; a large commit, or a full log, checkpoints first.
+func (s *Store) commitLocked(ops []refOp) error {
+	if s.refLogErr != nil {
+		return fmt.Errorf("chunkstore: ref log %s: %w", s.refLogPath(), s.refLogErr)
+	}
+	if s.refLog == nil || s.refLogSize >= s.refLogCompactAt || s.logObjects && s.refLogSize >= journalCheckpoint {
+		// The rewritten log holds s.refs, ops included.
+		return s.checkpointLocked(true)
+	}
+	objs, ok, err := s.journalObjectsLocked()
+	if err != nil {
+		return err
+	}
+	if !ok {
+		if err := s.checkpointLocked(false); err != nil {
+			return err
+		}
+		objs = nil
+	}
+	if len(objs)+len(ops) == 0 {
+		return nil
+	}
+	if err := s.appendRefsLocked(append(objs, ops...)); err != nil {
+		return err
+	}
+	if len(objs) > 0 {
+		s.journaled = append(s.journaled, s.pending...)
+		s.pending = s.pending[:0]
+		s.logObjects = true
+	}
+	return nil
 }
 
 // applyRefOp changes the in-memory refs (and their directory counts).
@@ -239,15 +413,10 @@ func (s *Store) refDirs(name string, d int) {
 }
 
 // appendRefsLocked makes ops durable: one record appended to the log and
-// one fdatasync, or a fresh log when the log has grown large next to the
-// refs it holds (or does not exist yet). s.refs must already hold the
-// result of ops.
+// one fdatasync.
 func (s *Store) appendRefsLocked(ops []refOp) error {
 	if s.refLogErr != nil {
 		return fmt.Errorf("chunkstore: ref log %s: %w", s.refLogPath(), s.refLogErr)
-	}
-	if s.refLog == nil || s.refLogSize >= s.refLogCompactAt {
-		return s.rewriteRefLogLocked()
 	}
 	rec := appendRefRecord(nil, ops)
 	if s.refLogTorn {
@@ -278,7 +447,8 @@ func (s *Store) appendRefsLocked(ops []refOp) error {
 }
 
 // rewriteRefLogLocked writes a fresh log holding s.refs in one record,
-// through a temporary file renamed into place.
+// through a temporary file renamed into place. Objects journaled in the
+// old log must be in index files and fsync'd packs before.
 func (s *Store) rewriteRefLogLocked() error {
 	path := s.refLogPath()
 	b := encodeRefLogHeader()
@@ -300,7 +470,7 @@ func (s *Store) rewriteRefLogLocked() error {
 	if s.refLog != nil {
 		s.refLog.Close()
 	}
-	s.refLog, s.refLogSize, s.refLogTorn = f, int64(len(b)), false
+	s.refLog, s.refLogSize, s.refLogTorn, s.logObjects = f, int64(len(b)), false, false
 	s.refLogCompactAt = max(refLogMinCompact, 4*int64(len(b)))
 	return nil
 }

@@ -133,9 +133,9 @@ func (s *Store) GetRef(name string) (ID, error) {
 
 // SetRef points ref name at new if it currently points at old (a zero old
 // means the ref must not exist); otherwise it fails with ErrConflict. It
-// flushes first if objects were put since the last flush, so that the ref
-// never names an object that is not durable, and returns once the ref is
-// durable. new must be in the store.
+// makes the objects put since the last flush durable with it, so that the
+// ref never names an object that is not durable, and returns once the ref
+// is durable. new must be in the store.
 func (s *Store) SetRef(name string, old, new ID) error {
 	if new.IsZero() {
 		return fmt.Errorf("chunkstore: set ref %s: zero id (use DeleteRef)", name)
@@ -153,13 +153,13 @@ func (s *Store) DeleteRef(name string, old ID) error {
 // UpdateRefs applies several compare-and-swap ref changes together: all or
 // none. Each ref must point at its Old (zero: be absent), or UpdateRefs
 // fails with ErrConflict naming the first ref that does not (wrapping
-// ErrNotFound too for a delete of an absent ref). Objects put since the
-// last flush are flushed first; then the changes cost one append to the
-// ref log and one fdatasync. Every New must be in the store. A ref cannot
-// be both a name and a '/'-prefix of other refs.
+// ErrNotFound too for a delete of an absent ref). The changes and the
+// objects put since the last flush (up to 1 MiB of them; more are flushed
+// to packs and an index file first) cost one record appended to the ref
+// log and one fdatasync. Every New must be in the store. A ref cannot be
+// both a name and a '/'-prefix of other refs.
 func (s *Store) UpdateRefs(updates ...RefUpdate) error {
 	seen := make(map[string]bool, len(updates))
-	sets := false
 	for _, u := range updates {
 		if err := validRefName(u.Name); err != nil {
 			return err
@@ -168,7 +168,6 @@ func (s *Store) UpdateRefs(updates ...RefUpdate) error {
 			return fmt.Errorf("chunkstore: update refs: ref %s named twice", u.Name)
 		}
 		seen[u.Name] = true
-		sets = sets || !u.New.IsZero()
 	}
 	if len(updates) == 0 {
 		return nil
@@ -209,15 +208,9 @@ func (s *Store) UpdateRefs(updates ...RefUpdate) error {
 			return err
 		}
 	}
-	// Objects first, so that a ref never names an object that is not
-	// durable.
-	if sets && len(s.pending) > 0 {
-		if err := s.flushLocked(); err != nil {
-			rollback()
-			return err
-		}
-	}
-	if err := s.appendRefsLocked(ops); err != nil {
+	// The pending objects go into the same record, so that a ref never
+	// names an object that is not durable.
+	if err := s.commitLocked(ops); err != nil {
 		rollback()
 		return err
 	}

@@ -105,6 +105,8 @@ type Store struct {
 	damage   []Damage // found at open (AllowDamaged)
 
 	newPacks        bool           // packs created since the packs directory was last fsync'd
+	journaled       []indexEntry   // objects in the ref log, not yet in an index file
+	logObjects      bool           // the ref log holds objects (journaled or left by a crash)
 	refPrefixes     map[string]int // '/'-prefixes of ref names, with the number of refs below
 	refLog          *os.File       // the ref log, open for appends (nil until written)
 	refLogSize      int64          // length of its valid records
@@ -315,6 +317,11 @@ func (s *Store) load() error {
 			s.index[ent.id] = ent.loc // later index files win (ReadDir sorts by name)
 		}
 	}
+	// The ref log may journal objects a crash kept out of their packs:
+	// replay them before deciding which packs are named.
+	if err := s.loadRefs(); err != nil {
+		return err
+	}
 	// Open every pack an entry names; remove the packs none names.
 	used := map[uint32]bool{}
 	for _, l := range s.index {
@@ -362,7 +369,7 @@ func (s *Store) load() error {
 			s.damage = append(s.damage, Damage{File: filepath.Join(packDir, packName(n)), Problem: "pack named by the index is missing"})
 		}
 	}
-	return s.loadRefs()
+	return nil
 }
 
 func parseNum(name, suffix string, digits int) (uint64, bool) {
@@ -380,7 +387,7 @@ func (s *Store) Close() error {
 	if s.closed {
 		return nil
 	}
-	err := s.flushLocked()
+	err := s.checkpointLocked(false)
 	s.closed = true
 	s.closeFiles()
 	return err
@@ -767,37 +774,49 @@ func (s *Store) GetNode(id ID) (links []ID, payload []byte, err error) {
 	return links, bytes.Clone(payload), nil
 }
 
-// Flush makes every object put so far durable: the packs are fsync'd, then
-// a new index file naming the new objects is written, fsync'd and renamed
-// into place, and the directories are fsync'd.
+// Flush makes every object put so far durable in packs and index files:
+// the packs are fsync'd, then a new index file naming the objects put (or
+// journaled in the ref log) since the last one is written, fsync'd and
+// renamed into place, and the directories are fsync'd; the ref log is
+// rewritten without the objects it journaled. Ref updates do not need it:
+// they make the pending objects durable themselves, more cheaply.
 func (s *Store) Flush() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return fmt.Errorf("chunkstore: flush %s: store is closed", s.dir)
 	}
-	return s.flushLocked()
+	return s.checkpointLocked(false)
 }
 
-func (s *Store) flushLocked() error {
-	if len(s.pending) == 0 && s.logicalPending == 0 {
-		return nil
+// checkpointLocked fsyncs the packs and writes an index file naming the
+// objects put or journaled since the last one, then rewrites the ref log
+// without objects (always with rewriteLog).
+func (s *Store) checkpointLocked(rewriteLog bool) error {
+	if len(s.pending) > 0 || len(s.journaled) > 0 || s.logicalPending > 0 {
+		if err := s.syncPacksLocked(); err != nil {
+			return err
+		}
+		entries := append(s.journaled[:len(s.journaled):len(s.journaled)], s.pending...)
+		if err := s.writeIndexLocked(entries, s.logicalPending, false); err != nil {
+			return err
+		}
+		s.deltaSize += len(entries)
+		s.logicalDurable += s.logicalPending
+		s.logicalPending = 0
+		s.pending = s.pending[:0]
+		s.journaled = nil
+		// Replace the index files by one whole-store index when they are
+		// many and together large next to the index, so that open stays
+		// quick without rewriting a big index on every checkpoint.
+		if n := len(s.idxFiles); n > 1024 || n > 64 && s.deltaSize > len(s.index)/8 {
+			if err := s.rewriteIndexLocked(); err != nil {
+				return err
+			}
+		}
 	}
-	if err := s.syncPacksLocked(); err != nil {
-		return err
-	}
-	if err := s.writeIndexLocked(s.pending, s.logicalPending, false); err != nil {
-		return err
-	}
-	s.deltaSize += len(s.pending)
-	s.logicalDurable += s.logicalPending
-	s.logicalPending = 0
-	s.pending = s.pending[:0]
-	// Replace the index files by one whole-store index when they are many
-	// and together large next to the index, so that open stays quick
-	// without rewriting a big index on every flush.
-	if n := len(s.idxFiles); n > 1024 || n > 64 && s.deltaSize > len(s.index)/8 {
-		return s.rewriteIndexLocked()
+	if rewriteLog || s.logObjects {
+		return s.rewriteRefLogLocked()
 	}
 	return nil
 }
@@ -870,7 +889,15 @@ func (s *Store) rewriteIndexLocked() error {
 	s.logicalDurable += s.logicalPending
 	s.logicalPending = 0
 	s.pending = s.pending[:0]
+	s.journaled = nil
 	s.deltaSize = 0
+	if s.logObjects {
+		// The whole index names the journaled objects now; GC may remove
+		// packs next, so the log must not bring old places back.
+		if err := s.rewriteRefLogLocked(); err != nil {
+			return err
+		}
+	}
 	idxDir := filepath.Join(s.dir, "index")
 	for _, n := range old {
 		if err := os.Remove(filepath.Join(idxDir, indexName(n))); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -686,15 +686,16 @@ func toErrno(err error) syscall.Errno {
 }
 
 // checkpoint commits the branch, makes it durable and moves the branch
-// ref. With flush false the store is not fsync'd (used for Head).
+// ref. Every commit is durable (see commitRefs); durable says whether the
+// caller needs that (fsync, unmount) or only the id (Head).
 func (b *branch) checkpoint(ctx context.Context, durable bool) (chunkstore.ID, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.checkpointLocked(ctx, durable)
 }
 
-func (b *branch) checkpointLocked(ctx context.Context, durable bool) (chunkstore.ID, error) {
-	return b.commitRefs(ctx, durable, false)
+func (b *branch) checkpointLocked(ctx context.Context, _ bool) (chunkstore.ID, error) {
+	return b.commitRefs(ctx, false)
 }
 
 // snapshot commits the branch and, in the same ref update, moves its head
@@ -702,14 +703,15 @@ func (b *branch) checkpointLocked(ctx context.Context, durable bool) (chunkstore
 func (b *branch) snapshot(ctx context.Context) (chunkstore.ID, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.commitRefs(ctx, false, true)
+	return b.commitRefs(ctx, true)
 }
 
 // commitRefs commits the branch and moves its head ref (and with keep
-// the snapshot ref of the new head) in one UpdateRefs, which flushes the
-// new objects first: one flush and one ref log record. With durable and
-// nothing to update, it still flushes the store.
-func (b *branch) commitRefs(ctx context.Context, durable, keep bool) (chunkstore.ID, error) {
+// the snapshot ref of the new head) in one UpdateRefs, which makes the new
+// objects durable in the same ref log record: one fdatasync. With nothing
+// to update the branch is durable already: its head ref was set after its
+// objects were durable.
+func (b *branch) commitRefs(ctx context.Context, keep bool) (chunkstore.ID, error) {
 	id, err := b.commit(ctx)
 	if err != nil {
 		return id, err
@@ -740,11 +742,6 @@ func (b *branch) commitRefs(ctx context.Context, durable, keep bool) (chunkstore
 		// reaching the same tree): read it again.
 		if !errors.Is(err, chunkstore.ErrConflict) || !keep || try > 5 {
 			return id, fmt.Errorf("branch %q: move head: %w", b.name, err)
-		}
-	}
-	if durable {
-		if err := b.fs.store.Flush(); err != nil {
-			return id, fmt.Errorf("branch %q: flush store: %w", b.name, err)
 		}
 	}
 	return id, nil
