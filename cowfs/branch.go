@@ -107,7 +107,9 @@ func (f *FS) openBranch(name string) (*branch, error) {
 		return nil, fmt.Errorf("open branch %q: %w", name, ErrNoBranch)
 	}
 	dir := f.branchDir(name)
-	if err := os.MkdirAll(filepath.Join(dir, "overlay"), 0o700); err != nil {
+	// The overlay directory is made by the first write (a directory costs
+	// a metadata update, which is slow next to the rest of a fork).
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create branch dir %s: %w", dir, err)
 	}
 	lk, err := lockFile(filepath.Join(dir, "lock"))
@@ -494,6 +496,11 @@ func (b *branch) overlay(in *inode) (*os.File, error) {
 	}
 	p := filepath.Join(b.dir, "overlay", strconv.FormatUint(in.ino, 10)+"-"+strconv.FormatUint(b.gen, 10))
 	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if errors.Is(err, os.ErrNotExist) {
+		if err = os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
+			f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("branch %q: create overlay %s: %w", b.name, p, err)
 	}
