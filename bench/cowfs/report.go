@@ -213,6 +213,9 @@ func writeTable(w io.Writer, rep *report) error {
 				switch {
 				case !ok:
 					fmt.Fprint(tw, "\t-")
+				case !res.ok() && len(res.Samples) > 0:
+					fmt.Fprintf(tw, "\t%s, then failed", formatValue(r.Unit, res.Median))
+					errs = append(errs, fmt.Sprintf("%s / %s: after %d samples: %s", r.Name, t, len(res.Samples), res.Err))
 				case !res.ok():
 					fmt.Fprint(tw, "\tfailed")
 					errs = append(errs, fmt.Sprintf("%s / %s: %s", r.Name, t, res.Err))
@@ -236,6 +239,10 @@ func writeTable(w io.Writer, rep *report) error {
 			return fmt.Errorf("write table: %w", err)
 		}
 		for _, e := range errs {
+			e = strings.ReplaceAll(strings.TrimSpace(e), "\n", " | ")
+			if len(e) > 400 {
+				e = e[:400] + "..."
+			}
 			fmt.Fprintf(w, "  failed: %s\n", e)
 		}
 		var notes []string
