@@ -155,10 +155,7 @@ func (f *FS) NameSnapshot(ctx context.Context, id SnapshotID, n string) error {
 	} else if !ok {
 		return fmt.Errorf("name snapshot %s: %w", id, ErrNoSnapshot)
 	}
-	if err := f.setRef(refName+n, id); err != nil {
-		return err
-	}
-	return f.store.Flush()
+	return f.setRef(refName+n, id) // durable when it returns
 }
 
 // Resolve turns a snapshot id (hex), a snapshot name or a branch name into
@@ -381,10 +378,7 @@ func (f *FS) Rollback(ctx context.Context, name string, snap SnapshotID) error {
 			return err
 		}
 	}
-	if err := f.setRef(refBase+name, snap); err != nil {
-		return err
-	}
-	return f.store.Flush()
+	return f.setRef(refBase+name, snap) // durable when it returns
 }
 
 // DeleteBranch removes an unmounted branch. Its snapshots stay.
@@ -408,7 +402,7 @@ func (f *FS) DeleteBranch(ctx context.Context, name string) error {
 	if err := os.RemoveAll(f.branchDir(name)); err != nil {
 		return fmt.Errorf("delete branch dir %s: %w", f.branchDir(name), err)
 	}
-	return f.store.Flush()
+	return nil
 }
 
 // BranchInfo describes one branch for listings.
