@@ -352,9 +352,10 @@ func TestOpenPackReadAndReopen(t *testing.T) {
 	}
 }
 
-// TestManyFlushes: every SetRef flushes and writes an index file; they are
-// merged into a whole-store index so that their number stays bounded, and
-// everything reads back after reopening.
+// TestManyFlushes: every Flush writes an index file (SetRef journals its
+// objects in the ref log instead); they are merged into a whole-store
+// index so that their number stays bounded, and everything reads back
+// after reopening.
 func TestManyFlushes(t *testing.T) {
 	dir := t.TempDir()
 	s := openT(t, dir, nil)
@@ -370,6 +371,9 @@ func TestManyFlushes(t *testing.T) {
 		}
 		old, _ := s.GetRef("r")
 		if err := s.SetRef("r", old, id); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Flush(); err != nil {
 			t.Fatal(err)
 		}
 	}
