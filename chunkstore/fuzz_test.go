@@ -67,11 +67,12 @@ func FuzzDecodeRef(f *testing.F) {
 
 func FuzzDecodeRefLog(f *testing.F) {
 	a, b := Sum([]byte("a")), Sum([]byte("b"))
-	one := appendRefRecord(encodeRefLogHeader(), []refOp{{name: "snapshots/a", id: a}})
-	two := appendRefRecord(bytes.Clone(one), []refOp{{name: "snapshots/a"}, {name: "branches/main", id: b}})
+	const salt = 0x5eed
+	one := appendRefRecord(encodeRefLogHeader(salt), salt, []refOp{{name: "snapshots/a", id: a}})
+	two := appendRefRecord(bytes.Clone(one), salt, []refOp{{name: "snapshots/a"}, {name: "branches/main", id: b}})
 	obj := appendRecord(nil, kindBlob, codecRaw, 3, Sum([]byte("abc")), []byte("abc"))
-	journal := appendRefRecord(bytes.Clone(one), []refOp{{id: Sum([]byte("abc")), pack: 4, off: 16, raw: obj}, {name: "head", id: b}})
-	f.Add(encodeRefLogHeader())
+	journal := appendRefRecord(bytes.Clone(one), salt, []refOp{{id: Sum([]byte("abc")), pack: 4, off: 16, raw: obj}, {name: "head", id: b}})
+	f.Add(encodeRefLogHeader(0))
 	f.Add(journal)
 	f.Add(one)
 	f.Add(two)
@@ -92,9 +93,9 @@ func FuzzDecodeRefLog(f *testing.F) {
 			return
 		}
 		// The valid prefix must encode back to the same bytes.
-		again := encodeRefLogHeader()
+		again := encodeRefLogHeader(logSalt(b))
 		for _, ops := range recs {
-			again = appendRefRecord(again, ops)
+			again = appendRefRecord(again, logSalt(b), ops)
 		}
 		if !bytes.Equal(again, b[:good]) {
 			t.Fatalf("ref log round trip differs")

@@ -1,6 +1,7 @@
 package chunkstore
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -22,7 +23,7 @@ const (
 	refLogName      = "refs.log"
 	refLogMagic     = "tinerefs"
 	refLogVersion   = 2
-	refLogHeaderLen = 16 // magic, version u32, zero u32
+	refLogHeaderLen = 20 // magic, version u32, salt u32, CRC-32C of the 16 bytes before u32
 	refRecHeaderLen = 12 // body length u32, CRC-32C of the length u32, CRC-32C of the body u32
 
 	// maxRefRecord bounds one record's body (a compacted log of about
@@ -55,15 +56,40 @@ type refOp struct {
 	raw  []byte
 }
 
-func encodeRefLogHeader() []byte {
+// encodeRefLogHeader returns a log header with salt. The salt, random per
+// log file, seeds every record's checksums: bytes a sandbox wrote into an
+// object (journaled verbatim) cannot pass for a record of this log.
+func encodeRefLogHeader(salt uint32) []byte {
 	b := make([]byte, refLogHeaderLen)
 	copy(b, refLogMagic)
 	binary.LittleEndian.PutUint32(b[8:], refLogVersion)
+	binary.LittleEndian.PutUint32(b[12:], salt)
+	binary.LittleEndian.PutUint32(b[16:], crc32.Checksum(b[:16], castagnoli))
 	return b
 }
 
-// appendRefRecord appends one record holding ops to dst.
-func appendRefRecord(dst []byte, ops []refOp) []byte {
+// logSalt returns the salt of a log starting with b (0 if too short).
+func logSalt(b []byte) uint32 {
+	if len(b) < refLogHeaderLen {
+		return 0
+	}
+	return binary.LittleEndian.Uint32(b[12:])
+}
+
+// saltSeed is the CRC-32C state the record checksums start from.
+func saltSeed(salt uint32) uint32 {
+	return crc32.Checksum(binary.LittleEndian.AppendUint32(nil, salt), castagnoli)
+}
+
+func newSalt() uint32 {
+	var b [4]byte
+	rand.Read(b[:])
+	return binary.LittleEndian.Uint32(b[:])
+}
+
+// appendRefRecord appends one record holding ops to dst, for a log with
+// salt.
+func appendRefRecord(dst []byte, salt uint32, ops []refOp) []byte {
 	start := len(dst)
 	dst = append(dst, make([]byte, refRecHeaderLen)...)
 	dst = binary.AppendUvarint(dst, uint64(len(ops)))
@@ -88,9 +114,10 @@ func appendRefRecord(dst []byte, ops []refOp) []byte {
 	}
 	body := dst[start+refRecHeaderLen:]
 	h := dst[start:]
+	seed := saltSeed(salt)
 	binary.LittleEndian.PutUint32(h[0:], uint32(len(body)))
-	binary.LittleEndian.PutUint32(h[4:], crc32.Checksum(h[0:4], castagnoli))
-	binary.LittleEndian.PutUint32(h[8:], crc32.Checksum(body, castagnoli))
+	binary.LittleEndian.PutUint32(h[4:], crc32.Update(seed, castagnoli, h[0:4]))
+	binary.LittleEndian.PutUint32(h[8:], crc32.Update(seed, castagnoli, body))
 	return dst
 }
 
@@ -110,18 +137,19 @@ func decodeRefLog(name string, b []byte) (recs [][]refOp, good int64, err error)
 	if v := binary.LittleEndian.Uint32(b[8:]); v != refLogVersion {
 		return nil, 0, fmt.Errorf("ref log %s offset 8: unsupported version %d: %w", name, v, ErrCorrupt)
 	}
-	if binary.LittleEndian.Uint32(b[12:]) != 0 {
-		return nil, 0, fmt.Errorf("ref log %s offset 12: reserved bytes set: %w", name, ErrCorrupt)
+	if crc32.Checksum(b[:16], castagnoli) != binary.LittleEndian.Uint32(b[16:]) {
+		return nil, 0, fmt.Errorf("ref log %s offset 16: header checksum mismatch: %w", name, ErrCorrupt)
 	}
+	seed := saltSeed(logSalt(b))
 	off := refLogHeaderLen
 	for off < len(b) {
-		ops, n, rerr := decodeRefRecord(b[off:])
+		ops, n, rerr := decodeRefRecord(b[off:], seed)
 		if rerr != nil {
 			for q := off + 1; q+refRecHeaderLen <= len(b); q++ {
-				if !refRecHeaderOK(b[q:]) {
+				if !refRecHeaderOK(b[q:], seed) {
 					continue
 				}
-				if _, _, err := decodeRefRecord(b[q:]); err == nil {
+				if _, _, err := decodeRefRecord(b[q:], seed); err == nil {
 					return recs, int64(off), fmt.Errorf("ref log %s offset %d: %w, and a valid record follows at offset %d (%w)", name, off, rerr, q, ErrCorrupt)
 				}
 			}
@@ -133,17 +161,17 @@ func decodeRefLog(name string, b []byte) (recs [][]refOp, good int64, err error)
 	return recs, int64(off), nil
 }
 
-func refRecHeaderOK(b []byte) bool {
-	return len(b) >= refRecHeaderLen && crc32.Checksum(b[0:4], castagnoli) == binary.LittleEndian.Uint32(b[4:])
+func refRecHeaderOK(b []byte, seed uint32) bool {
+	return len(b) >= refRecHeaderLen && crc32.Update(seed, castagnoli, b[0:4]) == binary.LittleEndian.Uint32(b[4:])
 }
 
-// decodeRefRecord parses the record at the start of b and returns its
-// operations and length.
-func decodeRefRecord(b []byte) ([]refOp, int, error) {
+// decodeRefRecord parses the record at the start of b, whose checksums
+// start from seed, and returns its operations and length.
+func decodeRefRecord(b []byte, seed uint32) ([]refOp, int, error) {
 	if len(b) < refRecHeaderLen {
 		return nil, 0, fmt.Errorf("truncated record header (%d bytes)", len(b))
 	}
-	if !refRecHeaderOK(b) {
+	if !refRecHeaderOK(b, seed) {
 		return nil, 0, errors.New("record header checksum mismatch")
 	}
 	n := binary.LittleEndian.Uint32(b[0:])
@@ -151,7 +179,7 @@ func decodeRefRecord(b []byte) ([]refOp, int, error) {
 		return nil, 0, fmt.Errorf("record of %d bytes runs past the end (%d bytes left)", n, len(b)-refRecHeaderLen)
 	}
 	body := b[refRecHeaderLen : refRecHeaderLen+int(n)]
-	if crc32.Checksum(body, castagnoli) != binary.LittleEndian.Uint32(b[8:]) {
+	if crc32.Update(seed, castagnoli, body) != binary.LittleEndian.Uint32(b[8:]) {
 		return nil, 0, errors.New("record checksum mismatch")
 	}
 	count, k := binary.Uvarint(body)
@@ -255,6 +283,7 @@ func (s *Store) loadRefLog() (bool, error) {
 		return true, fmt.Errorf("chunkstore: open ref log %s: %w", path, err)
 	}
 	s.refLog = f
+	s.refLogSalt = logSalt(b)
 	s.refLogSize = good
 	s.refLogTorn = good < int64(len(b)) && s.refLogErr == nil
 	s.refLogCompactAt = max(refLogMinCompact, 4*good)
@@ -418,7 +447,7 @@ func (s *Store) appendRefsLocked(ops []refOp) error {
 	if s.refLogErr != nil {
 		return fmt.Errorf("chunkstore: ref log %s: %w", s.refLogPath(), s.refLogErr)
 	}
-	rec := appendRefRecord(nil, ops)
+	rec := appendRefRecord(nil, s.refLogSalt, ops)
 	if s.refLogTorn {
 		if err := s.refLog.Truncate(s.refLogSize); err != nil {
 			return fmt.Errorf("chunkstore: ref log %s: cut torn tail at %d: %w", s.refLogPath(), s.refLogSize, err)
@@ -451,13 +480,14 @@ func (s *Store) appendRefsLocked(ops []refOp) error {
 // old log must be in index files and fsync'd packs before.
 func (s *Store) rewriteRefLogLocked() error {
 	path := s.refLogPath()
-	b := encodeRefLogHeader()
+	salt := newSalt()
+	b := encodeRefLogHeader(salt)
 	if len(s.refs) > 0 {
 		ops := make([]refOp, 0, len(s.refs))
 		for n, id := range s.refs {
 			ops = append(ops, refOp{name: n, id: id})
 		}
-		b = appendRefRecord(b, ops)
+		b = appendRefRecord(b, salt, ops)
 	}
 	if err := writeFileAtomic(path, b); err != nil {
 		return err
@@ -470,7 +500,7 @@ func (s *Store) rewriteRefLogLocked() error {
 	if s.refLog != nil {
 		s.refLog.Close()
 	}
-	s.refLog, s.refLogSize, s.refLogTorn, s.logObjects = f, int64(len(b)), false, false
+	s.refLog, s.refLogSalt, s.refLogSize, s.refLogTorn, s.logObjects = f, salt, int64(len(b)), false, false
 	s.refLogCompactAt = max(refLogMinCompact, 4*int64(len(b)))
 	return nil
 }

@@ -110,6 +110,7 @@ type Store struct {
 	refPrefixes     map[string]int // '/'-prefixes of ref names, with the number of refs below
 	refLog          *os.File       // the ref log, open for appends (nil until written)
 	refLogSize      int64          // length of its valid records
+	refLogSalt      uint32         // seeds its record checksums
 	refLogTorn      bool           // bytes of a torn record follow refLogSize
 	refLogErr       error          // set when the log cannot take more records
 	refLogCompactAt int64          // size at which the next update rewrites the log
@@ -214,7 +215,7 @@ func initDir(dir string) error {
 			return fmt.Errorf("chunkstore: create %s: %w", d, err)
 		}
 	}
-	if err := writeFileAtomic(filepath.Join(dir, refLogName), encodeRefLogHeader()); err != nil {
+	if err := writeFileAtomic(filepath.Join(dir, refLogName), encodeRefLogHeader(newSalt())); err != nil {
 		return err
 	}
 	if err := writeFileAtomic(marker, []byte(markerText)); err != nil {
