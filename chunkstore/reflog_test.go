@@ -436,3 +436,43 @@ func TestRefLogCraftedObject(t *testing.T) {
 		t.Fatalf("refs %v, want only a", got)
 	}
 }
+
+// BenchmarkSetRef measures one durable ref update with nothing pending
+// (one record, one fdatasync) and with a 4 KiB chunk put before it (the
+// chunk journaled in the same record).
+func BenchmarkSetRef(b *testing.B) {
+	for _, put := range []bool{false, true} {
+		name := "refonly"
+		if put {
+			name = "put4k"
+		}
+		b.Run(name, func(b *testing.B) {
+			s := openT(b, b.TempDir(), nil)
+			defer s.Close()
+			cur, _ := s.Put([]byte("first"))
+			if err := s.SetRef("r", ID{}, cur); err != nil {
+				b.Fatal(err)
+			}
+			ids := []ID{cur, Sum(nil)}
+			ids[1], _ = s.Put([]byte("second"))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				next := ids[i%2]
+				if next == cur {
+					next = ids[(i+1)%2]
+				}
+				if put {
+					id, err := s.Put(randBytes(uint64(i), 4096))
+					if err != nil {
+						b.Fatal(err)
+					}
+					next = id
+				}
+				if err := s.SetRef("r", cur, next); err != nil {
+					b.Fatal(err)
+				}
+				cur = next
+			}
+		})
+	}
+}
