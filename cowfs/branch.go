@@ -99,40 +99,85 @@ func nowNs() int64 { return time.Now().UnixNano() }
 
 // openBranch takes the branch's lock and loads its head.
 func (f *FS) openBranch(name string) (*branch, error) {
-	head, ok, err := f.getRef(refBranch + name)
-	if err != nil {
-		return nil, err
-	}
-	if !ok {
-		return nil, fmt.Errorf("open branch %q: %w", name, ErrNoBranch)
-	}
-	dir := f.branchDir(name)
-	// The overlay directory is made by the first write (a directory costs
-	// a metadata update, which is slow next to the rest of a fork).
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("create branch dir %s: %w", dir, err)
-	}
-	lk, err := lockFile(filepath.Join(dir, "lock"))
-	if err != nil {
-		return nil, fmt.Errorf("open branch %q: %w", name, err)
-	}
-	// Overlay files from an earlier session hold nothing committed: the
-	// branch ref is the durable state.
-	olds, _ := filepath.Glob(filepath.Join(dir, "overlay", "*"))
-	for _, o := range olds {
-		os.Remove(o)
-	}
-	meta, err := f.readMeta(name)
-	if err != nil {
-		lk.Close()
-		return nil, err
-	}
-	b := &branch{fs: f, name: name, dir: dir, lock: lk, nextIno: 2, meta: meta, chunkCache: map[chunkstore.ID][]byte{}, orphans: map[*inode]*inode{}}
-	if err := b.loadRoot(head); err != nil {
-		lk.Close()
+	b := f.newBranch()
+	if _, err := b.open(name, nil); err != nil {
 		return nil, err
 	}
 	return b, nil
+}
+
+// newBranch makes an unbound branch whose root is an empty directory: a
+// placeholder until open binds it to a branch.
+func (f *FS) newBranch() *branch {
+	root := &inode{ino: 1, typ: TypeDir, mode: 0o755, parents: map[*inode]int{},
+		loaded: true, children: map[string]*inode{}}
+	return &branch{fs: f, root: root, nextIno: 2, linked: map[uint64]*inode{},
+		chunkCache: map[chunkstore.ID][]byte{}, orphans: map[*inode]*inode{}}
+}
+
+// bound reports whether open has bound b to a branch. Caller holds b.mu
+// or owns b alone.
+func (b *branch) bound() bool { return b.name != "" }
+
+// stateDir is an empty branch state directory made ahead of time, its lock
+// file already locked, for open to rename into place: that saves making a
+// directory and a file (each a metadata update) when a branch is bound.
+type stateDir struct {
+	path string
+	lock *os.File
+}
+
+// open binds the unbound b to branch name: it takes the branch's lock and
+// loads its head. When pre is given and the branch has no state directory
+// yet, pre becomes it (used reports that; pre is then b's). On error b
+// stays unbound. Caller holds b.mu or owns b alone.
+func (b *branch) open(name string, pre *stateDir) (used bool, err error) {
+	f := b.fs
+	head, ok, err := f.getRef(refBranch + name)
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		return false, fmt.Errorf("open branch %q: %w", name, ErrNoBranch)
+	}
+	dir := f.branchDir(name)
+	var lk *os.File
+	var meta branchMeta
+	if pre != nil && os.Rename(pre.path, dir) == nil {
+		// A new state directory: no overlay files, no settings file.
+		lk, used = pre.lock, true
+	} else {
+		// The overlay directory is made by the first write (a directory
+		// costs a metadata update, which is slow next to the rest of a
+		// fork).
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return false, fmt.Errorf("create branch dir %s: %w", dir, err)
+		}
+		lk, err = lockFile(filepath.Join(dir, "lock"))
+		if err != nil {
+			return false, fmt.Errorf("open branch %q: %w", name, err)
+		}
+		// Overlay files from an earlier session hold nothing committed:
+		// the branch ref is the durable state.
+		olds, _ := filepath.Glob(filepath.Join(dir, "overlay", "*"))
+		for _, o := range olds {
+			os.Remove(o)
+		}
+		meta, err = f.readMeta(name)
+		if err != nil {
+			lk.Close()
+			return false, err
+		}
+	}
+	oldRoot, oldNext := b.root, b.nextIno
+	b.name, b.dir = name, dir
+	if err := b.loadRoot(head); err != nil {
+		lk.Close()
+		b.name, b.dir, b.root, b.nextIno = "", "", oldRoot, oldNext
+		return used, err
+	}
+	b.lock, b.meta = lk, meta
+	return used, nil
 }
 
 func (b *branch) loadRoot(head chunkstore.ID) error {
@@ -719,6 +764,9 @@ func (b *branch) snapshot(ctx context.Context) (chunkstore.ID, error) {
 // to update the branch is durable already: its head ref was set after its
 // objects were durable.
 func (b *branch) commitRefs(ctx context.Context, keep bool) (chunkstore.ID, error) {
+	if !b.bound() {
+		return chunkstore.ID{}, errors.New("commit: mount is not bound to a branch")
+	}
 	id, err := b.commit(ctx)
 	if err != nil {
 		return id, err

@@ -61,6 +61,23 @@ func (f *FS) Mount(ctx context.Context, branchName, dir string, opts *MountOptio
 		f.mu.Unlock()
 		return nil, err
 	}
+	m, err := f.serve(b, dir, "tine:"+branchName, opts)
+	if err != nil {
+		b.close()
+		f.mu.Lock()
+		delete(f.live, branchName)
+		f.mu.Unlock()
+		return nil, fmt.Errorf("mount %q at %s: %w", branchName, dir, err)
+	}
+	f.mu.Lock()
+	f.live[branchName] = b
+	f.mu.Unlock()
+	return m, nil
+}
+
+// serve mounts b's root at dir and serves it until unmounted. b may be
+// unbound (a pooled placeholder) and be bound later.
+func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, error) {
 	b.passthrough = !opts.NoPassthrough && os.Geteuid() == 0
 	root := &node{b: b, in: b.root}
 	b.rootNode = root
@@ -77,7 +94,7 @@ func (f *FS) Mount(ctx context.Context, branchName, dir string, opts *MountOptio
 		NegativeTimeout: &to,
 		RootStableAttr:  &gofs.StableAttr{Ino: 1},
 		MountOptions: fuse.MountOptions{
-			FsName:      "tine:" + branchName,
+			FsName:      fsName,
 			Name:        "cowfs",
 			AllowOther:  os.Geteuid() == 0,
 			Options:     []string{"default_permissions"},
@@ -93,15 +110,8 @@ func (f *FS) Mount(ctx context.Context, branchName, dir string, opts *MountOptio
 	}
 	srv, err := gofs.Mount(dir, root, fo)
 	if err != nil {
-		b.close()
-		f.mu.Lock()
-		delete(f.live, branchName)
-		f.mu.Unlock()
-		return nil, fmt.Errorf("mount %q at %s: %w", branchName, dir, err)
+		return nil, err
 	}
-	f.mu.Lock()
-	f.live[branchName] = b
-	f.mu.Unlock()
 	m := &Mount{fs: f, b: b, dir: dir, server: srv, served: make(chan struct{})}
 	go func() {
 		srv.Wait()
@@ -135,6 +145,16 @@ func (m *Mount) Unmount() error {
 			}
 		}
 		<-m.served
+		m.b.mu.Lock()
+		bound := m.b.bound()
+		m.b.mu.Unlock()
+		if !bound {
+			// A pooled placeholder: no branch to commit or release.
+			if err != nil {
+				m.err = fmt.Errorf("unmount placeholder %s: %w", m.dir, err)
+			}
+			return
+		}
 		_, cerr := m.b.checkpoint(context.Background(), true)
 		m.b.mu.Lock()
 		meta := m.b.meta
@@ -318,6 +338,11 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*go
 	b := n.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if !b.bound() {
+		// Not ENOENT: the kernel would cache that answer into the branch
+		// this placeholder is later bound to.
+		return nil, syscall.EACCES
+	}
 	d := n.cur()
 	if err := b.load(d); err != nil {
 		return nil, syscall.EIO
@@ -340,6 +365,9 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, sa *fuse.SetAttr
 	b := n.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if !b.bound() {
+		return syscall.EROFS
+	}
 	in := n.cur()
 	if sz, ok := sa.GetSize(); ok {
 		if in.typ != TypeFile {
@@ -500,6 +528,9 @@ func (b *branch) addChild(d *inode, name string, c *inode) error {
 }
 
 func (n *node) dirFor(name string) (*inode, syscall.Errno) {
+	if !n.b.bound() {
+		return nil, syscall.EROFS
+	}
 	d := n.cur()
 	if d.typ != TypeDir {
 		return nil, syscall.ENOTDIR
@@ -868,6 +899,12 @@ func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 }
 
 func (n *node) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) syscall.Errno {
+	n.b.mu.Lock()
+	bound := n.b.bound()
+	n.b.mu.Unlock()
+	if !bound {
+		return 0 // a placeholder holds nothing to commit
+	}
 	if _, err := n.b.checkpoint(context.Background(), true); err != nil {
 		return syscall.EIO
 	}
@@ -1029,6 +1066,9 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	b := n.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if !b.bound() {
+		return syscall.EROFS
+	}
 	in := n.cur()
 	_, exists := in.xattrs[attr]
 	if flags&unix.XATTR_CREATE != 0 && exists {
@@ -1052,6 +1092,9 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	b := n.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if !b.bound() {
+		return syscall.EROFS
+	}
 	in := n.cur()
 	if _, ok := in.xattrs[attr]; !ok {
 		return syscall.ENODATA

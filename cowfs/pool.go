@@ -1,0 +1,371 @@
+package cowfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// ErrPoolClosed reports a MountPool used after Close.
+var ErrPoolClosed = errors.New("mount pool is closed")
+
+// MountPool keeps FUSE mounts made ahead of time, so that a fork does not
+// pay for the mount syscall and the server start. Each pooled mount is a
+// placeholder, an empty directory bound to no branch, at its own
+// subdirectory of the pool's directory; Mount and Fork bind one to a
+// branch in place and a background goroutine mounts a new one. A
+// placeholder answers no lookups and refuses changes, so the kernel caches
+// nothing from it that could outlive the binding. It is safe for
+// concurrent use.
+type MountPool struct {
+	fs   *FS
+	dir  string
+	n    int
+	opts MountOptions
+
+	ready chan *pooled  // unbound placeholders, at most n
+	kick  chan struct{} // asks the refill loop to top the pool up
+	stop  chan struct{} // closed by Close
+	done  chan struct{} // closed when the refill loop has returned
+
+	mu     sync.Mutex
+	seq    int   // last subdirectory number tried
+	err    error // the refill loop's last failure, cleared by a success
+	closed bool
+}
+
+// NewMountPool mounts n placeholders under dir (created if missing), each
+// at its own subdirectory, and keeps n ready as they are taken. opts
+// applies to every mount of the pool, as in Mount.
+func (f *FS) NewMountPool(ctx context.Context, dir string, n int, opts *MountOptions) (*MountPool, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("mount pool at %s: size %d, want at least 1", dir, n)
+	}
+	if opts == nil {
+		opts = &MountOptions{}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("mount pool: create %s: %w", dir, err)
+	}
+	p := &MountPool{fs: f, dir: dir, n: n, opts: *opts,
+		ready: make(chan *pooled, n), kick: make(chan struct{}, 1),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	p.dropStale()
+	for i := 0; i < n; i++ {
+		var m *pooled
+		err := ctx.Err()
+		if err == nil {
+			m, err = p.newPlaceholder()
+		}
+		if err != nil {
+			close(p.done)
+			p.Close()
+			return nil, fmt.Errorf("mount pool at %s: %w", dir, err)
+		}
+		p.ready <- m
+	}
+	go p.refill()
+	return p, nil
+}
+
+// Dir returns the directory the pool's mounts are made under.
+func (p *MountPool) Dir() string { return p.dir }
+
+// Ready returns how many placeholders are mounted and waiting.
+func (p *MountPool) Ready() int { return len(p.ready) }
+
+// Fork creates branch name from snapshot snap (one ref update, as Branch)
+// and serves it from a pooled mount, as Mount does. If the branch cannot
+// be served it is deleted again.
+func (p *MountPool) Fork(ctx context.Context, snap SnapshotID, name string) (*Mount, error) {
+	if err := p.fs.Branch(ctx, snap, name); err != nil {
+		return nil, err
+	}
+	m, err := p.Mount(ctx, name)
+	if err != nil {
+		if derr := p.fs.DeleteBranch(ctx, name); derr != nil {
+			err = errors.Join(err, derr)
+		}
+		return nil, fmt.Errorf("fork %q from %s: %w", name, snap, err)
+	}
+	return m, nil
+}
+
+// Mount serves the existing branch name from a pooled mount: the returned
+// Mount behaves as one made by (*FS).Mount (the branch lock is held until
+// Unmount), at a subdirectory of the pool's directory. The directory stays
+// after Unmount. A branch already mounted fails with ErrBusy. With no
+// placeholder ready, one is mounted on the spot.
+func (p *MountPool) Mount(ctx context.Context, name string) (*Mount, error) {
+	if err := checkName("branch", name); err != nil {
+		return nil, err
+	}
+	f := p.fs
+	f.mu.Lock()
+	if _, ok := f.live[name]; ok {
+		f.mu.Unlock()
+		return nil, fmt.Errorf("mount %q: %w in this process", name, ErrBusy)
+	}
+	f.live[name] = nil // reserved while binding
+	f.mu.Unlock()
+	release := func() {
+		f.mu.Lock()
+		delete(f.live, name)
+		f.mu.Unlock()
+	}
+	pm, err := p.take(ctx)
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("mount %q from pool %s: %w", name, p.dir, err)
+	}
+	m, b := pm.m, pm.m.b
+	b.mu.Lock()
+	used, err := b.open(name, pm.pre)
+	b.mu.Unlock()
+	if used {
+		pm.pre = nil
+	}
+	if err != nil {
+		release()
+		p.put(pm)
+		return nil, fmt.Errorf("mount %q at %s: %w", name, m.dir, err)
+	}
+	f.mu.Lock()
+	f.live[name] = b
+	f.mu.Unlock()
+	// The root's attributes may sit in the kernel's cache from before the
+	// binding: drop them. The kernel also ignores replies to requests that
+	// began before this.
+	b.rootNode.NotifyContent(0, 0)
+	pm.pre.drop()
+	p.wake()
+	return m, nil
+}
+
+// Close stops refilling and unmounts the placeholders still waiting, and
+// removes their directories. Mounts already handed out stay mounted.
+func (p *MountPool) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	close(p.stop)
+	<-p.done
+	var errs []error
+	for len(p.ready) > 0 {
+		errs = append(errs, p.discard(<-p.ready))
+	}
+	return errors.Join(errs...)
+}
+
+// pooled is a placeholder mount with the spare state directory made for
+// it (nil once used).
+type pooled struct {
+	m   *Mount
+	pre *stateDir
+}
+
+// take returns a placeholder: a ready one, or else one mounted now. The
+// refill starts after the binding, so that it does not compete with it.
+func (p *MountPool) take(ctx context.Context) (*pooled, error) {
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed {
+		return nil, ErrPoolClosed
+	}
+	select {
+	case m := <-p.ready:
+		return m, nil
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return p.newPlaceholder()
+}
+
+// put returns an unbound placeholder to the pool, or unmounts it when the
+// pool is full or closed.
+func (p *MountPool) put(m *pooled) {
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if !closed {
+		select {
+		case p.ready <- m:
+			return
+		default:
+		}
+	}
+	p.discard(m)
+}
+
+func (p *MountPool) wake() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// refillDelay is how long the refill waits after a mount was taken while
+// others are still ready.
+const refillDelay = 10 * time.Millisecond
+
+// refill mounts placeholders whenever the pool is below its size. It is
+// the only sender on p.ready besides put, which never blocks.
+func (p *MountPool) refill() {
+	defer close(p.done)
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.kick:
+		}
+		if len(p.ready) > 0 {
+			// Mounting competes for CPU and locks with the fork just made
+			// and its first requests: wait a little unless the pool is dry.
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(refillDelay):
+			}
+		}
+		for len(p.ready) < p.n {
+			select {
+			case <-p.stop:
+				return
+			default:
+			}
+			m, err := p.newPlaceholder()
+			p.mu.Lock()
+			p.err = err
+			p.mu.Unlock()
+			if err != nil {
+				break // the next take tries again, and mounts on the spot
+			}
+			select {
+			case p.ready <- m:
+			default:
+				p.discard(m) // filled by put meanwhile
+			}
+		}
+	}
+}
+
+// Err returns the background refill's last failure, or nil.
+func (p *MountPool) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// newPlaceholder mounts an unbound branch at a fresh subdirectory and
+// makes a spare state directory for it.
+func (p *MountPool) newPlaceholder() (*pooled, error) {
+	pre, err := p.newStateDir()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := p.newDir()
+	if err != nil {
+		pre.drop()
+		return nil, err
+	}
+	m, err := p.fs.serve(p.fs.newBranch(), dir, "tine:pool", &p.opts)
+	if err != nil {
+		pre.drop()
+		os.Remove(dir)
+		return nil, fmt.Errorf("mount placeholder at %s: %w", dir, err)
+	}
+	return &pooled{m: m, pre: pre}, nil
+}
+
+// sparePrefix starts the names of spare state directories; the leading dot keeps them
+// apart from branch names.
+const sparePrefix = ".spare-"
+
+// newStateDir makes a spare branch state directory with its lock taken.
+func (p *MountPool) newStateDir() (*stateDir, error) {
+	d, err := os.MkdirTemp(filepath.Join(p.fs.root, "branches"), sparePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("make spare branch dir: %w", err)
+	}
+	if err := os.Chmod(d, 0o700); err != nil {
+		os.Remove(d)
+		return nil, fmt.Errorf("make spare branch dir %s: %w", d, err)
+	}
+	lk, err := lockFile(filepath.Join(d, "lock"))
+	if err != nil {
+		os.RemoveAll(d)
+		return nil, fmt.Errorf("make spare branch dir %s: %w", d, err)
+	}
+	return &stateDir{path: d, lock: lk}, nil
+}
+
+// drop releases and removes an unused spare state directory.
+func (s *stateDir) drop() {
+	if s == nil {
+		return
+	}
+	s.lock.Close()
+	os.RemoveAll(s.path)
+}
+
+// dropStale removes spare state directories left by a process that ended
+// without closing its pool (their locks are free).
+func (p *MountPool) dropStale() {
+	olds, _ := filepath.Glob(filepath.Join(p.fs.root, "branches", sparePrefix+"*"))
+	for _, d := range olds {
+		lk, err := lockFile(filepath.Join(d, "lock"))
+		if err != nil {
+			continue // in use by a live pool, or not ours to judge
+		}
+		lk.Close()
+		os.RemoveAll(d)
+	}
+}
+
+// newDir makes an empty subdirectory for a mount. A leftover empty one is
+// reused; one that cannot be removed (a mount point) is skipped.
+func (p *MountPool) newDir() (string, error) {
+	for try := 0; try < 1000; try++ {
+		p.mu.Lock()
+		p.seq++
+		d := filepath.Join(p.dir, strconv.Itoa(p.seq))
+		p.mu.Unlock()
+		err := os.Mkdir(d, 0o755)
+		if errors.Is(err, os.ErrExist) && os.Remove(d) == nil {
+			err = os.Mkdir(d, 0o755)
+		}
+		if err == nil {
+			return d, nil
+		}
+		if !errors.Is(err, os.ErrExist) {
+			return "", fmt.Errorf("create mount dir %s: %w", d, err)
+		}
+	}
+	return "", fmt.Errorf("create mount dir in %s: no free name", p.dir)
+}
+
+// discard unmounts an unbound placeholder, removes its directory and
+// drops its spare state directory.
+func (p *MountPool) discard(pm *pooled) error {
+	pm.pre.drop()
+	m := pm.m
+	if err := m.Unmount(); err != nil {
+		return err
+	}
+	if err := os.Remove(m.dir); err != nil {
+		return fmt.Errorf("remove placeholder dir %s: %w", m.dir, err)
+	}
+	return nil
+}
