@@ -182,10 +182,24 @@ func (p *MountPool) take(ctx context.Context) (*pooled, error) {
 	if closed {
 		return nil, ErrPoolClosed
 	}
-	select {
-	case m := <-p.ready:
-		return m, nil
-	default:
+	for {
+		var pm *pooled
+		select {
+		case pm = <-p.ready:
+		default:
+		}
+		if pm == nil {
+			break
+		}
+		select {
+		case <-pm.m.served:
+			// Unmounted from outside: drop it and try the next.
+			p.discard(pm)
+			p.wake()
+			continue
+		default:
+		}
+		return pm, nil
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -195,7 +196,7 @@ func TestPoolMountLifecycle(t *testing.T) {
 	if err := m.Unmount(); err != nil {
 		t.Fatal(err)
 	}
-	if got := mountsUnder(t, p.Dir()); len(got) != 0 && got[0] == m.Dir() {
+	if got := mountsUnder(t, p.Dir()); slices.Contains(got, m.Dir()) {
 		t.Fatalf("%s still mounted after Unmount", m.Dir())
 	}
 	// Unmount committed the branch and released it: a plain mount sees
@@ -311,5 +312,29 @@ func TestPoolMountBusy(t *testing.T) {
 	}
 	if _, err := p.Mount(ctx, "missing"); !errors.Is(err, ErrNoBranch) {
 		t.Fatalf("pooled mount of a missing branch: %v, want ErrNoBranch", err)
+	}
+}
+
+func TestPoolSkipsPlaceholderUnmountedFromOutside(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	snap := importTree(t, f, poolFiles)
+	p := newTestPool(t, f, 1)
+	pm := <-p.ready // the refill waits for a take, so it stays away meanwhile
+	if err := syscall.Unmount(pm.m.Dir(), 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-pm.m.served:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server did not stop 10s after its unmount")
+	}
+	p.ready <- pm
+	m := poolFork(t, p, snap, "a")
+	if m.Dir() == pm.m.Dir() {
+		t.Fatal("fork bound to the placeholder unmounted from outside")
+	}
+	if diff := cmp.Diff(expand(poolFiles), readTree(t, m.Dir())); diff != "" {
+		t.Fatalf("fork (-want +got):\n%s", diff)
 	}
 }
