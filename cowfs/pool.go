@@ -210,17 +210,20 @@ func (p *MountPool) take(ctx context.Context) (*pooled, error) {
 // put returns an unbound placeholder to the pool, or unmounts it when the
 // pool is full or closed.
 func (p *MountPool) put(m *pooled) {
+	// Sending under p.mu orders it before Close's drain.
 	p.mu.Lock()
-	closed := p.closed
-	p.mu.Unlock()
-	if !closed {
+	kept := false
+	if !p.closed {
 		select {
 		case p.ready <- m:
-			return
+			kept = true
 		default:
 		}
 	}
-	p.discard(m)
+	p.mu.Unlock()
+	if !kept {
+		p.discard(m)
+	}
 }
 
 func (p *MountPool) wake() {
