@@ -111,6 +111,13 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	d.say("\n2. Imported as snapshot %s in %s.", short(base), ms(time.Since(t0)))
 
+	// Mounts are made ahead of time, so that a fork pays for one ref
+	// update and not for a FUSE mount.
+	pool, err := d.fs.NewMountPool(ctx, filepath.Join(d.work, "sandboxes"), len(demoIdeas), nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
 	d.say("\n3. %d sandboxes forked from it, each mounted at its own directory:", len(demoIdeas))
 	mounts := make([]*cowfs.Mount, len(demoIdeas))
 	defer func() {
@@ -122,19 +129,11 @@ func (d *demo) run(ctx context.Context) error {
 	}()
 	for i := range demoIdeas {
 		name := fmt.Sprintf("sandbox-%d", i+1)
-		mnt := filepath.Join(d.work, "sandboxes", name)
-		if err := os.MkdirAll(mnt, 0o755); err != nil {
-			return err
-		}
 		t0 := time.Now()
-		if err := d.fs.Branch(ctx, base, name); err != nil {
+		if mounts[i], err = pool.Fork(ctx, base, name); err != nil {
 			return err
 		}
-		forked := time.Since(t0)
-		if mounts[i], err = d.fs.Mount(ctx, name, mnt, nil); err != nil {
-			return err
-		}
-		d.say("   %s  fork %s, mount %s  -> %s", name, ms(forked), ms(time.Since(t0)-forked), mnt)
+		d.say("   %s  forked and mounted in %s -> %s", name, ms(time.Since(t0)), mounts[i].Dir())
 	}
 
 	d.say("\n4. Each agent tries its own idea, in parallel, and runs the tests:")
