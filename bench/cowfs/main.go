@@ -23,6 +23,7 @@ import (
 // Tool names, as they appear in the tables.
 const (
 	toolTine        = "tine"
+	toolTinePool    = "tine pool"
 	toolBtrfs       = "btrfs"
 	toolOverlay     = "overlayfs"
 	toolFuseOverlay = "fuse-overlayfs"
@@ -32,7 +33,7 @@ const (
 )
 
 // allTools is the column order of the tables.
-var allTools = []string{toolTine, toolNative, toolBtrfs, toolOverlay, toolFuseOverlay, toolCp, toolGit}
+var allTools = []string{toolTine, toolTinePool, toolNative, toolBtrfs, toolOverlay, toolFuseOverlay, toolCp, toolGit}
 
 // Section names for --only.
 const (

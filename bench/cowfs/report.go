@@ -181,6 +181,7 @@ func writeTable(w io.Writer, rep *report) error {
 	fmt.Fprintf(w, "load average (1/5/15 min) at start %s, at end %s\n", m.LoadStart, m.LoadEnd)
 	fmt.Fprintf(w, "command: %s; took %s\n", rep.Command, time.Duration(rep.Seconds*float64(time.Second)).Round(time.Second))
 	fmt.Fprintln(w, "cells: median [ratio tine/peer]; for times a ratio below 1 means tine is faster, for MB/s above 1.")
+	fmt.Fprintln(w, "goals are checked on the tine column.")
 	for _, s := range rep.Sections {
 		if len(s.Rows) == 0 {
 			continue
@@ -219,7 +220,7 @@ func writeTable(w io.Writer, rep *report) error {
 				case !res.ok():
 					fmt.Fprint(tw, "\tfailed")
 					errs = append(errs, fmt.Sprintf("%s / %s: %s", r.Name, t, res.Err))
-				case t != toolTine && tr.ok() && res.Median > 0:
+				case t != toolTine && t != toolTinePool && tr.ok() && res.Median > 0:
 					fmt.Fprintf(tw, "\t%s [%s]", formatValue(r.Unit, res.Median), formatRatio(tr.Median/res.Median))
 				default:
 					fmt.Fprintf(tw, "\t%s", formatValue(r.Unit, res.Median))

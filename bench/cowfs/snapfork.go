@@ -44,7 +44,7 @@ func snapForkSection(ctx context.Context, e *env) (*section, error) {
 		Title: "Snapshot and fork latency",
 		Note: "snapshot: record a live, writable tree that has uncommitted changes (a file written and one " +
 			"appended to just before). fork: a new writable tree from that snapshot, ready to use (a stat " +
-			"inside it succeeds). tine: Snapshot of a mounted branch; Branch + Mount. btrfs: " +
+			"inside it succeeds). tine: Snapshot of a mounted branch; Branch + Mount. tine pool: fork by MountPool.Fork, binding the branch to one of 2 mounts made ahead of time (the pool is full again before each sample). btrfs: " +
 			"BTRFS_IOC_SNAP_CREATE_V2 ioctl (read-only snapshot of the live subvolume; writable snapshot of it). " +
 			"overlayfs: snapshot = unmount, live upper becomes a lower layer, mount with a fresh upper; " +
 			"fork = mount with a fresh upper/work dir. cp -a: copy the tree. git: snapshot = add -A + commit; " +
@@ -69,7 +69,7 @@ func snapForkSection(ctx context.Context, e *env) (*section, error) {
 		}
 		trees = append(trees, testTree{label: fmt.Sprintf("Go src %s files", count(n)), path: src, files: n, probe: "go/build/build.go"})
 	}
-	tools := []string{toolTine, toolBtrfs, toolOverlay, toolCp, toolGit}
+	tools := []string{toolTine, toolTinePool, toolBtrfs, toolOverlay, toolCp, toolGit}
 	for ti, tr := range trees {
 		g := &goal{Text: "<= 1 ms", Max: 1e-3}
 		snapRow := newRow("snapshot, "+tr.label, unitSeconds, "warm", g)
@@ -96,7 +96,9 @@ func snapForkSection(ctx context.Context, e *env) (*section, error) {
 				return sec, err
 			}
 			snaps, forks, err := runForker(ctx, e, tool, base, tr, reps)
-			record(snapRow, tool, snaps, err)
+			if tool != toolTinePool { // its snapshot is tine's
+				record(snapRow, tool, snaps, err)
+			}
 			record(forkRow, tool, forks, err)
 			if fatal(ctx, err) {
 				return sec, err
@@ -112,8 +114,8 @@ func snapForkSection(ctx context.Context, e *env) (*section, error) {
 func runForker(ctx context.Context, e *env, tool, base string, tr testTree, reps int) (snaps, forks []float64, err error) {
 	var f forker
 	switch tool {
-	case toolTine:
-		f = newTineForker(e, base)
+	case toolTine, toolTinePool:
+		f = newTineForker(e, base, tool == toolTinePool)
 	case toolBtrfs:
 		b, err := e.btrfs(ctx)
 		if err != nil {
