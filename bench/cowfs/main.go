@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -149,7 +150,14 @@ func mainErr(args []string, stdout, stderr io.Writer) int {
 		<-ctx.Done()
 		stop()
 	}()
-	rep, err := run(ctx, cfg, "go run ./bench/cowfs "+strings.Join(args, " "))
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = a
+		if strings.ContainsAny(a, " \t'\"") {
+			quoted[i] = strconv.Quote(a)
+		}
+	}
+	rep, err := run(ctx, cfg, strings.TrimSpace("go run ./bench/cowfs "+strings.Join(quoted, " ")))
 	if rep != nil {
 		var werr error
 		if *asJSON {
