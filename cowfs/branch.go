@@ -1,6 +1,7 @@
 package cowfs
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -8,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -58,9 +58,10 @@ type fileData struct {
 	refs    []chunkstore.Ref
 	offs    []int64 // offs[i] is where refs[i] starts; offs[len(refs)] = baseLen
 	dirty   []extent
-	changed bool // content differs from id
-	ov      *os.File
-	ovPath  string
+	changed bool          // content differs from id
+	ov      *os.File      // the overlay file while open (see overlay.go)
+	ovPath  string        // the overlay file's path once made
+	ovElem  *list.Element // place among the branch's open overlays
 }
 
 func (fd *fileData) baseLen() int64 { return fd.offs[len(fd.refs)] }
@@ -93,6 +94,7 @@ type branch struct {
 
 	chunkCache map[chunkstore.ID][]byte // small cache of decoded chunks
 	chunkOrder []chunkstore.ID
+	overlays   overlayFiles // open overlay files, least recently used first
 }
 
 func nowNs() int64 { return time.Now().UnixNano() }
@@ -402,9 +404,7 @@ func (b *branch) commitFile(ctx context.Context, in *inode) error {
 	fd.setRefs(out)
 	fd.dirty = nil
 	fd.changed = false
-	if fd.ov != nil {
-		fd.ov.Truncate(0)
-	}
+	b.dropOverlay(fd) // its bytes are in the store now
 	in.id = id
 	return nil
 }
@@ -534,34 +534,6 @@ func (b *branch) fileOf(in *inode) (*fileData, error) {
 	return fd, nil
 }
 
-func (b *branch) overlay(in *inode) (*os.File, error) {
-	fd := in.f
-	if fd.ov != nil {
-		return fd.ov, nil
-	}
-	p := filepath.Join(b.dir, "overlay", strconv.FormatUint(in.ino, 10)+"-"+strconv.FormatUint(b.gen, 10))
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
-	if errors.Is(err, os.ErrNotExist) {
-		if err = os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
-			f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("branch %q: create overlay %s: %w", b.name, p, err)
-	}
-	fd.ov, fd.ovPath = f, p
-	return f, nil
-}
-
-// dropOverlay closes and removes an inode's overlay file.
-func (fd *fileData) dropOverlay() {
-	if fd != nil && fd.ov != nil {
-		fd.ov.Close()
-		os.Remove(fd.ovPath)
-		fd.ov = nil
-	}
-}
-
 // chunk returns a chunk's bytes (a small cache keeps the recent ones).
 func (b *branch) chunk(r chunkstore.Ref) ([]byte, error) {
 	if r.ID.IsZero() {
@@ -603,7 +575,11 @@ func (b *branch) readAt(in *inode, p []byte, off int64) (int, error) {
 		i := fd.extentAfter(pos)
 		if i < len(fd.dirty) && fd.dirty[i].off <= pos {
 			n := min(end, fd.dirty[i].end) - pos
-			m, err := fd.ov.ReadAt(buf[:n], pos)
+			ov, err := b.overlay(in)
+			if err != nil {
+				return int(pos - off), err
+			}
+			m, err := ov.ReadAt(buf[:n], pos)
 			if err != nil && !errors.Is(err, io.EOF) {
 				return int(pos - off), fmt.Errorf("branch %q: read overlay %s: %w", b.name, fd.ovPath, err)
 			}
@@ -713,8 +689,12 @@ func (b *branch) truncate(in *inode, n int64) syscall.Errno {
 			fd.setRefs(fd.refs[:j:j])
 		}
 		fd.clipExtents(n)
-		if fd.ov != nil {
-			if err := fd.ov.Truncate(n); err != nil {
+		if fd.ovPath != "" {
+			ov, err := b.overlay(in)
+			if err != nil {
+				return syscall.EIO
+			}
+			if err := ov.Truncate(n); err != nil {
 				return toErrno(err)
 			}
 		}
@@ -833,7 +813,7 @@ func (b *branch) resetLocked(snap chunkstore.ID) error {
 	b.walkLoaded(b.root, func(in *inode) {
 		if in.f != nil {
 			if in.opens == 0 {
-				in.f.dropOverlay()
+				b.dropOverlay(in.f)
 			} else {
 				b.orphans[in] = in
 			}

@@ -179,11 +179,11 @@ func (b *branch) close() {
 	defer b.mu.Unlock()
 	b.walkLoaded(b.root, func(in *inode) {
 		if in.f != nil {
-			in.f.dropOverlay()
+			b.dropOverlay(in.f)
 		}
 	})
 	for _, in := range b.orphans {
-		in.f.dropOverlay()
+		b.dropOverlay(in.f)
 	}
 	b.orphans = nil
 	if b.lock != nil {
@@ -439,7 +439,7 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 		h.pt.Close()
 	}
 	if h.in.nlink == 0 && h.in.opens == 0 && h.in.f != nil {
-		h.in.f.dropOverlay()
+		b.dropOverlay(h.in.f)
 		delete(b.orphans, h.in)
 	}
 	return 0
@@ -690,7 +690,7 @@ func (b *branch) removeName(d *inode, name string) error {
 	}
 	if c.opens == 0 {
 		if c.f != nil {
-			c.f.dropOverlay()
+			b.dropOverlay(c.f)
 		}
 	} else if c.f != nil {
 		b.orphans[c] = c
