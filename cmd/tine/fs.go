@@ -40,6 +40,7 @@ type fsOpts struct {
 	noPT    bool
 	debug   bool
 	timeout time.Duration
+	dryRun  bool
 }
 
 var fsCmds = []fsCmd{
@@ -64,6 +65,11 @@ var fsCmds = []fsCmd{
 	{name: "diff", summary: "list changes from A to B (snapshot id, snapshot name or branch)", args: []string{"A", "B"}, do: fsDiff},
 	{name: "patch", summary: "print changes from A to B as a unified patch", args: []string{"A", "B"}, do: fsPatch},
 	{name: "export-tar", summary: "write files changed from A to B as a tar; print deletions", args: []string{"A", "B", "FILE"}, paths: []int{2}, do: fsExportTar},
+	{name: "promote", summary: "apply changes from BASE to SNAP to a host directory after a conflict check (--dry-run)", args: []string{"BASE", "SNAP", "DIR"}, paths: []int{2},
+		flags: func(fs *flag.FlagSet, o *fsOpts) {
+			fs.BoolVar(&o.dryRun, "dry-run", false, "list the changes and check for conflicts; write nothing")
+		},
+		do: fsPromote},
 	{name: "ls", summary: "list branches and snapshots", do: fsList},
 	{name: "quota", summary: "set the bytes a branch may write (0: no limit)", args: []string{"BRANCH", "BYTES"}, do: fsQuota},
 	{name: "rm", summary: "delete an unmounted branch (its snapshots stay)", args: []string{"BRANCH"}, do: fsRemove},
@@ -477,19 +483,31 @@ func fsDiff(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Writ
 		return err
 	}
 	if o.json {
-		out := make([]changeJSON, 0, len(changes))
-		for _, c := range changes {
-			j := changeJSON{Path: c.Path, Kind: c.Kind.String()}
-			if c.Old != nil {
-				j.OldType, j.OldMode = c.Old.Type.String(), fmt.Sprintf("%04o", c.Old.Mode)
-			}
-			if c.New != nil {
-				j.NewType, j.NewMode, j.Size = c.New.Type.String(), fmt.Sprintf("%04o", c.New.Mode), c.New.Size
-			}
-			out = append(out, j)
-		}
-		return writeJSON(w, out)
+		return writeJSON(w, changesJSON(changes))
 	}
+	printChanges(w, changes)
+	return nil
+}
+
+// changesJSON turns changes into their --json form.
+func changesJSON(changes []cowfs.Change) []changeJSON {
+	out := make([]changeJSON, 0, len(changes))
+	for _, c := range changes {
+		j := changeJSON{Path: c.Path, Kind: c.Kind.String()}
+		if c.Old != nil {
+			j.OldType, j.OldMode = c.Old.Type.String(), fmt.Sprintf("%04o", c.Old.Mode)
+		}
+		if c.New != nil {
+			j.NewType, j.NewMode, j.Size = c.New.Type.String(), fmt.Sprintf("%04o", c.New.Mode), c.New.Size
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
+// printChanges lists changes one a line: a letter for the kind (Added,
+// Deleted, Modified, Type changed, Permissions/metadata) and the path.
+func printChanges(w io.Writer, changes []cowfs.Change) {
 	marks := map[cowfs.ChangeKind]string{cowfs.Added: "A", cowfs.Deleted: "D", cowfs.Modified: "M", cowfs.TypeChanged: "T", cowfs.ModeChanged: "P"}
 	for _, c := range changes {
 		p := c.Path
@@ -498,7 +516,6 @@ func fsDiff(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Writ
 		}
 		fmt.Fprintf(w, "%s %s\n", marks[c.Kind], strconv.Quote(p)[1:len(strconv.Quote(p))-1])
 	}
-	return nil
 }
 
 func fsPatch(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Writer) error {
