@@ -159,7 +159,7 @@ func (b *branch) open(name string, pre *stateDir) (used bool, err error) {
 		if err != nil {
 			return false, fmt.Errorf("open branch %q: %w", name, err)
 		}
-		// Overlay files from an earlier session hold nothing committed:
+		// Overlay files from an earlier mount hold nothing committed:
 		// the branch ref is the durable state.
 		olds, _ := filepath.Glob(filepath.Join(dir, "overlay", "*"))
 		for _, o := range olds {
