@@ -28,6 +28,7 @@ type inode struct {
 	atime    int64
 	xattrs   map[string][]byte
 	nlink    uint32 // names (files and other non-directories)
+	linkable bool   // an unnamed O_TMPFILE file that linkat may still name
 	linkID   uint64
 	parents  map[*inode]int // directory -> number of names of this inode in it
 

@@ -647,13 +647,18 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	if c.typ == TypeDir {
 		return nil, syscall.EPERM
 	}
-	if c.nlink == 0 {
+	switch {
+	case c.nlink == 0 && !c.linkable:
 		return nil, syscall.ENOENT
+	case c.nlink == 0: // an O_TMPFILE file gets its first name
+		c.linkable = false
+		delete(b.orphans, c)
+	default:
+		if c.linkID == 0 {
+			c.linkID = randomLinkID()
+		}
+		b.linked[c.linkID] = c
 	}
-	if c.linkID == 0 {
-		c.linkID = randomLinkID()
-	}
-	b.linked[c.linkID] = c
 	c.nlink++
 	c.ctime = nowNs()
 	if err := b.addChild(d, name, c); err != nil {
