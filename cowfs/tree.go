@@ -157,6 +157,21 @@ func (d *decoder) fail(what string) {
 	}
 }
 
+// link takes the next id from links for a field that names one: it must
+// exist and not be zero.
+func (d *decoder) link(links []chunkstore.ID, li *int, what string) chunkstore.ID {
+	switch {
+	case *li >= len(links):
+		d.fail("more " + what + "s than links")
+	case links[*li].IsZero():
+		d.fail("zero " + what + " in links")
+	default:
+		*li++
+		return links[*li-1]
+	}
+	return chunkstore.ID{}
+}
+
 func (d *decoder) uvarint(what string) uint64 {
 	if d.err != nil {
 		return 0
@@ -265,14 +280,7 @@ func decodeDir(links []chunkstore.ID, payload []byte) ([]Entry, error) {
 		case hasID > 1:
 			d.fail("bad id flag")
 		case hasID == 1:
-			if li >= len(links) {
-				d.fail("more ids than links")
-			} else if links[li].IsZero() {
-				d.fail("zero id in links")
-			} else {
-				e.ID = links[li]
-				li++
-			}
+			e.ID = d.link(links, &li, "id")
 		case e.Type == TypeDir:
 			d.fail("subdirectory without tree id")
 		}
@@ -413,14 +421,7 @@ func decodeFile(links []chunkstore.ID, payload []byte) (*fileHeader, error) {
 			case hole > 1:
 				d.fail("bad hole flag")
 			case hole == 0:
-				if li >= len(links) {
-					d.fail("more chunks than links")
-				} else if links[li].IsZero() {
-					d.fail("zero chunk id in links")
-				} else {
-					r.ID = links[li]
-					li++
-				}
+				r.ID = d.link(links, &li, "chunk id")
 			}
 			sum += uint64(sz)
 			h.refs = append(h.refs, r)
