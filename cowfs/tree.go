@@ -157,6 +157,20 @@ func (d *decoder) fail(what string) {
 	}
 }
 
+// finish returns the decoder's error, or an error if bytes or links are
+// left over after decoding (li links of nLinks used).
+func (d *decoder) finish(nLinks, li int) error {
+	switch {
+	case d.err != nil:
+		return d.err
+	case d.off != len(d.b):
+		return fmt.Errorf("%w: %d trailing bytes at offset %d", errCorrupt, len(d.b)-d.off, d.off)
+	case li != nLinks:
+		return fmt.Errorf("%w: %d links, %d used", errCorrupt, nLinks, li)
+	}
+	return nil
+}
+
 // link takes the next id from links for a field that names one: it must
 // exist and not be zero.
 func (d *decoder) link(links []chunkstore.ID, li *int, what string) chunkstore.ID {
@@ -319,14 +333,8 @@ func decodeDir(links []chunkstore.ID, payload []byte) ([]Entry, error) {
 		}
 		entries = append(entries, e)
 	}
-	if d.err != nil {
-		return nil, d.err
-	}
-	if d.off != len(payload) {
-		return nil, fmt.Errorf("%w: %d trailing bytes at offset %d", errCorrupt, len(payload)-d.off, d.off)
-	}
-	if li != len(links) {
-		return nil, fmt.Errorf("%w: %d links, %d used", errCorrupt, len(links), li)
+	if err := d.finish(len(links), li); err != nil {
+		return nil, err
 	}
 	return entries, nil
 }
@@ -450,14 +458,8 @@ func decodeFile(links []chunkstore.ID, payload []byte) (*fileHeader, error) {
 	default:
 		d.fail(fmt.Sprintf("unknown file form %d", form))
 	}
-	if d.err != nil {
-		return nil, d.err
-	}
-	if d.off != len(payload) {
-		return nil, fmt.Errorf("%w: %d trailing bytes at offset %d", errCorrupt, len(payload)-d.off, d.off)
-	}
-	if li != len(links) {
-		return nil, fmt.Errorf("%w: %d links, %d used", errCorrupt, len(links), li)
+	if err := d.finish(len(links), li); err != nil {
+		return nil, err
 	}
 	if sum != size {
 		return nil, fmt.Errorf("%w: parts sum to %d bytes, header says %d", errCorrupt, sum, size)

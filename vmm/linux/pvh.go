@@ -70,7 +70,7 @@ func ParseVmlinux(elf []byte) (*Vmlinux, error) {
 	if phnum == 0 || phnum > maxPhdrs {
 		return nil, imageErr("ELF program header count %d at offset 56 is outside [1, %d]", phnum, maxPhdrs)
 	}
-	if !within(phoff, uint64(phnum)*elfPhdrSize, uint64(len(elf))) {
+	if !inRAM(phoff, uint64(phnum)*elfPhdrSize, uint64(len(elf))) {
 		return nil, imageErr("ELF program headers [%#x, +%d×%d) at offset 32 run past the %d-byte file", phoff, phnum, elfPhdrSize, len(elf))
 	}
 	v := &Vmlinux{}
@@ -83,7 +83,7 @@ func ParseVmlinux(elf []byte) (*Vmlinux, error) {
 		filesz, memsz := le.Uint64(ph[32:]), le.Uint64(ph[40:])
 		switch typ {
 		case ptLoad:
-			if !within(off, filesz, uint64(len(elf))) {
+			if !inRAM(off, filesz, uint64(len(elf))) {
 				return nil, imageErr("ELF PT_LOAD at offset %#x: file range [%#x, +%#x) runs past the %d-byte file", at, off, filesz, len(elf))
 			}
 			if filesz > memsz {
@@ -94,7 +94,7 @@ func ParseVmlinux(elf []byte) (*Vmlinux, error) {
 			}
 			v.Segments = append(v.Segments, ELFSegment{Offset: off, Paddr: paddr, Filesz: filesz, Memsz: memsz})
 		case ptNote:
-			if !within(off, filesz, uint64(len(elf))) {
+			if !inRAM(off, filesz, uint64(len(elf))) {
 				return nil, imageErr("ELF PT_NOTE at offset %#x: range [%#x, +%#x) runs past the %d-byte file", at, off, filesz, len(elf))
 			}
 			entry, ok, err := findPVHEntry(elf[off:off+filesz], off)
@@ -154,12 +154,6 @@ func findPVHEntry(notes []byte, base uint64) (uint32, bool, error) {
 }
 
 func align4(n uint64) uint64 { return (n + 3) &^ 3 }
-
-// within reports whether [off, off+n) lies in [0, limit) without overflow.
-func within(off, n, limit uint64) bool {
-	end := off + n
-	return end >= off && end <= limit
-}
 
 // LoadPVH loads an uncompressed vmlinux into mem for the PVH entry.
 func LoadPVH(mem, elf []byte, cfg Config) (*Boot, error) {
