@@ -5,18 +5,20 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"strconv"
 	"strings"
 )
 
-// On-disk format: store format 2 (the ref log); packs and index files are
+// On-disk format: store format 3 (the ref log, ADR 0041); packs and index files are
 // version 1. See docs/chunkstore.md for the full layout.
 
 const (
 	formatVersion = 1
 
 	markerName   = "tine-store"
-	markerText   = "tine chunkstore\nformat 2\n"
+	markerText   = "tine chunkstore\nformat 3\n"
+	markerTextV2 = "tine chunkstore\nformat 2\n" // ref log without copies: rewritten at open
 	markerTextV1 = "tine chunkstore\nformat 1\n" // refs in files under refs/: moved into the ref log at open
 
 	packMagic     = "tinepak\x00"
@@ -101,26 +103,9 @@ func appendRecord(dst []byte, kind, codec uint8, ulen uint32, id ID, stored []by
 // must start at the record; it checks the header and the CRC and returns
 // the stored bytes (a sub-slice of b).
 func decodeRecord(name string, off int64, b []byte) (recHeader, []byte, error) {
-	var h recHeader
-	if len(b) < recHeaderLen {
-		return h, nil, fmt.Errorf("pack %s offset %d: truncated record header (%d bytes): %w", name, off, len(b), ErrCorrupt)
-	}
-	h.kind, h.codec = b[0], b[1]
-	h.ulen = binary.LittleEndian.Uint32(b[4:])
-	h.clen = binary.LittleEndian.Uint32(b[8:])
-	h.crc = binary.LittleEndian.Uint32(b[12:])
-	copy(h.id[:], b[16:48])
-	switch {
-	case h.kind != kindBlob && h.kind != kindNode:
-		return h, nil, fmt.Errorf("pack %s offset %d: bad object kind %d: %w", name, off, h.kind, ErrCorrupt)
-	case h.codec != codecRaw && h.codec != codecZstd:
-		return h, nil, fmt.Errorf("pack %s offset %d: bad codec %d: %w", name, off, h.codec, ErrCorrupt)
-	case b[2] != 0 || b[3] != 0:
-		return h, nil, fmt.Errorf("pack %s offset %d: reserved header bytes set: %w", name, off, ErrCorrupt)
-	case h.ulen > maxObject || h.clen > maxObject:
-		return h, nil, fmt.Errorf("pack %s offset %d: object size %d/%d over limit: %w", name, off, h.ulen, h.clen, ErrCorrupt)
-	case h.codec == codecRaw && h.ulen != h.clen:
-		return h, nil, fmt.Errorf("pack %s offset %d: raw object with stored size %d != size %d: %w", name, off, h.clen, h.ulen, ErrCorrupt)
+	h, err := decodeRecHeader(name, off, b)
+	if err != nil {
+		return h, nil, err
 	}
 	if int64(len(b)-recHeaderLen) < int64(h.clen) {
 		return h, nil, fmt.Errorf("pack %s offset %d: truncated record: want %d bytes, have %d: %w", name, off, h.clen, len(b)-recHeaderLen, ErrCorrupt)
@@ -132,24 +117,124 @@ func decodeRecord(name string, off int64, b []byte) (recHeader, []byte, error) {
 	return h, stored, nil
 }
 
-// scanPack walks every record of a whole pack file and calls fn for each.
-// It stops at the first damaged record and returns its error.
-func scanPack(name string, b []byte, fn func(off int64, h recHeader, stored []byte)) error {
-	if _, err := decodePackHeader(name, b); err != nil {
-		return err
+// decodeRecHeader parses and checks the fields of the record header at
+// the start of b (offset off of pack name), not its checksum.
+func decodeRecHeader(name string, off int64, b []byte) (recHeader, error) {
+	var h recHeader
+	if len(b) < recHeaderLen {
+		return h, fmt.Errorf("pack %s offset %d: truncated record header (%d bytes): %w", name, off, len(b), ErrCorrupt)
+	}
+	h.kind, h.codec = b[0], b[1]
+	h.ulen = binary.LittleEndian.Uint32(b[4:])
+	h.clen = binary.LittleEndian.Uint32(b[8:])
+	h.crc = binary.LittleEndian.Uint32(b[12:])
+	copy(h.id[:], b[16:48])
+	switch {
+	case h.kind != kindBlob && h.kind != kindNode:
+		return h, fmt.Errorf("pack %s offset %d: bad object kind %d: %w", name, off, h.kind, ErrCorrupt)
+	case h.codec != codecRaw && h.codec != codecZstd:
+		return h, fmt.Errorf("pack %s offset %d: bad codec %d: %w", name, off, h.codec, ErrCorrupt)
+	case b[2] != 0 || b[3] != 0:
+		return h, fmt.Errorf("pack %s offset %d: reserved header bytes set: %w", name, off, ErrCorrupt)
+	case h.ulen > maxObject || h.clen > maxObject:
+		return h, fmt.Errorf("pack %s offset %d: object size %d/%d over limit: %w", name, off, h.ulen, h.clen, ErrCorrupt)
+	case h.codec == codecRaw && h.ulen != h.clen:
+		return h, fmt.Errorf("pack %s offset %d: raw object with stored size %d != size %d: %w", name, off, h.clen, h.ulen, ErrCorrupt)
+	}
+	return h, nil
+}
+
+// scanChunk is how much of a pack scanPack reads at once.
+const scanChunk = 1 << 20
+
+// scanPack walks the records of pack file name (size bytes read through
+// r) and calls fn for each valid one, reading at most scanChunk bytes at
+// a time. A bad header or a bad record followed by a valid one is listed
+// in damage (the scan goes on at the next valid record); end is the end
+// of the last valid record: bytes after it, with no valid record, are a
+// crash's torn appends or damage no record follows.
+func scanPack(name string, r io.ReaderAt, size int64, fn func(off int64, h recHeader)) (damage []Damage, end int64) {
+	buf := make([]byte, scanChunk+recHeaderLen)
+	hdr := buf[:packHeaderLen]
+	if _, err := r.ReadAt(hdr, 0); err != nil {
+		return []Damage{{File: name, Offset: 0, Problem: fmt.Sprintf("pack %s offset 0: read header: %v", name, err)}}, 0
+	}
+	if _, err := decodePackHeader(name, hdr); err != nil {
+		damage = append(damage, Damage{File: name, Offset: 0, Problem: err.Error()})
 	}
 	off := int64(packHeaderLen)
-	for off < int64(len(b)) {
-		h, stored, err := decodeRecord(name, off, b[off:])
-		if err != nil {
-			return err
+	end = off
+	for off < size {
+		h, err := checkRecordAt(name, r, size, off, buf)
+		if err == nil {
+			if fn != nil {
+				fn(off, h)
+			}
+			off += recHeaderLen + int64(h.clen)
+			end = off
+			continue
 		}
-		if fn != nil {
-			fn(off, h, stored)
+		q := nextRecordAt(name, r, size, off+1, buf)
+		if q < 0 {
+			break
 		}
-		off += recHeaderLen + int64(h.clen)
+		damage = append(damage, Damage{File: name, Offset: off, Problem: fmt.Sprintf("%v; the next valid record is at offset %d", err, q)})
+		off = q
 	}
-	return nil
+	return damage, end
+}
+
+// checkRecordAt checks the record at off (header, size, CRC) reading it
+// through buf.
+func checkRecordAt(name string, r io.ReaderAt, size, off int64, buf []byte) (recHeader, error) {
+	hb := make([]byte, recHeaderLen)
+	if k, _ := r.ReadAt(hb, off); k < recHeaderLen {
+		return recHeader{}, fmt.Errorf("pack %s offset %d: truncated record header (%d bytes): %w", name, off, k, ErrCorrupt)
+	}
+	h, err := decodeRecHeader(name, off, hb)
+	if err != nil {
+		return h, err
+	}
+	if off+recHeaderLen+int64(h.clen) > size {
+		return h, fmt.Errorf("pack %s offset %d: truncated record: want %d bytes, have %d: %w", name, off, h.clen, size-off-recHeaderLen, ErrCorrupt)
+	}
+	c := crc32.Update(0, castagnoli, hb[0:12])
+	c = crc32.Update(c, castagnoli, hb[16:48])
+	for p, left := off+recHeaderLen, int64(h.clen); left > 0; {
+		n := min(left, int64(len(buf)))
+		if k, err := r.ReadAt(buf[:n], p); int64(k) < n {
+			return h, fmt.Errorf("pack %s offset %d: read: %v: %w", name, p, err, ErrCorrupt)
+		}
+		c = crc32.Update(c, castagnoli, buf[:n])
+		p, left = p+n, left-n
+	}
+	if c != h.crc {
+		return h, fmt.Errorf("pack %s offset %d: record checksum mismatch (have %08x, want %08x): %w", name, off, c, h.crc, ErrCorrupt)
+	}
+	return h, nil
+}
+
+// nextRecordAt returns the offset of the first valid record at or after
+// from, or -1: it looks for plausible headers a window at a time and
+// checks each candidate in full.
+func nextRecordAt(name string, r io.ReaderAt, size, from int64, buf []byte) int64 {
+	win := make([]byte, scanChunk+recHeaderLen)
+	for p := from; p+recHeaderLen <= size; p += scanChunk {
+		k, _ := r.ReadAt(win, p)
+		for i := 0; i < min(k-recHeaderLen+1, scanChunk); i++ {
+			if b := win[i:]; b[0]-1 > 1 || b[1] > 1 || b[2]|b[3] != 0 {
+				continue // not a kind, codec and zero: skip without building an error
+			}
+			h, err := decodeRecHeader(name, p+int64(i), win[i:k])
+			if err != nil || p+int64(i)+recHeaderLen+int64(h.clen) > size {
+				continue
+			}
+			if _, err := checkRecordAt(name, r, size, p+int64(i), buf); err == nil {
+				return p + int64(i)
+			}
+		}
+	}
+	return -1
 }
 
 // indexEntry is one object's place in a pack.

@@ -2,10 +2,13 @@ package chunkstore
 
 import (
 	"bytes"
+	"encoding/binary"
 	"flag"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -36,16 +39,28 @@ func FuzzScanPack(f *testing.F) {
 	f.Add(p)
 	f.Add(encodePackHeader(7))
 	f.Add(p[:len(p)-1])
+	bad := bytes.Clone(p)
+	bad[packHeaderLen+5] ^= 1 // first record damaged, second valid
+	f.Add(bad)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		var end int64 = packHeaderLen
-		err := scanPack("f.pack", b, func(off int64, h recHeader, stored []byte) {
-			if off != end || len(stored) != int(h.clen) {
-				t.Fatalf("record at %d (expected %d) with %d bytes for clen %d", off, end, len(stored), h.clen)
+		var prev int64 = packHeaderLen
+		damage, end := scanPack("f.pack", bytes.NewReader(b), int64(len(b)), func(off int64, h recHeader) {
+			if off < prev {
+				t.Fatalf("record at %d overlaps the one before (ends at %d)", off, prev)
 			}
-			end = off + recHeaderLen + int64(h.clen)
+			// What the scan accepts, a read accepts.
+			if _, stored, err := decodeRecord("f.pack", off, b[off:]); err != nil || len(stored) != int(h.clen) {
+				t.Fatalf("record at %d: %v", off, err)
+			}
+			prev = off + recHeaderLen + int64(h.clen)
 		})
-		if err == nil && end != int64(len(b)) {
-			t.Fatalf("scan ended at %d of %d without error", end, len(b))
+		if end > int64(len(b)) || len(b) >= packHeaderLen && end < prev {
+			t.Fatalf("end %d of %d bytes, last record ends at %d", end, len(b), prev)
+		}
+		for _, d := range damage {
+			if d.File != "f.pack" || d.Offset < 0 || d.Offset > int64(len(b)) {
+				t.Fatalf("damage %v", d)
+			}
 		}
 	})
 }
@@ -68,37 +83,74 @@ func FuzzDecodeRef(f *testing.F) {
 func FuzzDecodeRefLog(f *testing.F) {
 	a, b := Sum([]byte("a")), Sum([]byte("b"))
 	const salt = 0x5eed
-	one := appendRefRecord(encodeRefLogHeader(salt), salt, []refOp{{name: "snapshots/a", id: a}})
-	two := appendRefRecord(bytes.Clone(one), salt, []refOp{{name: "snapshots/a"}, {name: "branches/main", id: b}})
+	table := appendRefFrame(nil, salt, 0, []refOp{{name: "snapshots/a", id: a}})
+	one := append(encodeRefLogHeader(salt, int64(refLogStart+len(table))), table...)
+	two := appendRefFrame(bytes.Clone(one), salt, 1, []refOp{{name: "snapshots/a"}, {name: "branches/main", id: b}})
 	obj := appendRecord(nil, kindBlob, codecRaw, 3, Sum([]byte("abc")), []byte("abc"))
-	journal := appendRefRecord(bytes.Clone(one), salt, []refOp{{id: Sum([]byte("abc")), pack: 4, off: 16, raw: obj}, {name: "head", id: b}})
-	f.Add(encodeRefLogHeader(0))
+	journal := appendRefFrame(bytes.Clone(one), salt, 1, []refOp{{id: Sum([]byte("abc")), pack: 4, off: 16, raw: obj}, {name: "head", id: b}})
+	f.Add(encodeRefLogHeader(0, refLogStart))
 	f.Add(journal)
 	f.Add(one)
 	f.Add(two)
-	f.Add(two[:len(two)-3])               // torn tail
-	f.Add(append(bytes.Clone(two), 0, 0)) // torn header
+	f.Add(two[:len(two)-3])               // torn copy
+	f.Add(two[:len(two)-40])              // torn first copy
+	f.Add(append(bytes.Clone(two), 0, 0)) // grown by zeros
 	bad := bytes.Clone(two)
-	bad[refLogHeaderLen+refRecHeaderLen+2] ^= 1 // damaged first record, valid second
+	bad[refLogStart+refRecHeaderLen+2] ^= 1 // damaged first record, valid copy
 	f.Add(bad)
+	f.Add(v2Log(salt, [][]refOp{{{name: "a", id: a}}, {{name: "b", id: b}}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		recs, good, err := decodeRefLog("f.log", b)
-		if good < 0 || good > int64(len(b)) || (err == nil && len(b) >= refLogHeaderLen && good < refLogHeaderLen) {
-			t.Fatalf("valid prefix %d of %d bytes (err %v)", good, len(b), err)
+		r := decodeRefLog("f.log", b)
+		if r.good < 0 || r.good > int64(max(len(b), refLogStart)) {
+			t.Fatalf("valid prefix %d of %d bytes", r.good, len(b))
 		}
-		if good < refLogHeaderLen {
-			if len(recs) != 0 {
-				t.Fatalf("records without a header")
+		for _, d := range r.damage {
+			if d.File != "f.log" || d.Offset < 0 || d.Offset > int64(len(b)) || !strings.Contains(d.Problem, "offset") {
+				t.Fatalf("damage %v", d)
 			}
+		}
+		if len(r.damage) > 0 || r.fix != nil {
 			return
 		}
-		// The valid prefix must encode back to the same bytes.
-		again := encodeRefLogHeader(logSalt(b))
-		for _, ops := range recs {
-			again = appendRefRecord(again, logSalt(b), ops)
+		// An undamaged log's valid prefix must encode back to the same bytes.
+		var again []byte
+		if r.version == refLogV2 {
+			again = v2Log(r.salt, r.recs)
+		} else {
+			again = encodeRefLogHeader(r.salt, r.base)
+			for i, ops := range r.recs {
+				again = appendRefFrame(again, r.salt, uint64(i), ops)
+			}
 		}
-		if !bytes.Equal(again, b[:good]) {
+		if !bytes.Equal(again, b[:r.good]) {
 			t.Fatalf("ref log round trip differs")
+		}
+	})
+}
+
+// v2Log encodes a format 2 ref log holding recs.
+func v2Log(salt uint32, recs [][]refOp) []byte {
+	b := append([]byte(refLogMagic), 2, 0, 0, 0)
+	b = binary.LittleEndian.AppendUint32(b, salt)
+	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	for _, ops := range recs {
+		b = appendRefRecord(b, salt, false, 0, ops)
+	}
+	return b
+}
+
+// FuzzDecodeRefLogHeader: a header that decodes encodes back to the same
+// bytes.
+func FuzzDecodeRefLogHeader(f *testing.F) {
+	f.Add(encodeRefLogHeader(7, refLogStart)[:refLogHeaderLen])
+	f.Add(encodeRefLogHeader(0xffffffff, 1<<20)[:refLogHeaderLen])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		salt, base, err := decodeRefLogHeader("f.log", 0, b)
+		if err != nil {
+			return
+		}
+		if !bytes.Equal(encodeRefLogHeader(salt, base)[:refLogHeaderLen], b[:refLogHeaderLen]) {
+			t.Fatalf("header round trip differs")
 		}
 	})
 }

@@ -58,6 +58,10 @@ func (s *Store) GC(ctx context.Context, extraRoots ...ID) (GCStats, error) {
 		s.mu.Unlock()
 		return st, fmt.Errorf("chunkstore: gc %s: store is closed", s.dir)
 	}
+	if err := s.unreadableLocked(); err != nil {
+		s.mu.Unlock()
+		return st, fmt.Errorf("chunkstore: gc %s: refusing to delete anything: %w", s.dir, err)
+	}
 	err := s.sealLocked()
 	if err == nil {
 		err = s.checkpointLocked(false)
@@ -143,6 +147,21 @@ func (s *Store) GC(ctx context.Context, extraRoots ...ID) (GCStats, error) {
 		return st, err
 	}
 	return st, s.sweepLocked(boundary, live, &st, start)
+}
+
+// unreadableLocked returns an error naming the first ref log record, ref
+// or index file that could not be read in full, or nil. What it names may
+// hold the only reference to objects GC would otherwise delete.
+func (s *Store) unreadableLocked() error {
+	for _, d := range s.damage {
+		if !d.Repaired && d.ID.IsZero() {
+			return fmt.Errorf("%s is unreadable (run tine store recover %s): %w", d, s.dir, ErrCorrupt)
+		}
+	}
+	if s.refLogErr != nil {
+		return fmt.Errorf("ref log %s: %w", s.refLogPath(), s.refLogErr)
+	}
+	return nil
 }
 
 // mark adds to live everything reachable from roots.

@@ -50,6 +50,8 @@ var (
 	ErrLocked = errors.New("store is locked by another process")
 	// ErrCorrupt means stored bytes failed a check (checksum, hash, format).
 	ErrCorrupt = errors.New("corrupt data")
+	// ErrNotStore means a directory holds no store (see IsStore).
+	ErrNotStore = errors.New("not a tine store")
 )
 
 // isZero reports whether b holds only zero bytes.

@@ -1,6 +1,7 @@
 package chunkstore
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -8,22 +9,31 @@ import (
 	"hash/crc32"
 	"os"
 	"path/filepath"
+	"sort"
 )
 
-// The ref log (DIR/refs.log) holds every ref and journals recent objects:
-// a 16-byte header, then records appended one per commit (see
-// docs/chunkstore.md). Each record lists operations applied together: ref
-// sets and deletes, and copies of pack records put since the last
-// checkpoint, so that one fdatasync makes both durable. A checkpoint
-// (fsync the packs, write an index file, rewrite the log without objects)
-// happens when the log grows, at Close and GC, and at Open when the log
-// holds objects (they are written into their packs first).
+// The ref log (DIR/refs.log) holds every ref and journals recent objects
+// (see docs/chunkstore.md and ADR 0041). It starts with two identical
+// checksummed headers, then the ref table (one record setting every ref,
+// written twice) as of the last rewrite, then one frame appended per
+// commit: a record and an identical copy of it, written together with one
+// fdatasync. Each record lists operations applied together: ref sets and
+// deletes, and copies of pack records put since the last checkpoint. The
+// header records the length the rewrite wrote: damage there is never a
+// torn write. Records carry sequence numbers, so a lost frame shows as a
+// gap. A checkpoint (fsync the packs, write an index file, rewrite the log
+// without objects) happens when the log grows, at Close and GC, and at
+// Open when the log holds objects (they are written into their packs
+// first).
 
 const (
 	refLogName      = "refs.log"
 	refLogMagic     = "tinerefs"
-	refLogVersion   = 2
-	refLogHeaderLen = 20 // magic, version u32, salt u32, CRC-32C of the 16 bytes before u32
+	refLogVersion   = 3
+	refLogV2        = 2  // format 2 stores: one header, records without sequence numbers or copies
+	refLogHeaderV2  = 20 // magic, version u32, salt u32, CRC-32C of the 16 bytes before u32
+	refLogHeaderLen = 32 // magic, version u32, salt u32, base u64, zero u32, CRC-32C of the 28 bytes before u32
+	refLogStart     = 2 * refLogHeaderLen
 	refRecHeaderLen = 12 // body length u32, CRC-32C of the length u32, CRC-32C of the body u32
 
 	// maxRefRecord bounds one record's body (a compacted log of about
@@ -56,24 +66,39 @@ type refOp struct {
 	raw  []byte
 }
 
-// encodeRefLogHeader returns a log header with salt. The salt, random per
-// log file, seeds every record's checksums: bytes a sandbox wrote into an
-// object (journaled verbatim) cannot pass for a record of this log.
-func encodeRefLogHeader(salt uint32) []byte {
-	b := make([]byte, refLogHeaderLen)
+// encodeRefLogHeader returns the two header copies of a log with salt
+// whose rewrite wrote base bytes. The salt, random per log file, seeds
+// every record's checksums: bytes a sandbox wrote into an object
+// (journaled verbatim) cannot pass for a record of this log.
+func encodeRefLogHeader(salt uint32, base int64) []byte {
+	b := make([]byte, refLogHeaderLen, refLogStart)
 	copy(b, refLogMagic)
 	binary.LittleEndian.PutUint32(b[8:], refLogVersion)
 	binary.LittleEndian.PutUint32(b[12:], salt)
-	binary.LittleEndian.PutUint32(b[16:], crc32.Checksum(b[:16], castagnoli))
-	return b
+	binary.LittleEndian.PutUint64(b[16:], uint64(base))
+	binary.LittleEndian.PutUint32(b[28:], crc32.Checksum(b[:28], castagnoli))
+	return append(b, b...)
 }
 
-// logSalt returns the salt of a log starting with b (0 if too short).
-func logSalt(b []byte) uint32 {
-	if len(b) < refLogHeaderLen {
-		return 0
+// decodeRefLogHeader checks one header copy at offset off of log name.
+func decodeRefLogHeader(name string, off int64, b []byte) (salt uint32, base int64, err error) {
+	switch {
+	case len(b) < refLogHeaderLen:
+		return 0, 0, fmt.Errorf("ref log %s offset %d: truncated header (%d bytes): %w", name, off, len(b), ErrCorrupt)
+	case string(b[:8]) != refLogMagic:
+		return 0, 0, fmt.Errorf("ref log %s offset %d: bad magic %q: %w", name, off, b[:8], ErrCorrupt)
+	case crc32.Checksum(b[:28], castagnoli) != binary.LittleEndian.Uint32(b[28:]):
+		return 0, 0, fmt.Errorf("ref log %s offset %d: header checksum mismatch: %w", name, off+28, ErrCorrupt)
+	case binary.LittleEndian.Uint32(b[8:]) != refLogVersion:
+		return 0, 0, fmt.Errorf("ref log %s offset %d: unsupported version %d: %w", name, off+8, binary.LittleEndian.Uint32(b[8:]), ErrCorrupt)
+	case binary.LittleEndian.Uint32(b[24:]) != 0:
+		return 0, 0, fmt.Errorf("ref log %s offset %d: reserved bytes set: %w", name, off+24, ErrCorrupt)
 	}
-	return binary.LittleEndian.Uint32(b[12:])
+	base = int64(binary.LittleEndian.Uint64(b[16:]))
+	if base < refLogStart || base > 1<<40 {
+		return 0, 0, fmt.Errorf("ref log %s offset %d: bad rewritten length %d: %w", name, off+16, base, ErrCorrupt)
+	}
+	return binary.LittleEndian.Uint32(b[12:]), base, nil
 }
 
 // saltSeed is the CRC-32C state the record checksums start from.
@@ -87,11 +112,22 @@ func newSalt() uint32 {
 	return binary.LittleEndian.Uint32(b[:])
 }
 
+// appendRefFrame appends the frame of record seq holding ops (the record
+// and its copy) to dst, for a log with salt.
+func appendRefFrame(dst []byte, salt uint32, seq uint64, ops []refOp) []byte {
+	start := len(dst)
+	dst = appendRefRecord(dst, salt, true, seq, ops)
+	return append(dst, dst[start:]...)
+}
+
 // appendRefRecord appends one record holding ops to dst, for a log with
-// salt.
-func appendRefRecord(dst []byte, salt uint32, ops []refOp) []byte {
+// salt; withSeq puts seq first in the body (format 3; format 2 has none).
+func appendRefRecord(dst []byte, salt uint32, withSeq bool, seq uint64, ops []refOp) []byte {
 	start := len(dst)
 	dst = append(dst, make([]byte, refRecHeaderLen)...)
+	if withSeq {
+		dst = binary.AppendUvarint(dst, seq)
+	}
 	dst = binary.AppendUvarint(dst, uint64(len(ops)))
 	for _, op := range ops {
 		if op.raw != nil {
@@ -121,44 +157,176 @@ func appendRefRecord(dst []byte, salt uint32, ops []refOp) []byte {
 	return dst
 }
 
-// decodeRefLog parses a ref log file named name. It returns the records
-// and the length of the valid prefix: a bad record after which no valid
-// record follows is a write torn by a crash (its update never returned),
-// so it ends the log without an error. A bad header, or a bad record
-// followed by a valid one, is damage: the error names the file and the
-// offset, and recs holds the records before it. It never panics.
-func decodeRefLog(name string, b []byte) (recs [][]refOp, good int64, err error) {
-	if len(b) < refLogHeaderLen {
-		return nil, 0, fmt.Errorf("ref log %s offset 0: truncated header (%d bytes): %w", name, len(b), ErrCorrupt)
+// refLogScan is what decoding a ref log found.
+type refLogScan struct {
+	version int
+	salt    uint32
+	base    int64     // bytes the last rewrite wrote (format 3)
+	recs    [][]refOp // records to apply, in order
+	seq     uint64    // sequence number of the next record
+	good    int64     // end of the last valid record: the next append goes here
+	// fix holds the last record when a crash tore its copy: the next
+	// append writes it first, so that every record has its copy again.
+	fix []byte
+	// damage lists every damaged region; lost is set when some record
+	// could not be read from either copy (refs may be lost).
+	damage []Damage
+	lost   bool
+}
+
+func (r *refLogScan) report(name string, off int64, lost bool, err error) {
+	r.damage = append(r.damage, Damage{File: name, Offset: off, Problem: err.Error(), Repaired: !lost})
+	r.lost = r.lost || lost
+}
+
+// decodeRefLog parses the ref log file named name. Records read from
+// either copy are applied; a gap in the sequence, both copies of a
+// record unreadable, a short or bad rewritten part or two bad headers
+// loses refs (lost). Bad bytes after the last valid record and past the
+// rewritten part are a write torn by a crash (its update never
+// returned) and are dropped without a report, when they are what a torn
+// write leaves: a prefix of the frame, then zeros. It never panics.
+func decodeRefLog(name string, b []byte) *refLogScan {
+	r := &refLogScan{version: refLogVersion}
+	if len(b) >= 12 && string(b[:8]) == refLogMagic && binary.LittleEndian.Uint32(b[8:]) == refLogV2 {
+		r.version = refLogV2
+		decodeRefLogV2(name, b, r)
+		return r
 	}
-	if string(b[:8]) != refLogMagic {
-		return nil, 0, fmt.Errorf("ref log %s offset 0: bad magic %q: %w", name, b[:8], ErrCorrupt)
+	salt, base, errA := decodeRefLogHeader(name, 0, b)
+	offB := min(len(b), refLogHeaderLen)
+	saltB, baseB, errB := decodeRefLogHeader(name, int64(offB), b[offB:])
+	switch {
+	case errA != nil && errB != nil:
+		r.report(name, 0, true, errA)
+		r.report(name, int64(offB), true, errB)
+		return r
+	case errA != nil:
+		r.report(name, 0, false, errA)
+		salt, base = saltB, baseB
+	case errB != nil:
+		r.report(name, int64(offB), false, errB)
+	case salt != saltB || base != baseB:
+		r.report(name, refLogHeaderLen, true, fmt.Errorf("ref log %s offset %d: the two headers differ: %w", name, refLogHeaderLen, ErrCorrupt))
 	}
-	if v := binary.LittleEndian.Uint32(b[8:]); v != refLogVersion {
-		return nil, 0, fmt.Errorf("ref log %s offset 8: unsupported version %d: %w", name, v, ErrCorrupt)
+	r.salt, r.base = salt, base
+	if int64(len(b)) < base {
+		r.report(name, int64(len(b)), false, fmt.Errorf("ref log %s offset %d: file ends before the %d bytes its last rewrite wrote: %w", name, len(b), base, ErrCorrupt))
 	}
-	if crc32.Checksum(b[:16], castagnoli) != binary.LittleEndian.Uint32(b[16:]) {
-		return nil, 0, fmt.Errorf("ref log %s offset 16: header checksum mismatch: %w", name, ErrCorrupt)
-	}
-	seed := saltSeed(logSalt(b))
-	off := refLogHeaderLen
+	seed := saltSeed(salt)
+	off := min(len(b), refLogStart)
+	var last []byte // the last record applied, until its copy is seen
+	bad := false    // bad bytes since the last valid record
 	for off < len(b) {
-		ops, n, rerr := decodeRefRecord(b[off:], seed)
-		if rerr != nil {
+		seq, ops, n, err := decodeRefRecord(b[off:], seed, true)
+		if err != nil {
+			q := nextRefRecord(b, off+1, seed)
+			if q < 0 && int64(off) >= base && (last == nil || tornCopy(b[off:], last)) {
+				if last != nil {
+					r.fix = last // a crash tore the copy of the last record
+				}
+				break // torn tail
+			}
+			if q < 0 {
+				err = fmt.Errorf("ref log %s offset %d: %w, and no valid record follows (%w)", name, off, err, ErrCorrupt)
+				r.report(name, int64(off), int64(off) < base && last == nil, err)
+				break
+			}
+			r.report(name, int64(off), false, fmt.Errorf("ref log %s offset %d: %w; a valid record follows at offset %d (%w)", name, off, err, q, ErrCorrupt))
+			off, bad = q, true
+			continue
+		}
+		raw := b[off : off+n : off+n] // capped: fix is appended to later
+		switch {
+		case last != nil && seq+1 == r.seq && bytes.Equal(raw, last):
+			last = nil // the copy
+		case seq >= r.seq:
+			if seq > r.seq {
+				r.report(name, int64(off), true, fmt.Errorf("ref log %s offset %d: records %d to %d are missing: %w", name, off, r.seq, seq-1, ErrCorrupt))
+			} else if last != nil && !bad {
+				r.report(name, int64(off), false, fmt.Errorf("ref log %s offset %d: the record before has no copy: %w", name, off, ErrCorrupt))
+			}
+			r.recs = append(r.recs, ops)
+			r.seq, last = seq+1, raw
+		default:
+			r.report(name, int64(off), false, fmt.Errorf("ref log %s offset %d: record %d out of sequence (next is %d): %w", name, off, seq, r.seq, ErrCorrupt))
+		}
+		off += n
+		r.good, bad = int64(off), false
+	}
+	if last != nil && r.fix == nil && off >= len(b) {
+		r.fix = last // the write ended before the copy's first byte
+	}
+	if r.good < refLogStart {
+		r.good = refLogStart
+	}
+	if r.seq == 0 && base > refLogStart {
+		r.lost = true // the ref table was not read from either copy
+	}
+	return r
+}
+
+// tornCopy reports whether tail is what a torn write of a copy of rec
+// leaves: a prefix of it, then zeros (a file grown but not written).
+func tornCopy(tail, rec []byte) bool {
+	if len(tail) > len(rec) {
+		return false // the copy is followed by bytes no write made
+	}
+	k := 0
+	for k < len(tail) && tail[k] == rec[k] {
+		k++
+	}
+	for _, c := range tail[k:] {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// nextRefRecord returns the offset of the first valid record at or after
+// from, or -1.
+func nextRefRecord(b []byte, from int, seed uint32) int {
+	for q := from; q+refRecHeaderLen <= len(b); q++ {
+		if !refRecHeaderOK(b[q:], seed) {
+			continue
+		}
+		if _, _, _, err := decodeRefRecord(b[q:], seed, true); err == nil {
+			return q
+		}
+	}
+	return -1
+}
+
+// decodeRefLogV2 reads a format 2 log (one header, records without
+// sequence numbers or copies) into r: a bad record followed by no valid
+// one is a torn tail, anything else bad is damage that loses refs.
+func decodeRefLogV2(name string, b []byte, r *refLogScan) {
+	if len(b) < refLogHeaderV2 || crc32.Checksum(b[:16], castagnoli) != binary.LittleEndian.Uint32(b[16:]) {
+		r.report(name, 0, true, fmt.Errorf("ref log %s offset 0: bad or truncated format 2 header: %w", name, ErrCorrupt))
+		return
+	}
+	r.salt = binary.LittleEndian.Uint32(b[12:])
+	seed := saltSeed(r.salt)
+	off := refLogHeaderV2
+	for off < len(b) {
+		_, ops, n, err := decodeRefRecord(b[off:], seed, false)
+		if err != nil {
 			for q := off + 1; q+refRecHeaderLen <= len(b); q++ {
 				if !refRecHeaderOK(b[q:], seed) {
 					continue
 				}
-				if _, _, err := decodeRefRecord(b[q:], seed); err == nil {
-					return recs, int64(off), fmt.Errorf("ref log %s offset %d: %w, and a valid record follows at offset %d (%w)", name, off, rerr, q, ErrCorrupt)
+				if _, _, _, err2 := decodeRefRecord(b[q:], seed, false); err2 == nil {
+					r.report(name, int64(off), true, fmt.Errorf("ref log %s offset %d: %w, and a valid record follows at offset %d (%w)", name, off, err, q, ErrCorrupt))
+					break
 				}
 			}
-			return recs, int64(off), nil // torn tail
+			break
 		}
-		recs = append(recs, ops)
+		r.recs = append(r.recs, ops)
 		off += n
 	}
-	return recs, int64(off), nil
+	r.good = int64(off)
 }
 
 func refRecHeaderOK(b []byte, seed uint32) bool {
@@ -166,48 +334,59 @@ func refRecHeaderOK(b []byte, seed uint32) bool {
 }
 
 // decodeRefRecord parses the record at the start of b, whose checksums
-// start from seed, and returns its operations and length.
-func decodeRefRecord(b []byte, seed uint32) ([]refOp, int, error) {
+// start from seed, and returns its sequence number (withSeq), operations
+// and length.
+func decodeRefRecord(b []byte, seed uint32, withSeq bool) (uint64, []refOp, int, error) {
 	if len(b) < refRecHeaderLen {
-		return nil, 0, fmt.Errorf("truncated record header (%d bytes)", len(b))
+		return 0, nil, 0, fmt.Errorf("truncated record header (%d bytes)", len(b))
 	}
 	if !refRecHeaderOK(b, seed) {
-		return nil, 0, errors.New("record header checksum mismatch")
+		return 0, nil, 0, errors.New("record header checksum mismatch")
 	}
 	n := binary.LittleEndian.Uint32(b[0:])
 	if n > maxRefRecord || int64(n) > int64(len(b)-refRecHeaderLen) {
-		return nil, 0, fmt.Errorf("record of %d bytes runs past the end (%d bytes left)", n, len(b)-refRecHeaderLen)
+		return 0, nil, 0, fmt.Errorf("record of %d bytes runs past the end (%d bytes left)", n, len(b)-refRecHeaderLen)
 	}
 	body := b[refRecHeaderLen : refRecHeaderLen+int(n)]
 	if crc32.Update(seed, castagnoli, body) != binary.LittleEndian.Uint32(b[8:]) {
-		return nil, 0, errors.New("record checksum mismatch")
+		return 0, nil, 0, errors.New("record checksum mismatch")
 	}
-	count, k := binary.Uvarint(body)
+	p := 0
+	var seq uint64
+	if withSeq {
+		var k int
+		seq, k = binary.Uvarint(body)
+		if k <= 0 || k != len(binary.AppendUvarint(nil, seq)) {
+			return 0, nil, 0, errors.New("bad sequence number")
+		}
+		p = k
+	}
+	count, k := binary.Uvarint(body[p:])
 	if k <= 0 || k != len(binary.AppendUvarint(nil, count)) || count == 0 || count > uint64(len(body)) {
-		return nil, 0, errors.New("bad operation count")
+		return 0, nil, 0, errors.New("bad operation count")
 	}
-	p := k
+	p += k
 	ops := make([]refOp, 0, count)
 	for range count {
 		if p >= len(body) {
-			return nil, 0, errors.New("record ends inside an operation")
+			return 0, nil, 0, errors.New("record ends inside an operation")
 		}
 		kind := body[p]
 		p++
 		if kind == refOpObject {
 			if len(body)-p < 12 {
-				return nil, 0, errors.New("record ends inside an object's place")
+				return 0, nil, 0, errors.New("record ends inside an object's place")
 			}
 			op := refOp{pack: binary.LittleEndian.Uint32(body[p:])}
 			o := binary.LittleEndian.Uint64(body[p+4:])
 			p += 12
 			if o < packHeaderLen || o > 1<<62 {
-				return nil, 0, fmt.Errorf("bad pack offset %d", o)
+				return 0, nil, 0, fmt.Errorf("bad pack offset %d", o)
 			}
 			op.off = int64(o)
 			h, _, err := decodeRecord(packName(op.pack), op.off, body[p:])
 			if err != nil {
-				return nil, 0, err
+				return 0, nil, 0, err
 			}
 			op.id = h.id
 			op.raw = body[p : p+recHeaderLen+int(h.clen) : p+recHeaderLen+int(h.clen)]
@@ -216,40 +395,44 @@ func decodeRefRecord(b []byte, seed uint32) ([]refOp, int, error) {
 			continue
 		}
 		if kind != refOpSet && kind != refOpDelete {
-			return nil, 0, fmt.Errorf("bad operation %d", kind)
+			return 0, nil, 0, fmt.Errorf("bad operation %d", kind)
 		}
 		l, k := binary.Uvarint(body[p:])
 		if k <= 0 || k != len(binary.AppendUvarint(nil, l)) || l > 255 || l > uint64(len(body)-p-k) {
-			return nil, 0, errors.New("bad ref name length")
+			return 0, nil, 0, errors.New("bad ref name length")
 		}
 		p += k
 		op := refOp{name: string(body[p : p+int(l)])}
 		p += int(l)
 		if err := validRefName(op.name); err != nil {
-			return nil, 0, err
+			return 0, nil, 0, err
 		}
 		if kind == refOpSet {
 			if len(body)-p < 32 {
-				return nil, 0, errors.New("record ends inside an id")
+				return 0, nil, 0, errors.New("record ends inside an id")
 			}
 			copy(op.id[:], body[p:p+32])
 			p += 32
 			if op.id.IsZero() {
-				return nil, 0, errors.New("set to the zero id")
+				return 0, nil, 0, errors.New("set to the zero id")
 			}
 		}
 		ops = append(ops, op)
 	}
 	if p != len(body) {
-		return nil, 0, fmt.Errorf("%d bytes after the last operation", len(body)-p)
+		return 0, nil, 0, fmt.Errorf("%d bytes after the last operation", len(body)-p)
 	}
-	return ops, refRecHeaderLen + len(body), nil
+	return seq, ops, refRecHeaderLen + len(body), nil
 }
 
 func (s *Store) refLogPath() string { return filepath.Join(s.dir, refLogName) }
 
 // loadRefLog replays the ref log into s.refs. It reports whether the log
-// exists.
+// exists. Damage that a copy repaired is recorded and, unless the store
+// was opened read-only (AllowDamaged), mended by rewriting the log.
+// Damage that may have lost refs fails Open, or with AllowDamaged is
+// recorded and blocks ref updates; in repair mode (Recover) the refs
+// that could be read are kept and the damaged log saved aside.
 func (s *Store) loadRefLog() (bool, error) {
 	path := s.refLogPath()
 	b, err := os.ReadFile(path)
@@ -259,16 +442,16 @@ func (s *Store) loadRefLog() (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("chunkstore: read ref log %s: %w", path, err)
 	}
-	recs, good, err := decodeRefLog(path, b)
-	if err != nil {
-		if !s.opts.AllowDamaged {
-			return true, fmt.Errorf("chunkstore: open %s: %w", s.dir, err)
-		}
-		s.damage = append(s.damage, Damage{File: path, Offset: good, Problem: err.Error()})
-		s.refLogErr = err
+	r := decodeRefLog(path, b)
+	if r.lost && !s.opts.AllowDamaged && !s.opts.repair {
+		return true, fmt.Errorf("chunkstore: open %s: %s: refs may be lost (run tine store recover %s): %w", s.dir, r.damage[0], s.dir, ErrCorrupt)
+	}
+	s.damage = append(s.damage, r.damage...)
+	if r.lost && s.opts.AllowDamaged {
+		s.refLogErr = fmt.Errorf("%s: refs may be lost (run tine store recover %s): %w", r.damage[0], s.dir, ErrCorrupt)
 	}
 	var objs []refOp
-	for _, ops := range recs {
+	for _, ops := range r.recs {
 		for _, op := range ops {
 			if op.raw != nil {
 				objs = append(objs, op)
@@ -283,14 +466,26 @@ func (s *Store) loadRefLog() (bool, error) {
 		return true, fmt.Errorf("chunkstore: open ref log %s: %w", path, err)
 	}
 	s.refLog = f
-	s.refLogSalt = logSalt(b)
-	s.refLogSize = good
-	s.refLogTorn = good < int64(len(b)) && s.refLogErr == nil
-	s.refLogCompactAt = max(refLogMinCompact, 4*good)
-	if len(objs) > 0 && s.refLogErr == nil {
-		if err := s.replayObjectsLocked(objs); err != nil {
-			return true, err
+	s.refLogSalt, s.refLogBase, s.refLogSeq, s.refLogFix = r.salt, r.base, r.seq, r.fix
+	s.refLogSize = r.good
+	s.refLogTorn = r.good < int64(len(b))
+	s.refLogCompactAt = max(refLogMinCompact, 4*r.good)
+	if s.opts.AllowDamaged {
+		if r.version != refLogVersion && s.refLogErr == nil {
+			s.refLogErr = fmt.Errorf("format %d log: open without AllowDamaged to convert it", r.version)
 		}
+		return true, nil // read-only: nothing is written
+	}
+	if len(r.damage) > 0 {
+		if err := os.WriteFile(path+".damaged", b, 0o644); err != nil {
+			return true, fmt.Errorf("chunkstore: save damaged ref log: %w", err)
+		}
+	}
+	if len(objs) > 0 {
+		return true, s.replayObjectsLocked(objs) // rewrites the log
+	}
+	if len(r.damage) > 0 || r.version != refLogVersion {
+		return true, s.rewriteRefLogLocked()
 	}
 	return true, nil
 }
@@ -441,26 +636,26 @@ func (s *Store) refDirs(name string, d int) {
 	}
 }
 
-// appendRefsLocked makes ops durable: one record appended to the log and
-// one fdatasync.
+// appendRefsLocked makes ops durable: one frame (the record and its copy)
+// appended to the log and one fdatasync.
 func (s *Store) appendRefsLocked(ops []refOp) error {
 	if s.refLogErr != nil {
 		return fmt.Errorf("chunkstore: ref log %s: %w", s.refLogPath(), s.refLogErr)
 	}
-	rec := appendRefRecord(nil, s.refLogSalt, ops)
+	frame := appendRefFrame(s.refLogFix, s.refLogSalt, s.refLogSeq, ops)
 	if s.refLogTorn {
 		if err := s.refLog.Truncate(s.refLogSize); err != nil {
 			return fmt.Errorf("chunkstore: ref log %s: cut torn tail at %d: %w", s.refLogPath(), s.refLogSize, err)
 		}
 		s.refLogTorn = false
 	}
-	_, err := s.refLog.WriteAt(rec, s.refLogSize)
+	_, err := s.refLog.WriteAt(frame, s.refLogSize)
 	if err == nil {
 		err = fdatasync(s.refLog)
 	}
 	if err != nil {
-		// The record may be partly on disk: cut it off, so that no later
-		// record follows it; if that fails too, refuse further updates.
+		// The frame may be partly on disk: cut it off, so that no later
+		// frame follows it; if that fails too, refuse further updates.
 		if terr := s.refLog.Truncate(s.refLogSize); terr == nil {
 			terr = fdatasync(s.refLog)
 			if terr != nil {
@@ -471,24 +666,32 @@ func (s *Store) appendRefsLocked(ops []refOp) error {
 		}
 		return fmt.Errorf("chunkstore: append to ref log %s: %w", s.refLogPath(), err)
 	}
-	s.refLogSize += int64(len(rec))
+	s.refLogSize += int64(len(frame))
+	s.refLogSeq++
+	s.refLogFix = nil
 	return nil
 }
 
-// rewriteRefLogLocked writes a fresh log holding s.refs in one record,
+// rewriteRefLogLocked writes a fresh log holding s.refs in its ref table,
 // through a temporary file renamed into place. Objects journaled in the
 // old log must be in index files and fsync'd packs before.
 func (s *Store) rewriteRefLogLocked() error {
 	path := s.refLogPath()
+	if s.refLogErr != nil {
+		return fmt.Errorf("chunkstore: rewrite ref log %s: %w", path, s.refLogErr)
+	}
 	salt := newSalt()
-	b := encodeRefLogHeader(salt)
+	var table []byte
 	if len(s.refs) > 0 {
 		ops := make([]refOp, 0, len(s.refs))
 		for n, id := range s.refs {
 			ops = append(ops, refOp{name: n, id: id})
 		}
-		b = appendRefRecord(b, salt, ops)
+		sort.Slice(ops, func(i, j int) bool { return ops[i].name < ops[j].name })
+		table = appendRefFrame(nil, salt, 0, ops)
 	}
+	base := int64(refLogStart + len(table))
+	b := append(encodeRefLogHeader(salt, base), table...)
 	if err := writeFileAtomic(path, b); err != nil {
 		return err
 	}
@@ -500,7 +703,11 @@ func (s *Store) rewriteRefLogLocked() error {
 	if s.refLog != nil {
 		s.refLog.Close()
 	}
-	s.refLog, s.refLogSalt, s.refLogSize, s.refLogTorn, s.logObjects = f, salt, int64(len(b)), false, false
-	s.refLogCompactAt = max(refLogMinCompact, 4*int64(len(b)))
+	s.refLog, s.refLogSalt, s.refLogSize, s.refLogTorn, s.logObjects = f, salt, base, false, false
+	s.refLogBase, s.refLogSeq, s.refLogFix = base, 1, nil
+	if len(table) == 0 {
+		s.refLogSeq = 0
+	}
+	s.refLogCompactAt = max(refLogMinCompact, 4*base)
 	return nil
 }

@@ -102,15 +102,26 @@ func refLogStore(t *testing.T) (dir string, three, four map[string]ID) {
 		t.Fatal(err)
 	}
 	four, _ = s.ListRefs("")
+	// Keep the log as the updates left it (Close rewrites it), as a
+	// crash would.
+	path := filepath.Join(dir, refLogName)
+	unclean, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, unclean, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return dir, three, four
 }
 
-// TestRefLogTornTail: a crash while a record is written leaves part of it
-// (or the file grown by zeros): Open drops exactly that last record, and
-// the next update replaces it.
+// TestRefLogTornTail: a crash while a frame is written leaves part of it
+// (or the file grown by zeros): Open keeps its record if the first copy is
+// whole and drops it otherwise, without reporting damage, and the next
+// update replaces the torn bytes.
 func TestRefLogTornTail(t *testing.T) {
 	dir, three, four := refLogStore(t)
 	path := filepath.Join(dir, refLogName)
@@ -118,11 +129,11 @@ func TestRefLogTornTail(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	recs, good, err := decodeRefLog(path, orig)
-	if err != nil || good != int64(len(orig)) || len(recs) != 4 {
-		t.Fatalf("decode: %d records, %d of %d bytes, %v", len(recs), good, len(orig), err)
+	r := decodeRefLog(path, orig)
+	if len(r.damage) != 0 || r.good != int64(len(orig)) || len(r.recs) != 4 || r.seq != 4 {
+		t.Fatalf("decode: %d records, %d of %d bytes, damage %v", len(r.recs), r.good, len(orig), r.damage)
 	}
-	last := len(appendRefRecord(nil, 0, recs[3]))
+	last := len(appendRefFrame(nil, 0, 3, r.recs[3]))
 	cases := []struct {
 		name string
 		data []byte
@@ -131,26 +142,39 @@ func TestRefLogTornTail(t *testing.T) {
 		{"whole", orig, four},
 		{"zeros appended", append(bytes.Clone(orig), make([]byte, 100)...), four},
 		{"garbage appended", append(bytes.Clone(orig), "\x05\x00\x00\x00junkjunk"...), four},
-		{"last cut in its body", orig[:len(orig)-3], three},
-		{"last cut in its header", orig[:len(orig)-last+5], three},
-		{"last zeroed", append(bytes.Clone(orig[:len(orig)-last]), make([]byte, last)...), three},
-		{"last byte flipped", flipByte(orig, len(orig)-1), three},
+		{"copy cut in its body", orig[:len(orig)-3], four},
+		{"copy not begun", orig[:len(orig)-last/2], four},
+		{"copy cut in its header", orig[:len(orig)-last/2+5], four},
+		{"copy zeroed", append(bytes.Clone(orig[:len(orig)-last/2]), make([]byte, last/2)...), four},
+		{"first copy cut in its body", orig[:len(orig)-last/2-3], three},
+		{"first copy cut in its header", orig[:len(orig)-last+5], three},
+		{"frame zeroed", append(bytes.Clone(orig[:len(orig)-last]), make([]byte, last)...), three},
 	}
 	for _, c := range cases {
 		if err := os.WriteFile(path, c.data, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		s, err := Open(dir, nil)
+		s, err := Open(dir, &Options{AllowDamaged: true})
 		if err != nil {
 			t.Fatalf("%s: Open: %v", c.name, err)
 		}
+		if rep, err := s.Verify(context.Background()); err != nil || !rep.OK() {
+			t.Fatalf("%s: a torn write reported as damage: %v %v", c.name, err, rep.Damaged)
+		}
+		s.Close()
+		s = openT(t, dir, nil)
 		if got, _ := s.ListRefs(""); !equalRefs(got, c.want) {
 			t.Fatalf("%s: refs %v, want %v", c.name, got, c.want)
 		}
-		// An update after a torn tail must survive the next open.
+		// An update after a torn tail must survive the next open, and
+		// leave a log with every record and its copy.
 		x, _ := s.Put([]byte("x"))
 		if err := s.UpdateRefs(RefUpdate{"e", ID{}, x}); err != nil {
 			t.Fatalf("%s: update: %v", c.name, err)
+		}
+		b, _ := os.ReadFile(path)
+		if r := decodeRefLog(path, b); len(r.damage) != 0 || r.fix != nil || r.good != int64(len(b)) {
+			t.Fatalf("%s: log after the update: damage %v, fix %d bytes, %d of %d bytes", c.name, r.damage, len(r.fix), r.good, len(b))
 		}
 		s.Close()
 		s = openT(t, dir, nil)
@@ -162,6 +186,7 @@ func TestRefLogTornTail(t *testing.T) {
 			t.Fatalf("%s: Verify: %v %v", c.name, err, rep.Damaged)
 		}
 		s.Close()
+		os.WriteFile(path, orig, 0o644)
 	}
 }
 
@@ -171,52 +196,99 @@ func flipByte(b []byte, i int) []byte {
 	return b
 }
 
-// TestRefLogDamage: damage before the last record (or to the header) is
-// not a torn write: Open fails naming the file and offset, and with
-// AllowDamaged Verify reports it and the refs before it are read.
+// TestRefLogDamage: damage anywhere in the log is reported with the file
+// and offset. Damage one copy covers loses nothing: Open reads the copy and
+// rewrites the log. Damage to both copies, or a lost frame, fails Open
+// (suggesting recover); with AllowDamaged, Verify reports it, the log is
+// left as it is, and GC refuses to run.
 func TestRefLogDamage(t *testing.T) {
-	dir, _, _ := refLogStore(t)
+	dir, _, four := refLogStore(t)
 	path := filepath.Join(dir, refLogName)
 	orig, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := refLogHeaderLen + refRecHeaderLen
-	cases := map[string][]byte{
-		"empty":               nil,
-		"magic":               flipByte(orig, 0),
-		"version":             flipByte(orig, 8),
-		"salt":                flipByte(orig, 13),
-		"header checksum":     flipByte(orig, 17),
-		"first record body":   flipByte(orig, first+3),
-		"first record length": flipByte(orig, refLogHeaderLen),
-		"third record":        flipByte(orig, len(orig)-40-2*refRecHeaderLen),
+	r := decodeRefLog(path, orig)
+	frame := func(i int) int { return len(appendRefFrame(nil, 0, uint64(i), r.recs[i])) }
+	first := refLogStart
+	third := first + frame(0) + frame(1)
+	cases := []struct {
+		name string
+		data []byte
+		lost bool
+		off  int64
+	}{
+		{"empty", nil, true, 0},
+		{"magic", flipByte(orig, 0), false, 0},
+		{"version of the copy", flipByte(orig, refLogHeaderLen+8), false, refLogHeaderLen},
+		{"salt", flipByte(orig, 13), false, 0},
+		{"base", flipByte(orig, 17), false, 0},
+		{"header checksum", flipByte(orig, 29), false, 0},
+		{"both magics", flipByte(flipByte(orig, 0), refLogHeaderLen), true, 0},
+		{"first record length", flipByte(orig, first), false, int64(first)},
+		{"first record body", flipByte(orig, first+refRecHeaderLen+3), false, int64(first)},
+		{"first record copy", flipByte(orig, first+frame(0)/2+refRecHeaderLen+3), false, int64(first + frame(0)/2)},
+		{"third record checksum", flipByte(orig, third+9), false, int64(third)},
+		{"both copies of the third record", flipByte(flipByte(orig, third+14), third+frame(2)/2+14), true, int64(third)},
+		{"third frame gone", append(bytes.Clone(orig[:third]), orig[third+frame(2):]...), true, int64(third)},
+		{"last record", flipByte(orig, len(orig)-frame(3)+20), false, int64(len(orig) - frame(3))},
 	}
-	for name, data := range cases {
-		if err := os.WriteFile(path, data, 0o644); err != nil {
+	for _, c := range cases {
+		if err := os.WriteFile(path, c.data, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		s, err := Open(dir, nil)
-		if err == nil {
-			s.Close()
-			t.Fatalf("%s: Open succeeded", name)
-		}
-		if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "offset") {
-			t.Fatalf("%s: error %v does not wrap ErrCorrupt naming file and offset", name, err)
-		}
-		s, err = Open(dir, &Options{AllowDamaged: true})
+		s, err := Open(dir, &Options{AllowDamaged: true})
 		if err != nil {
-			t.Fatalf("%s: Open with AllowDamaged: %v", name, err)
+			t.Fatalf("%s: Open with AllowDamaged: %v", c.name, err)
 		}
 		rep, err := s.Verify(context.Background())
-		if err != nil || rep.OK() {
-			t.Errorf("%s: Verify did not report the damage: %v %+v", name, err, rep)
+		if err != nil || !reportsAt(rep, path, c.off) {
+			t.Errorf("%s: Verify did not report damage at %s offset %d: %v %v", c.name, path, c.off, err, rep.Damaged)
+		}
+		_, gcErr := s.GC(context.Background())
+		s.Close()
+		if after, _ := os.ReadFile(path); !bytes.Equal(after, c.data) {
+			t.Fatalf("%s: opening with AllowDamaged changed the ref log", c.name)
+		}
+		s, err = Open(dir, nil)
+		if c.lost {
+			if err == nil {
+				s.Close()
+				t.Fatalf("%s: Open succeeded", c.name)
+			}
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "offset") || !strings.Contains(err.Error(), "tine store recover") {
+				t.Fatalf("%s: error %v does not wrap ErrCorrupt naming file, offset and recover", c.name, err)
+			}
+			if gcErr == nil || !strings.Contains(gcErr.Error(), "recover") {
+				t.Fatalf("%s: GC ran on a store whose refs may be lost: %v", c.name, gcErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: Open: %v", c.name, err)
+		}
+		if got, _ := s.ListRefs(""); !equalRefs(got, four) {
+			t.Fatalf("%s: refs %v, want %v", c.name, got, four)
 		}
 		s.Close()
-		if after, _ := os.ReadFile(path); !bytes.Equal(after, data) {
-			t.Fatalf("%s: opening with AllowDamaged changed the ref log", name)
+		// Open mended the log: a later verify is clean.
+		s = openT(t, dir, &Options{AllowDamaged: true})
+		if rep, err := s.Verify(context.Background()); err != nil || !rep.OK() {
+			t.Fatalf("%s: after the log was mended: %v %v", c.name, err, rep.Damaged)
+		}
+		s.Close()
+		os.WriteFile(path, orig, 0o644)
+	}
+}
+
+// reportsAt reports whether rep lists damage in file at offset off.
+func reportsAt(rep VerifyReport, file string, off int64) bool {
+	for _, d := range rep.Damaged {
+		if d.File == file && d.Offset == off {
+			return true
 		}
 	}
+	return false
 }
 
 // TestRefLogCompaction: when the log grows past its threshold, the next
@@ -400,7 +472,7 @@ func TestRefLogCraftedObject(t *testing.T) {
 	data := randBytes(77, 8192)
 	var marks []int
 	for _, salt := range []uint32{0, 1, 0x5eed} {
-		rec := appendRefRecord(nil, salt, evil)
+		rec := appendRefRecord(nil, salt, true, 1, evil)
 		at := 1000 + len(marks)*2000
 		copy(data[at:], rec)
 		marks = append(marks, at)
@@ -417,12 +489,12 @@ func TestRefLogCraftedObject(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Contains(b, appendRefRecord(nil, 0, evil)) {
+	if !bytes.Contains(b, appendRefRecord(nil, 0, true, 1, evil)) {
 		t.Fatal("the crafted bytes are not in the log verbatim: test does not test")
 	}
 	s.Close() // (it rewrites the log; the torn copy below replaces it)
 	// Tear the last record between the crafted records.
-	cut := bytes.Index(b, appendRefRecord(nil, 1, evil)) + 10
+	cut := bytes.Index(b, appendRefRecord(nil, 1, true, 1, evil)) + 10
 	if err := os.WriteFile(path, b[:cut], 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -474,5 +546,42 @@ func BenchmarkSetRef(b *testing.B) {
 				cur = next
 			}
 		})
+	}
+}
+
+// TestRefLogFormat2Opens: a format 2 store (one header, records without
+// sequence numbers or copies) opens with its refs; Open rewrites its log
+// in format 3 and updates the marker, and AllowDamaged leaves it as it is.
+func TestRefLogFormat2Opens(t *testing.T) {
+	dir := t.TempDir()
+	s := openT(t, dir, nil)
+	x, _ := s.Put([]byte("x"))
+	y, _ := s.Put([]byte("y"))
+	s.Close()
+	path := filepath.Join(dir, refLogName)
+	old := v2Log(0x1234, [][]refOp{{{name: "a", id: x}}, {{name: "b", id: y}, {name: "a"}}, {{name: "c", id: x}}})
+	os.WriteFile(path, old, 0o644)
+	os.WriteFile(filepath.Join(dir, markerName), []byte(markerTextV2), 0o644)
+	want := map[string]ID{"b": y, "c": x}
+
+	s = openT(t, dir, &Options{AllowDamaged: true})
+	if got, _ := s.ListRefs(""); !equalRefs(got, want) {
+		t.Fatalf("AllowDamaged: refs %v, want %v", got, want)
+	}
+	s.Close()
+	if b, _ := os.ReadFile(path); !bytes.Equal(b, old) {
+		t.Fatal("AllowDamaged changed a format 2 log")
+	}
+	s = openT(t, dir, nil)
+	if got, _ := s.ListRefs(""); !equalRefs(got, want) {
+		t.Fatalf("refs %v, want %v", got, want)
+	}
+	s.Close()
+	b, _ := os.ReadFile(path)
+	if r := decodeRefLog(path, b); r.version != refLogVersion || len(r.damage) != 0 {
+		t.Fatalf("log after open: version %d, damage %v", r.version, r.damage)
+	}
+	if m, _ := os.ReadFile(filepath.Join(dir, markerName)); string(m) != markerText {
+		t.Fatalf("marker %q", m)
 	}
 }

@@ -50,8 +50,8 @@ func (s *Store) loadRefs() error {
 		return nil
 	}
 	if _, err := os.Stat(oldDir); err != nil {
-		err := fmt.Errorf("chunkstore: open %s: ref log %s is missing: %w", s.dir, s.refLogPath(), ErrCorrupt)
-		if !s.opts.AllowDamaged {
+		err := fmt.Errorf("chunkstore: open %s: ref log %s is missing (run tine store recover %s): %w", s.dir, s.refLogPath(), s.dir, ErrCorrupt)
+		if !s.opts.AllowDamaged && !s.opts.repair {
 			return err
 		}
 		s.damage = append(s.damage, Damage{File: s.refLogPath(), Offset: -1, Problem: err.Error()})

@@ -44,9 +44,14 @@ type Options struct {
 	// are kept).
 	GCGrace time.Duration
 	// AllowDamaged opens a store whose index files or refs fail to decode
-	// instead of failing: the damage is reported by Verify. Nothing is
-	// deleted at open then. Meant for verify and repair tools.
+	// instead of failing: the damage is reported by Verify, and nothing is
+	// written or deleted at open. Ref updates and GC are refused while refs
+	// may be lost. Meant for verify tools; Recover and RebuildIndex repair.
 	AllowDamaged bool
+
+	// repair (Recover) opens a store whose ref log lost records, keeping
+	// the refs that could be read, and writes the log anew.
+	repair bool
 }
 
 func (o *Options) withDefaults() (Options, cdc.Params, error) {
@@ -102,7 +107,8 @@ type Store struct {
 	nextIdx  uint64
 	idxFiles []uint64 // index files on disk, by number
 	refs     map[string]ID
-	damage   []Damage // found at open (AllowDamaged)
+	damage   []Damage // found at open
+	idxBad   bool     // an index file failed to decode (AllowDamaged)
 
 	newPacks        bool           // packs created since the packs directory was last fsync'd
 	journaled       []indexEntry   // objects in the ref log, not yet in an index file
@@ -110,6 +116,9 @@ type Store struct {
 	refPrefixes     map[string]int // '/'-prefixes of ref names, with the number of refs below
 	refLog          *os.File       // the ref log, open for appends (nil until written)
 	refLogSize      int64          // length of its valid records
+	refLogBase      int64          // length its last rewrite wrote (headers and ref table)
+	refLogSeq       uint64         // sequence number of its next record
+	refLogFix       []byte         // a record whose copy a crash tore: written again before the next frame
 	refLogSalt      uint32         // seeds its record checksums
 	refLogTorn      bool           // bytes of a torn record follow refLogSize
 	refLogErr       error          // set when the log cannot take more records
@@ -195,19 +204,26 @@ func initDir(dir string) error {
 	marker := filepath.Join(dir, markerName)
 	b, err := os.ReadFile(marker)
 	if err == nil {
-		if string(b) != markerText && string(b) != markerTextV1 {
-			return fmt.Errorf("chunkstore: open %s: %s holds %q, not a format 1 or 2 store: %w", dir, marker, b, ErrCorrupt)
+		if !knownMarker(b) {
+			return fmt.Errorf("chunkstore: open %s: %s holds %q, not a format 1, 2 or 3 store: %w", dir, marker, b, ErrCorrupt)
 		}
 		return nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("chunkstore: open %s: %w", dir, err)
 	}
+	// Only what an earlier initDir cut short by a crash leaves may be there.
 	if ents, err := os.ReadDir(dir); err == nil {
 		for _, e := range ents {
-			if e.Name() != "lock" && e.Name() != "."+markerName+".tmp" {
-				return fmt.Errorf("chunkstore: open %s: directory is not empty and has no %s marker", dir, markerName)
+			switch e.Name() {
+			case "lock", "." + markerName + ".tmp", refLogName, "." + refLogName + ".tmp":
+				continue
+			case "packs", "index":
+				if sub, err := os.ReadDir(filepath.Join(dir, e.Name())); err == nil && len(sub) == 0 {
+					continue
+				}
 			}
+			return fmt.Errorf("chunkstore: open %s: directory is not empty and has no %s marker", dir, markerName)
 		}
 	}
 	for _, d := range []string{dir, filepath.Join(dir, "packs"), filepath.Join(dir, "index")} {
@@ -215,13 +231,36 @@ func initDir(dir string) error {
 			return fmt.Errorf("chunkstore: create %s: %w", d, err)
 		}
 	}
-	if err := writeFileAtomic(filepath.Join(dir, refLogName), encodeRefLogHeader(newSalt())); err != nil {
+	if err := writeFileAtomic(filepath.Join(dir, refLogName), encodeRefLogHeader(newSalt(), refLogStart)); err != nil {
 		return err
 	}
 	if err := writeFileAtomic(marker, []byte(markerText)); err != nil {
 		return err
 	}
 	return syncDir(filepath.Dir(dir))
+}
+
+func knownMarker(b []byte) bool {
+	return string(b) == markerText || string(b) == markerTextV2 || string(b) == markerTextV1
+}
+
+// IsStore reports whether dir holds a store: its format marker is there
+// and names a known format. It creates and changes nothing, so tools can
+// refuse a wrong directory before Open (which creates a store in a
+// missing or empty one). A marker naming an unknown format is an error.
+func IsStore(dir string) (bool, error) {
+	marker := filepath.Join(dir, markerName)
+	b, err := os.ReadFile(marker)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, unix.ENOTDIR) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("chunkstore: %s: %w", dir, err)
+	}
+	if !knownMarker(b) {
+		return false, fmt.Errorf("chunkstore: %s: %s holds %q, not a known store format: %w", dir, marker, b, ErrCorrupt)
+	}
+	return true, nil
 }
 
 // lockStore takes an exclusive flock on dir/lock and writes our pid into it.
@@ -263,6 +302,7 @@ func (s *Store) load() error {
 		path    string
 		entries []indexEntry
 		logical uint64
+		err     error
 	}
 	var files []idxFile
 	base := -1 // position in files of the newest whole-store index
@@ -287,26 +327,31 @@ func (s *Store) load() error {
 			return fmt.Errorf("chunkstore: read index %s: %w", path, err)
 		}
 		entries, logical, full, err := decodeIndex(path, b)
-		if err != nil {
-			if !s.opts.AllowDamaged {
-				return fmt.Errorf("chunkstore: open %s: %w", s.dir, err)
-			}
-			s.damage = append(s.damage, Damage{File: path, Problem: err.Error()})
-			damaged = true
-			continue
-		}
-		if full {
+		if err == nil && full {
 			base = len(files)
 		}
-		files = append(files, idxFile{num: n, path: path, entries: entries, logical: logical})
+		files = append(files, idxFile{num: n, path: path, entries: entries, logical: logical, err: err})
 	}
 	// A whole-store index supersedes the files before it (left behind by a
-	// crash while they were being removed).
+	// crash while they were being removed, or by RebuildIndex replacing
+	// damaged ones): they are ignored, damaged or not.
+	for i, f := range files {
+		if i > base && f.err != nil {
+			if !s.opts.AllowDamaged {
+				return fmt.Errorf("chunkstore: open %s: %w (run tine store rebuild-index %s)", s.dir, f.err, s.dir)
+			}
+			s.damage = append(s.damage, Damage{File: f.path, Offset: -1, Problem: f.err.Error()})
+			damaged, s.idxBad = true, true
+		}
+	}
 	for i, f := range files {
 		if i < base {
 			if !s.opts.AllowDamaged && !damaged {
 				os.Remove(f.path)
 			}
+			continue
+		}
+		if f.err != nil {
 			continue
 		}
 		s.idxFiles = append(s.idxFiles, f.num)
@@ -344,7 +389,7 @@ func (s *Store) load() error {
 		}
 		path := filepath.Join(packDir, e.Name())
 		if !used[uint32(n)] {
-			if !damaged && !s.opts.AllowDamaged {
+			if !damaged && !s.opts.AllowDamaged && !s.opts.repair {
 				os.Remove(path)
 				removed = true
 			}
@@ -363,11 +408,12 @@ func (s *Store) load() error {
 	}
 	for n := range used {
 		if s.packs[n] == nil {
-			err := fmt.Errorf("chunkstore: open %s: pack %s named by the index is missing: %w", s.dir, filepath.Join(packDir, packName(n)), ErrCorrupt)
+			err := fmt.Errorf("chunkstore: open %s: pack %s named by the index is missing (run tine store rebuild-index %s to drop its objects): %w", s.dir, filepath.Join(packDir, packName(n)), s.dir, ErrCorrupt)
 			if !s.opts.AllowDamaged {
 				return err
 			}
-			s.damage = append(s.damage, Damage{File: filepath.Join(packDir, packName(n)), Problem: "pack named by the index is missing"})
+			s.damage = append(s.damage, Damage{File: filepath.Join(packDir, packName(n)), Offset: -1, Problem: "pack named by the index is missing"})
+			s.idxBad = true
 		}
 	}
 	return nil
@@ -389,6 +435,11 @@ func (s *Store) Close() error {
 		return nil
 	}
 	err := s.checkpointLocked(false)
+	if err == nil && s.refLog != nil && s.refLogErr == nil && !s.opts.AllowDamaged && s.refLogSize > s.refLogBase {
+		// A clean close leaves only the rewritten part, whose length the
+		// header records: any later loss of its bytes is then damage.
+		err = s.rewriteRefLogLocked()
+	}
 	s.closed = true
 	s.closeFiles()
 	return err

@@ -447,3 +447,24 @@ func TestClosed(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenAfterCrashInCreate: a crash while Open creates a store leaves
+// its directories and log but no marker; the next Open finishes the job
+// (it used to refuse the directory for good). Other files still refuse it.
+func TestOpenAfterCrashInCreate(t *testing.T) {
+	dir := t.TempDir()
+	for _, d := range []string{"packs", "index"} {
+		os.Mkdir(filepath.Join(dir, d), 0o755)
+	}
+	os.WriteFile(filepath.Join(dir, refLogName), encodeRefLogHeader(1, refLogStart), 0o644)
+	s := openT(t, dir, nil)
+	s.Close()
+	if ok, err := IsStore(dir); !ok || err != nil {
+		t.Fatalf("IsStore after finishing: %v %v", ok, err)
+	}
+	other := t.TempDir()
+	os.WriteFile(filepath.Join(other, "notes"), nil, 0o644)
+	if _, err := Open(other, nil); err == nil {
+		t.Fatal("Open made a store in a directory holding other files")
+	}
+}

@@ -12,11 +12,18 @@ import (
 type Damage struct {
 	ID      ID     // zero for damage to a whole file (index, ref)
 	File    string // pack, index or ref file
-	Offset  int64  // offset of the object's record in File; -1 if unknown
+	Offset  int64  // offset of the object's record or the damage in File; -1 if unknown
 	Problem string
+	// Repaired is set for damage nothing was lost to: a ref log record
+	// or header read from its copy. Opening the store without
+	// AllowDamaged rewrites the log.
+	Repaired bool
 }
 
 func (d Damage) String() string {
+	if d.Repaired {
+		return d.Problem + " (read from its copy; nothing lost)"
+	}
 	if d.ID.IsZero() {
 		return fmt.Sprintf("%s: %s", d.File, d.Problem)
 	}

@@ -125,7 +125,7 @@ func BenchmarkPoolFork(b *testing.B) {
 			}
 			var p *MountPool
 			if mode == "pool" {
-				if p, err = f.NewMountPool(ctx, b.TempDir(), 2, nil); err != nil {
+				if p, err = f.NewMountPool(ctx, filepath.Join(b.TempDir(), "pool"), 2, nil); err != nil {
 					b.Fatal(err)
 				}
 				defer p.Close()

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"tine/chunkstore"
 )
 
@@ -27,6 +29,7 @@ type inode struct {
 	ctime    int64
 	atime    int64
 	xattrs   map[string][]byte
+	xbytes   int64  // xattrCost summed over xattrs
 	nlink    uint32 // names (files and other non-directories)
 	linkable bool   // an unnamed O_TMPFILE file that linkat may still name
 	linkID   uint64
@@ -35,6 +38,7 @@ type inode struct {
 	// directories
 	loaded   bool
 	children map[string]*inode
+	encBytes int64         // directory: entryCost summed over children
 	dirty    bool          // directory: entries changed since id was computed
 	id       chunkstore.ID // directory: tree id when !dirty; file: content id when !f.changed()
 
@@ -56,7 +60,7 @@ type extent struct{ off, end int64 }
 // fileData is a file's content while the branch is live: the committed
 // chunk list plus a sparse overlay file holding the bytes written since.
 type fileData struct {
-	refs    []chunkstore.Ref
+	refs    []fileRef
 	offs    []int64 // offs[i] is where refs[i] starts; offs[len(refs)] = baseLen
 	dirty   []extent
 	changed bool          // content differs from id
@@ -67,11 +71,11 @@ type fileData struct {
 
 func (fd *fileData) baseLen() int64 { return fd.offs[len(fd.refs)] }
 
-func (fd *fileData) setRefs(refs []chunkstore.Ref) {
+func (fd *fileData) setRefs(refs []fileRef) {
 	fd.refs = refs
 	fd.offs = make([]int64, len(refs)+1)
 	for i, r := range refs {
-		fd.offs[i+1] = fd.offs[i] + int64(r.Size)
+		fd.offs[i+1] = fd.offs[i] + r.Size
 	}
 }
 
@@ -87,6 +91,7 @@ type branch struct {
 	nextIno     uint64
 	linked      map[uint64]*inode // hard-link groups loaded so far
 	meta        branchMeta
+	savedMeta   branchMeta        // meta as last written to its file
 	lock        *os.File          // flock held while mounted
 	gen         uint64            // bumped by reset (rollback)
 	orphans     map[*inode]*inode // unlinked files still open
@@ -179,7 +184,7 @@ func (b *branch) open(name string, pre *stateDir) (used bool, err error) {
 		b.name, b.dir, b.root, b.nextIno = "", "", oldRoot, oldNext
 		return used, err
 	}
-	b.lock, b.meta = lk, meta
+	b.lock, b.meta, b.savedMeta = lk, meta, meta
 	return used, nil
 }
 
@@ -214,6 +219,7 @@ func (b *branch) fromEntry(e *Entry) *inode {
 		in.xattrs = map[string][]byte{}
 		for _, x := range e.Xattrs {
 			in.xattrs[x.Name] = x.Value
+			in.xbytes += xattrCost(x.Name, x.Value)
 		}
 	}
 	if e.LinkID != 0 {
@@ -232,10 +238,12 @@ func (b *branch) load(d *inode) error {
 		return fmt.Errorf("branch %q: %w", b.name, err)
 	}
 	d.children = make(map[string]*inode, len(es))
+	d.encBytes = 0
 	for i := range es {
 		c := b.fromEntry(&es[i])
 		d.children[es[i].Name] = c
 		c.parents[d]++
+		d.encBytes += c.cost(es[i].Name)
 	}
 	d.loaded = true
 	return nil
@@ -243,14 +251,18 @@ func (b *branch) load(d *inode) error {
 
 // loadAll loads every directory of the branch. It is needed only when a
 // hard-linked file changes while some of its names are still unloaded.
-func (b *branch) loadAll(d *inode) error {
-	if err := b.load(d); err != nil {
-		return err
-	}
-	for _, c := range d.children {
-		if c.typ == TypeDir {
-			if err := b.loadAll(c); err != nil {
-				return err
+// It walks with a stack of its own, so a tree of any depth loads.
+func (b *branch) loadAll(top *inode) error {
+	stack := []*inode{top}
+	for len(stack) > 0 {
+		d := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if err := b.load(d); err != nil {
+			return err
+		}
+		for _, c := range d.children {
+			if c.typ == TypeDir {
+				stack = append(stack, c)
 			}
 		}
 	}
@@ -278,14 +290,19 @@ func (b *branch) touch(in *inode) error {
 }
 
 func (b *branch) dirtyUp(in *inode) {
-	for p := range in.parents {
-		if !p.dirty {
-			p.dirty = true
-			b.dirtyUp(p)
-		}
-	}
 	if in == b.root {
 		in.dirty = true
+	}
+	stack := []*inode{in}
+	for len(stack) > 0 {
+		c := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for p := range c.parents {
+			if !p.dirty {
+				p.dirty = true
+				stack = append(stack, p)
+			}
+		}
 	}
 }
 
@@ -331,32 +348,55 @@ func (b *branch) commit(ctx context.Context) (chunkstore.ID, error) {
 	return id, nil
 }
 
-func (b *branch) commitDir(ctx context.Context, d *inode) error {
-	if !d.dirty {
-		return nil
+// commitDir writes the dirty directories under top, children before
+// parents. It walks with a stack of its own, so a tree of any depth
+// commits. Each directory object written is charged to the quota: a
+// commit of a changed directory stores all of it again.
+func (b *branch) commitDir(ctx context.Context, top *inode) error {
+	type frame struct {
+		d        *inode
+		expanded bool
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	entries := make([]Entry, 0, len(d.children))
-	for name, c := range d.children {
-		switch c.typ {
-		case TypeDir:
-			if err := b.commitDir(ctx, c); err != nil {
-				return err
-			}
-		case TypeFile:
-			if err := b.commitFile(ctx, c); err != nil {
-				return err
-			}
+	stack := []frame{{d: top}}
+	for len(stack) > 0 {
+		i := len(stack) - 1
+		d := stack[i].d
+		if !d.dirty {
+			stack = stack[:i]
+			continue
 		}
-		entries = append(entries, c.entry(name))
+		if !stack[i].expanded {
+			stack[i].expanded = true
+			for _, c := range d.children {
+				if c.typ == TypeDir && c.dirty {
+					stack = append(stack, frame{d: c})
+				}
+			}
+			continue
+		}
+		stack = stack[:i]
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		entries := make([]Entry, 0, len(d.children))
+		for name, c := range d.children {
+			if c.typ == TypeFile {
+				if err := b.commitFile(ctx, c); err != nil {
+					return err
+				}
+			}
+			entries = append(entries, c.entry(name))
+		}
+		links, payload, err := encodeDir(entries)
+		if err == nil {
+			d.id, err = b.fs.store.PutNode(links, payload)
+		}
+		if err != nil {
+			return fmt.Errorf("branch %q: write directory (inode %d): %w", b.name, d.ino, err)
+		}
+		d.dirty = false
+		b.meta.UsedBytes += int64(len(payload) + len(links)*len(chunkstore.ID{}))
 	}
-	id, err := putDir(b.fs.store, entries)
-	if err != nil {
-		return fmt.Errorf("branch %q: write directory: %w", b.name, err)
-	}
-	d.id, d.dirty = id, false
 	return nil
 }
 
@@ -368,7 +408,7 @@ func (b *branch) commitFile(ctx context.Context, in *inode) error {
 	if fd == nil || !fd.changed {
 		return nil
 	}
-	var out []chunkstore.Ref
+	var out []fileRef
 	n := len(fd.refs)
 	i := 0
 	for i < n {
@@ -410,60 +450,28 @@ func (b *branch) commitFile(ctx context.Context, in *inode) error {
 	return nil
 }
 
-func sumRefs(rs []chunkstore.Ref) int64 {
-	var n int64
-	for _, r := range rs {
-		n += int64(r.Size)
-	}
-	return n
-}
-
-// holeRefs covers n zero bytes with hole refs.
-func holeRefs(n int64) []chunkstore.Ref {
-	var out []chunkstore.Ref
-	const maxHole = 1 << 30
-	for n > 0 {
-		s := min(n, maxHole)
-		out = append(out, chunkstore.Ref{Size: uint32(s)})
-		n -= s
-	}
-	return out
-}
-
 // chunkRegion cuts [a, e) of the file's current content into chunks;
-// stretches past the base that were never written become holes.
-func (b *branch) chunkRegion(ctx context.Context, in *inode, a, e int64) ([]chunkstore.Ref, error) {
+// stretches that hold no data (holes of the base, never written, or
+// punched) stay holes, one ref each whatever their length.
+func (b *branch) chunkRegion(ctx context.Context, in *inode, a, e int64) ([]fileRef, error) {
 	fd := in.f
-	var out []chunkstore.Ref
+	var out []fileRef
 	for a < e {
-		if a >= fd.baseLen() {
-			i := fd.extentAfter(a)
-			if i >= len(fd.dirty) || fd.dirty[i].off > a {
-				// A hole: past the base and never written.
-				next := e
-				if i < len(fd.dirty) {
-					next = min(next, fd.dirty[i].off)
-				}
-				out = append(out, holeRefs(next-a)...)
-				a = next
-				continue
-			}
-		}
-		// Data: base bytes or written bytes, up to the next hole.
-		next := a
-		for {
-			if next < fd.baseLen() {
-				next = fd.baseLen()
-				continue
-			}
-			i := fd.extentAfter(next)
-			if i < len(fd.dirty) && fd.dirty[i].off <= next && fd.dirty[i].end > next {
-				next = fd.dirty[i].end
-				continue
-			}
-			break
-		}
+		data, next := fd.isData(a, e)
 		next = min(next, e)
+		if !data {
+			out = appendHole(out, next-a)
+			a = next
+			continue
+		}
+		// Data up to the next hole.
+		for next < e {
+			d, n := fd.isData(next, e)
+			if !d {
+				break
+			}
+			next = min(n, e)
+		}
 		r := io.NewSectionReader(readerAtFunc(func(p []byte, off int64) (int, error) {
 			return b.readAt(in, p, off)
 		}), a, next-a)
@@ -471,10 +479,14 @@ func (b *branch) chunkRegion(ctx context.Context, in *inode, a, e int64) ([]chun
 		if err != nil {
 			return nil, fmt.Errorf("branch %q: store file data: %w", b.name, err)
 		}
-		if got := sumRefs(refs); got != next-a {
+		var got int64
+		for _, r := range refs {
+			got += int64(r.Size)
+		}
+		if got != next-a {
 			return nil, fmt.Errorf("branch %q: store file data: stored %d bytes of %d", b.name, got, next-a)
 		}
-		out = append(out, refs...)
+		out = append(out, fileRefs(refs)...)
 		a = next
 	}
 	return out, nil
@@ -508,6 +520,24 @@ func (fd *fileData) addExtent(a, e int64) {
 	fd.dirty = append(fd.dirty[:i], append([]extent{{a, e}}, fd.dirty[j:]...)...)
 }
 
+// cutExtents forgets the written bytes in [a, e).
+func (fd *fileData) cutExtents(a, e int64) {
+	var out []extent
+	for _, x := range fd.dirty {
+		if x.end <= a || x.off >= e {
+			out = append(out, x)
+			continue
+		}
+		if x.off < a {
+			out = append(out, extent{x.off, a})
+		}
+		if x.end > e {
+			out = append(out, extent{e, x.end})
+		}
+	}
+	fd.dirty = out
+}
+
 func (fd *fileData) clipExtents(n int64) {
 	i := fd.extentAfter(n)
 	if i < len(fd.dirty) && fd.dirty[i].off < n {
@@ -536,7 +566,7 @@ func (b *branch) fileOf(in *inode) (*fileData, error) {
 }
 
 // chunk returns a chunk's bytes (a small cache keeps the recent ones).
-func (b *branch) chunk(r chunkstore.Ref) ([]byte, error) {
+func (b *branch) chunk(r fileRef) ([]byte, error) {
 	if r.ID.IsZero() {
 		return nil, nil
 	}
@@ -547,7 +577,7 @@ func (b *branch) chunk(r chunkstore.Ref) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("branch %q: read chunk %s: %w", b.name, r.ID, err)
 	}
-	if len(d) != int(r.Size) {
+	if int64(len(d)) != r.Size {
 		return nil, fmt.Errorf("branch %q: chunk %s: %w: %d bytes, ref says %d", b.name, r.ID, errCorrupt, len(d), r.Size)
 	}
 	const keep = 16
@@ -628,64 +658,89 @@ func (b *branch) readBase(fd *fileData, buf []byte, pos int64) error {
 	return nil
 }
 
-// write writes p at off. Caller holds b.mu.
-func (b *branch) write(in *inode, p []byte, off int64) (int, syscall.Errno) {
-	if b.meta.QuotaBytes > 0 && b.meta.UsedBytes+int64(len(p)) > b.meta.QuotaBytes {
-		return 0, syscall.ENOSPC
+// write writes p at off, charging len(p) to the quota. Caller holds b.mu.
+func (b *branch) write(in *inode, p []byte, off int64) (int, error) {
+	if off < 0 || off > maxFileSize-int64(len(p)) {
+		return 0, limitErr(syscall.EFBIG, "write of %d bytes at %d passes the largest file size %d", len(p), off, int64(maxFileSize))
+	}
+	if err := b.charge(int64(len(p))); err != nil {
+		return 0, err
 	}
 	fd, err := b.fileOf(in)
 	if err != nil {
-		return 0, syscall.EIO
+		return 0, err
 	}
 	ov, err := b.overlay(in)
 	if err != nil {
-		return 0, syscall.EIO
+		return 0, err
 	}
 	n, err := ov.WriteAt(p, off)
+	if n > 0 {
+		fd.addExtent(off, off+int64(n))
+		fd.changed = true
+		if off+int64(n) > in.size {
+			in.size = off + int64(n)
+		}
+		t := nowNs()
+		in.mtime, in.ctime = t, t
+		if terr := b.touch(in); err == nil {
+			err = terr
+		}
+	}
 	if err != nil {
-		return n, toErrno(err)
+		return n, fmt.Errorf("branch %q: write inode %d overlay %s: %w", b.name, in.ino, fd.ovPath, err)
 	}
-	fd.addExtent(off, off+int64(n))
-	fd.changed = true
-	b.meta.UsedBytes += int64(n)
-	if off+int64(n) > in.size {
-		in.size = off + int64(n)
-	}
-	t := nowNs()
-	in.mtime, in.ctime = t, t
-	if err := b.touch(in); err != nil {
-		return n, syscall.EIO
-	}
-	return n, 0
+	return n, nil
 }
 
-// truncate sets a file's size. Caller holds b.mu.
-func (b *branch) truncate(in *inode, n int64) syscall.Errno {
+// toOverlay copies [a, e) of the file's current content into its overlay
+// and marks it written (a few chunks at most: the callers copy the part
+// of one chunk that stays when the rest of it goes). Caller holds b.mu.
+func (b *branch) toOverlay(in *inode, a, e int64) error {
+	if a >= e {
+		return nil
+	}
+	buf := make([]byte, e-a)
+	if _, err := b.readAt(in, buf, a); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	ov, err := b.overlay(in)
+	if err != nil {
+		return err
+	}
+	if _, err := ov.WriteAt(buf, a); err != nil {
+		return fmt.Errorf("branch %q: write inode %d overlay %s: %w", b.name, in.ino, in.f.ovPath, err)
+	}
+	in.f.addExtent(a, e)
+	return nil
+}
+
+// truncate sets a file's size; growth is charged to the quota as if
+// written, though it stores nothing (a hole). Caller holds b.mu.
+func (b *branch) truncate(in *inode, n int64) error {
+	if n < 0 {
+		return limitErr(syscall.EFBIG, "size %d out of range", n)
+	}
 	fd, err := b.fileOf(in)
 	if err != nil {
-		return syscall.EIO
+		return err
 	}
 	if n == in.size {
-		return 0
+		return nil
 	}
-	if n < in.size {
+	if n > in.size {
+		if err := b.charge(n - in.size); err != nil {
+			return err
+		}
+	} else {
 		if n < fd.baseLen() {
 			// Cut the base at a chunk boundary; the kept part of the cut
 			// chunk moves into the overlay.
 			j := sort.Search(len(fd.refs), func(i int) bool { return fd.offs[i+1] > n })
-			if n > fd.offs[j] {
-				buf := make([]byte, n-fd.offs[j])
-				if _, err := b.readAt(in, buf, fd.offs[j]); err != nil && !errors.Is(err, io.EOF) {
-					return syscall.EIO
+			if !fd.refs[j].ID.IsZero() {
+				if err := b.toOverlay(in, fd.offs[j], n); err != nil {
+					return err
 				}
-				ov, err := b.overlay(in)
-				if err != nil {
-					return syscall.EIO
-				}
-				if _, err := ov.WriteAt(buf, fd.offs[j]); err != nil {
-					return toErrno(err)
-				}
-				fd.addExtent(fd.offs[j], n)
 			}
 			fd.setRefs(fd.refs[:j:j])
 		}
@@ -693,10 +748,10 @@ func (b *branch) truncate(in *inode, n int64) syscall.Errno {
 		if fd.ovPath != "" {
 			ov, err := b.overlay(in)
 			if err != nil {
-				return syscall.EIO
+				return err
 			}
 			if err := ov.Truncate(n); err != nil {
-				return toErrno(err)
+				return fmt.Errorf("branch %q: truncate overlay %s: %w", b.name, fd.ovPath, err)
 			}
 		}
 	}
@@ -704,13 +759,59 @@ func (b *branch) truncate(in *inode, n int64) syscall.Errno {
 	fd.changed = true
 	t := nowNs()
 	in.mtime, in.ctime = t, t
-	if err := b.touch(in); err != nil {
-		return syscall.EIO
-	}
-	return 0
+	return b.touch(in)
 }
 
+// punch makes [off, end) of the file a hole without writing zeros: stored
+// chunks it covers become holes (the parts of the edge chunks outside it
+// move to the overlay), written bytes in it are forgotten. It is never
+// refused by the quota and charges nothing. Caller holds b.mu.
+func (b *branch) punch(in *inode, off, end int64) error {
+	end = min(end, in.size)
+	if off < 0 || off >= end {
+		return nil
+	}
+	fd, err := b.fileOf(in)
+	if err != nil {
+		return err
+	}
+	if off < fd.baseLen() {
+		i := sort.Search(len(fd.refs), func(k int) bool { return fd.offs[k+1] > off })
+		j := sort.Search(len(fd.refs), func(k int) bool { return fd.offs[k] >= end })
+		out := append([]fileRef(nil), fd.refs[:i]...)
+		for k := i; k < j; k++ {
+			r := fd.refs[k]
+			if !r.ID.IsZero() {
+				if err := b.toOverlay(in, fd.offs[k], off); err != nil {
+					return err
+				}
+				if err := b.toOverlay(in, end, fd.offs[k+1]); err != nil {
+					return err
+				}
+			}
+			out = appendHole(out, r.Size)
+		}
+		fd.setRefs(append(out, fd.refs[j:]...))
+	}
+	fd.cutExtents(off, end)
+	if fd.ovPath != "" {
+		// Give the overlay's disk space back; the bytes are dead either way.
+		if ov, err := b.overlay(in); err == nil {
+			unix.Fallocate(int(ov.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, end-off)
+		}
+	}
+	fd.changed = true
+	t := nowNs()
+	in.mtime, in.ctime = t, t
+	return b.touch(in)
+}
+
+// toErrno turns an error into the errno the mount returns: the one it
+// wraps, else EIO (0 for nil).
 func toErrno(err error) syscall.Errno {
+	if err == nil {
+		return 0
+	}
 	var e syscall.Errno
 	if errors.As(err, &e) {
 		return e
@@ -752,6 +853,11 @@ func (b *branch) commitRefs(ctx context.Context, keep bool) (chunkstore.ID, erro
 	if err != nil {
 		return id, err
 	}
+	// The quota count goes to disk before the head moves: after a crash
+	// it may count a commit that was lost, never miss one that was kept.
+	if err := b.saveMeta(); err != nil {
+		return id, err
+	}
 	for try := 0; ; try++ {
 		var ups []chunkstore.RefUpdate
 		if id != b.head {
@@ -781,6 +887,18 @@ func (b *branch) commitRefs(ctx context.Context, keep bool) (chunkstore.ID, erro
 		}
 	}
 	return id, nil
+}
+
+// saveMeta writes the branch meta file if it changed. Caller holds b.mu.
+func (b *branch) saveMeta() error {
+	if b.meta == b.savedMeta {
+		return nil
+	}
+	if err := b.fs.writeMeta(b.name, b.meta); err != nil {
+		return fmt.Errorf("branch %q: %w", b.name, err)
+	}
+	b.savedMeta = b.meta
+	return nil
 }
 
 // reset switches the live branch to snapshot snap (rollback).

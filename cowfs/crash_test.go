@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const crashEnv = "TINE_COWFS_CRASH_CHILD" // "root mountpoint" for the child
+const crashEnv = "TINE_COWFS_CRASH_CHILD" // "root mountpoint" or "kill scenario root work seed"
 
 // TestMain runs the mounting process of TestCrash when started by it, and
 // the tests otherwise.
@@ -27,11 +27,17 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// crashChild mounts branch main of the FS at args[0] on args[1], prints
-// READY and serves until killed.
+// crashChild runs a TestCrashKill scenario (args "kill ..."), or mounts
+// branch main of the FS at args[0] on args[1] (or, with a third argument
+// "pool", from a pool of two at args[1]), prints READY and serves until
+// killed.
 func crashChild(args []string) {
-	if len(args) != 2 {
-		fmt.Println("ERR want: root mountpoint")
+	if len(args) > 0 && args[0] == "kill" {
+		killChild(args[1:])
+		return
+	}
+	if len(args) != 2 && (len(args) != 3 || args[2] != "pool") {
+		fmt.Println("ERR want: root mountpoint [pool]")
 		return
 	}
 	ctx := context.Background()
@@ -40,7 +46,16 @@ func crashChild(args []string) {
 		fmt.Println("ERR", err)
 		return
 	}
-	if _, err := f.Mount(ctx, "main", args[1], nil); err != nil {
+	if len(args) == 3 {
+		p, err := f.NewMountPool(ctx, args[1], 2, nil)
+		if err == nil {
+			_, err = p.Mount(ctx, "main")
+		}
+		if err != nil {
+			fmt.Println("ERR", err)
+			return
+		}
+	} else if _, err := f.Mount(ctx, "main", args[1], nil); err != nil {
 		fmt.Println("ERR", err)
 		return
 	}

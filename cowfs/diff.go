@@ -3,7 +3,6 @@ package cowfs
 import (
 	"context"
 	"fmt"
-	"path"
 )
 
 // ChangeKind says how an entry differs between two snapshots.
@@ -38,63 +37,147 @@ type Change struct {
 	New  *Entry
 }
 
-// Diff lists what changed from snapshot a to snapshot b, sorted by path
-// (a directory before its contents). Subtrees with equal ids are skipped
-// unread, so the cost follows the size of the change, not of the tree.
-// To diff against a live branch, pass its Head.
+// Diff lists what changed from snapshot a to snapshot b, everything
+// included (see DiffWith for the filtered view the exports use), in
+// depth-first order: a directory before its contents, siblings by name.
+// Subtrees with equal ids are skipped unread, so the cost follows the
+// size of the change, not of the tree. To diff against a live branch,
+// pass its Head.
 func (f *FS) Diff(ctx context.Context, a, b SnapshotID) ([]Change, error) {
-	ea, err := f.rootEntry(a)
-	if err != nil {
-		return nil, err
-	}
-	eb, err := f.rootEntry(b)
-	if err != nil {
-		return nil, err
-	}
-	d := &differ{f: f, ctx: ctx}
-	if err := d.entry("", &ea, &eb); err != nil {
-		return nil, err
-	}
-	return d.out, nil
+	return f.DiffWith(ctx, a, b, DiffOptions{GitInternals: true})
 }
 
+// differ walks two trees with an explicit stack, so that the depth of a
+// tree a sandbox made costs heap, never goroutine stack.
 type differ struct {
-	f   *FS
-	ctx context.Context
-	out []Change
+	f     *FS
+	ctx   context.Context
+	out   []Change
+	stack []dirPair
+	// skip, when set, leaves out a path and everything below it. isDir
+	// is the path's type in the new tree, or in the old one when deleted.
+	skip func(dir *dirPair, p string, isDir bool) (bool, error)
+	// enter, when set, prepares a directory pair before its entries are
+	// merged (reads its ignore rules).
+	enter func(parent, dir *dirPair) error
 }
 
-func (d *differ) entry(p string, a, b *Entry) error {
-	if err := d.ctx.Err(); err != nil {
+// dirPair is one directory on the walk's stack: the sorted listings of
+// the path in the old and new trees (nil where it is not a directory) and
+// how far the merge has come.
+type dirPair struct {
+	p      string
+	as, bs []Entry
+	i, j   int
+	ign    *ignoreDir // ignore rules in force below p (nil: none)
+}
+
+func (d *differ) run(ea, eb *Entry) error {
+	if err := d.pair("", ea, eb, nil); err != nil {
 		return err
 	}
-	switch {
-	case a.Type != b.Type:
-		d.out = append(d.out, Change{Path: p, Kind: TypeChanged, Old: a, New: b})
-		// The contents of a directory that appeared or vanished are
-		// listed too, so that a consumer can apply the change path by path.
-		if a.Type == TypeDir {
-			if err := d.all(p, a, Deleted); err != nil {
-				return err
+	for len(d.stack) > 0 {
+		if err := d.ctx.Err(); err != nil {
+			return err
+		}
+		top := &d.stack[len(d.stack)-1]
+		as, bs := top.as, top.bs
+		var a, b *Entry
+		switch {
+		case top.i >= len(as) && top.j >= len(bs):
+			d.stack = d.stack[:len(d.stack)-1]
+			continue
+		case top.j >= len(bs) || (top.i < len(as) && as[top.i].Name < bs[top.j].Name):
+			a = &as[top.i]
+			top.i++
+		case top.i >= len(as) || bs[top.j].Name < as[top.i].Name:
+			b = &bs[top.j]
+			top.j++
+		default:
+			a, b = &as[top.i], &bs[top.j]
+			top.i++
+			top.j++
+		}
+		p := join(top.p, nameOf(a, b))
+		if d.skip != nil {
+			isDir := (b != nil && b.Type == TypeDir) || (b == nil && a.Type == TypeDir)
+			if skip, err := d.skip(top, p, isDir); err != nil || skip {
+				if err != nil {
+					return err
+				}
+				continue
 			}
 		}
-		if b.Type == TypeDir {
-			return d.all(p, b, Added)
+		if err := d.pair(p, a, b, top); err != nil {
+			return err
 		}
-		return nil
+	}
+	return nil
+}
+
+func nameOf(a, b *Entry) string {
+	if a != nil {
+		return a.Name
+	}
+	return b.Name
+}
+
+// pair reports how a (nil: absent) became b (nil: absent) at p and, where
+// either is a directory whose contents may differ, pushes it on the stack.
+func (d *differ) pair(p string, a, b *Entry, parent *dirPair) error {
+	var kind ChangeKind
+	switch {
+	case a == nil:
+		kind = Added
+	case b == nil:
+		kind = Deleted
+	case a.Type != b.Type:
+		kind = TypeChanged
 	case a.Type == TypeDir:
 		if !sameMeta(a, b) {
-			d.out = append(d.out, Change{Path: p, Kind: ModeChanged, Old: a, New: b})
+			kind = ModeChanged
 		}
 		if a.ID == b.ID {
+			// Same contents: nothing below differs.
+			if kind != 0 {
+				d.out = append(d.out, Change{Path: p, Kind: kind, Old: a, New: b})
+			}
 			return nil
 		}
-		return d.dirs(p, a.ID, b.ID)
 	case !sameContent(a, b):
-		d.out = append(d.out, Change{Path: p, Kind: Modified, Old: a, New: b})
+		kind = Modified
 	case !sameMeta(a, b):
-		d.out = append(d.out, Change{Path: p, Kind: ModeChanged, Old: a, New: b})
+		kind = ModeChanged
 	}
+	if kind != 0 {
+		d.out = append(d.out, Change{Path: p, Kind: kind, Old: a, New: b})
+	}
+	// The contents of a directory that appeared or vanished are listed
+	// too, so that a consumer can apply the change path by path.
+	dp := dirPair{p: p}
+	var err error
+	if a != nil && a.Type == TypeDir {
+		if dp.as, err = getDir(d.f.store, a.ID); err != nil {
+			return err
+		}
+	}
+	if b != nil && b.Type == TypeDir {
+		if dp.bs, err = getDir(d.f.store, b.ID); err != nil {
+			return err
+		}
+	}
+	if dp.as == nil && dp.bs == nil {
+		return nil
+	}
+	if parent != nil {
+		dp.ign = parent.ign
+	}
+	if d.enter != nil {
+		if err := d.enter(parent, &dp); err != nil {
+			return err
+		}
+	}
+	d.stack = append(d.stack, dp)
 	return nil
 }
 
@@ -102,71 +185,5 @@ func join(dir, name string) string {
 	if dir == "" {
 		return name
 	}
-	return path.Join(dir, name)
-}
-
-// dirs merges two sorted directory listings.
-func (d *differ) dirs(p string, a, b SnapshotID) error {
-	as, err := getDir(d.f.store, a)
-	if err != nil {
-		return err
-	}
-	bs, err := getDir(d.f.store, b)
-	if err != nil {
-		return err
-	}
-	i, j := 0, 0
-	for i < len(as) || j < len(bs) {
-		switch {
-		case j >= len(bs) || (i < len(as) && as[i].Name < bs[j].Name):
-			e := &as[i]
-			d.out = append(d.out, Change{Path: join(p, e.Name), Kind: Deleted, Old: e})
-			if e.Type == TypeDir {
-				if err := d.all(join(p, e.Name), e, Deleted); err != nil {
-					return err
-				}
-			}
-			i++
-		case i >= len(as) || bs[j].Name < as[i].Name:
-			e := &bs[j]
-			d.out = append(d.out, Change{Path: join(p, e.Name), Kind: Added, New: e})
-			if e.Type == TypeDir {
-				if err := d.all(join(p, e.Name), e, Added); err != nil {
-					return err
-				}
-			}
-			j++
-		default:
-			if err := d.entry(join(p, as[i].Name), &as[i], &bs[j]); err != nil {
-				return err
-			}
-			i++
-			j++
-		}
-	}
-	return nil
-}
-
-// all lists everything below directory entry e as added or deleted.
-func (d *differ) all(p string, e *Entry, kind ChangeKind) error {
-	es, err := getDir(d.f.store, e.ID)
-	if err != nil {
-		return err
-	}
-	for i := range es {
-		c := &es[i]
-		ch := Change{Path: join(p, c.Name), Kind: kind}
-		if kind == Added {
-			ch.New = c
-		} else {
-			ch.Old = c
-		}
-		d.out = append(d.out, ch)
-		if c.Type == TypeDir {
-			if err := d.all(ch.Path, c, kind); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return dir + "/" + name
 }

@@ -1,38 +1,302 @@
 package cowfs
 
 import (
-	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
-	"path"
 	"strings"
-	"time"
+
+	"tine/cowfs/internal/textdiff"
 )
 
-// maxPatchFile bounds the size of a file that WritePatch diffs line by
-// line; bigger files are reported as binary.
-const maxPatchFile = 16 << 20
+// DefaultMaxPatchFile is the largest file a patch carries unless
+// PatchOptions.MaxFile says otherwise.
+const DefaultMaxPatchFile = 64 << 20
 
-// readContent returns the bytes of a file or symlink entry.
-func (f *FS) readContent(e *Entry) ([]byte, error) {
-	switch e.Type {
-	case TypeSymlink:
-		return []byte(e.Target), nil
-	case TypeFile:
-		refs, size, err := getFile(f.store, e.ID)
-		if err != nil {
+const (
+	// maxTextDiff bounds the files diffed line by line; bigger files are
+	// written as git binary patches.
+	maxTextDiff = 1 << 20
+	// sniffLen is how much of a file is searched for a NUL byte, which
+	// makes it binary (as git decides).
+	sniffLen = 8000
+)
+
+// ErrPatchTooBig is returned (wrapped, naming the file) by WritePatch for
+// a file over PatchOptions.MaxFile.
+var ErrPatchTooBig = errors.New("file too big for a patch")
+
+// nullBlob is git's id for "no file" in index lines.
+const nullBlob = "0000000000000000000000000000000000000000"
+
+// PatchOptions says what WritePatch carries.
+type PatchOptions struct {
+	DiffOptions
+	// MaxFile is the largest file, before or after the change, that the
+	// patch carries (git apply needs binary files whole in the patch);
+	// 0 means DefaultMaxPatchFile.
+	MaxFile int64
+}
+
+// WritePatch writes the changes from a to b (as DiffWith with
+// opts.DiffOptions lists them) as a patch that git apply accepts: git's
+// extended headers, full index lines with git blob ids, unified hunks for
+// text and "GIT binary patch" literals for binary files and for files over
+// 1 MiB. A file over opts.MaxFile fails the patch before anything is
+// written. Memory stays bounded: binary files are streamed.
+//
+// What a patch cannot express is left out and returned: fifos, devices
+// and sockets, modes other than 644 and 755, owners, xattrs and directory
+// metadata. Symlinks and executable bits are carried.
+func (f *FS) WritePatch(ctx context.Context, w io.Writer, a, b SnapshotID, opts PatchOptions) ([]Refusal, error) {
+	changes, err := f.DiffWith(ctx, a, b, opts.DiffOptions)
+	if err != nil {
+		return nil, err
+	}
+	limit := opts.MaxFile
+	if limit <= 0 {
+		limit = DefaultMaxPatchFile
+	}
+	for _, c := range changes {
+		if c.Kind == ModeChanged {
+			continue // no content is written
+		}
+		for _, e := range []*Entry{c.Old, c.New} {
+			if e != nil && e.Type == TypeFile && e.Size > limit {
+				return nil, fmt.Errorf("%s (%d bytes): %w: the limit is %d bytes; export the change with export-tar, or raise the limit (--max-file)", quotePath(c.Path), e.Size, ErrPatchTooBig, limit)
+			}
+		}
+	}
+	p := &patcher{f: f, w: bufio.NewWriter(w)}
+	for _, c := range changes {
+		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		buf := make([]byte, size)
-		if _, err := io.ReadFull(f.store.NewReader(refs), buf); err != nil {
-			return nil, fmt.Errorf("read file object %s: %w", e.ID, err)
+		if c.Path == "" {
+			if c.Kind == ModeChanged {
+				p.leave(c.Path, "top directory metadata changed; a patch does not carry it")
+			}
+			continue
 		}
-		return buf, nil
+		if err := p.change(c); err != nil {
+			return nil, err
+		}
 	}
-	return nil, nil
+	if err := p.w.Flush(); err != nil {
+		return nil, fmt.Errorf("write patch: %w", err)
+	}
+	return p.left, nil
+}
+
+type patcher struct {
+	f    *FS
+	w    *bufio.Writer
+	left []Refusal
+}
+
+func (p *patcher) leave(path, reason string) {
+	p.left = append(p.left, Refusal{Path: path, Reason: reason})
+}
+
+func hasContent(e *Entry) bool {
+	return e != nil && (e.Type == TypeFile || e.Type == TypeSymlink)
+}
+
+// gitMode is the mode git records for e: 120000 for a symlink, 100755 for
+// a file with any execute bit, else 100644.
+func gitMode(e *Entry) string {
+	switch {
+	case e.Type == TypeSymlink:
+		return "120000"
+	case e.Mode&0o111 != 0:
+		return "100755"
+	}
+	return "100644"
+}
+
+// exactGitMode reports whether gitMode says all of e's mode.
+func exactGitMode(e *Entry) bool {
+	m := e.Mode & 0o7777
+	return e.Type == TypeSymlink || m == 0o644 || m == 0o755
+}
+
+func (p *patcher) change(c Change) error {
+	old, nw := c.Old, c.New
+	if c.Kind == TypeChanged {
+		// git shows a change of type as a deletion then an addition.
+		if err := p.change(Change{Path: c.Path, Kind: Deleted, Old: old}); err != nil {
+			return err
+		}
+		return p.change(Change{Path: c.Path, Kind: Added, New: nw})
+	}
+	if (old != nil && old.Type == TypeDir) || (nw != nil && nw.Type == TypeDir) {
+		// Directories follow from the files in them.
+		if c.Kind == ModeChanged {
+			p.leave(c.Path, "directory mode, owner or xattrs changed; a patch does not carry them")
+		}
+		return nil
+	}
+	for _, e := range []*Entry{old, nw} {
+		if e != nil && !hasContent(e) {
+			p.leave(c.Path, fmt.Sprintf("%s %s: a patch carries only regular files and symlinks", c.Kind, e.Type))
+			return nil
+		}
+	}
+	if nw != nil && (old == nil || old.Mode != nw.Mode) && !exactGitMode(nw) {
+		p.leave(c.Path, fmt.Sprintf("mode %04o is written as %s (a patch carries only 644, 755 and symlinks)", nw.Mode, gitMode(nw)))
+	}
+	if old != nil && nw != nil && (old.UID != nw.UID || old.GID != nw.GID || !sameXattrs(old, nw)) {
+		p.leave(c.Path, "owner or xattrs changed; a patch does not carry them")
+	}
+	modeLines := old != nil && nw != nil && gitMode(old) != gitMode(nw)
+	if c.Kind == ModeChanged && !modeLines {
+		return nil // nothing git can express changed
+	}
+	w := p.w
+	ap, bp := quotePath("a/"+c.Path), quotePath("b/"+c.Path)
+	fmt.Fprintf(w, "diff --git %s %s\n", ap, bp)
+	switch {
+	case old == nil:
+		fmt.Fprintf(w, "new file mode %s\n", gitMode(nw))
+	case nw == nil:
+		fmt.Fprintf(w, "deleted file mode %s\n", gitMode(old))
+	case modeLines:
+		fmt.Fprintf(w, "old mode %s\nnew mode %s\n", gitMode(old), gitMode(nw))
+	}
+	if c.Kind == ModeChanged {
+		return nil
+	}
+	oldSide, err := p.f.side(old)
+	if err != nil {
+		return fmt.Errorf("patch %s: %w", c.Path, err)
+	}
+	newSide, err := p.f.side(nw)
+	if err != nil {
+		return fmt.Errorf("patch %s: %w", c.Path, err)
+	}
+	fmt.Fprintf(w, "index %s..%s", oldSide.blob, newSide.blob)
+	if old != nil && nw != nil {
+		fmt.Fprintf(w, " %s", gitMode(nw))
+	}
+	w.WriteByte('\n')
+	from, to := ap, bp
+	if old == nil {
+		from = "/dev/null"
+	}
+	if nw == nil {
+		to = "/dev/null"
+	}
+	switch {
+	case oldSide.text && newSide.text:
+		if len(oldSide.data)+len(newSide.data) > 0 {
+			fmt.Fprintf(w, "--- %s\n+++ %s\n", from, to)
+			textdiff.Unified(w, oldSide.data, newSide.data, 3)
+		}
+	default:
+		w.WriteString("GIT binary patch\n")
+		var r io.Reader = bytes.NewReader(nil)
+		var size int64
+		if nw != nil {
+			if r, err = p.f.sideReader(nw, newSide); err != nil {
+				return fmt.Errorf("patch %s: %w", c.Path, err)
+			}
+			size = entrySize(nw)
+		}
+		if err := writeBinaryHunk(w, r, size); err != nil {
+			return fmt.Errorf("patch %s: %w", c.Path, err)
+		}
+	}
+	return nil
+}
+
+// sameXattrs reports whether a and b carry the same xattrs.
+func sameXattrs(a, b *Entry) bool {
+	x := *a
+	x.Mode, x.UID, x.GID = b.Mode, b.UID, b.GID
+	return sameMeta(&x, b)
+}
+
+// patchSide is one side of a content change: its git blob id, whether it
+// is diffed as text, and its bytes when they were read (text only).
+type patchSide struct {
+	blob string
+	text bool
+	data []byte
+}
+
+// side reads what a patch needs of e (nil: the absent side). Symlinks and
+// files up to maxTextDiff without a NUL in their first sniffLen bytes are
+// text and read whole; other files are hashed as a stream.
+func (f *FS) side(e *Entry) (patchSide, error) {
+	switch {
+	case e == nil:
+		return patchSide{blob: nullBlob, text: true}, nil
+	case e.Type == TypeSymlink:
+		data := []byte(e.Target)
+		return patchSide{blob: blobID(data), text: true, data: data}, nil
+	case e.Size <= maxTextDiff:
+		data, err := f.readSmall(e)
+		if err != nil {
+			return patchSide{}, err
+		}
+		text := bytes.IndexByte(data[:min(len(data), sniffLen)], 0) < 0
+		return patchSide{blob: blobID(data), text: text, data: data}, nil
+	}
+	r, err := f.contentReader(e)
+	if err != nil {
+		return patchSide{}, err
+	}
+	h := sha1.New()
+	fmt.Fprintf(h, "blob %d\x00", e.Size)
+	if _, err := io.Copy(h, r); err != nil {
+		return patchSide{}, fmt.Errorf("read file object %s: %w", e.ID, err)
+	}
+	return patchSide{blob: hex.EncodeToString(h.Sum(nil))}, nil
+}
+
+// sideReader returns e's content again, from memory when side holds it.
+func (f *FS) sideReader(e *Entry, s patchSide) (io.Reader, error) {
+	if s.data != nil {
+		return bytes.NewReader(s.data), nil
+	}
+	return f.contentReader(e)
+}
+
+// blobID is git's object id of a blob holding data.
+func blobID(data []byte) string {
+	h := sha1.New()
+	fmt.Fprintf(h, "blob %d\x00", len(data))
+	h.Write(data)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// entrySize is the length of e's content: the file size or the symlink
+// target's length.
+func entrySize(e *Entry) int64 {
+	if e.Type == TypeSymlink {
+		return int64(len(e.Target))
+	}
+	return e.Size
+}
+
+// contentReader streams the content of a file or symlink entry.
+func (f *FS) contentReader(e *Entry) (io.Reader, error) {
+	if e.Type == TypeSymlink {
+		return strings.NewReader(e.Target), nil
+	}
+	refs, size, err := getFile(f.store, e.ID)
+	if err != nil {
+		return nil, err
+	}
+	if size != e.Size {
+		return nil, fmt.Errorf("file object %s: %w: holds %d bytes, its entry says %d", e.ID, errCorrupt, size, e.Size)
+	}
+	return newFileReader(f.store, refs), nil
 }
 
 // quotePath quotes a path the way git does when it holds control bytes,
@@ -69,395 +333,4 @@ func quotePath(p string) string {
 	}
 	b.WriteByte('"')
 	return b.String()
-}
-
-func gitMode(e *Entry) string {
-	switch e.Type {
-	case TypeSymlink:
-		return "120000"
-	case TypeDir:
-		return "040000"
-	}
-	if e.Mode&0o111 != 0 {
-		return "100755"
-	}
-	return "100644"
-}
-
-func isText(b []byte) bool {
-	return len(b) <= maxPatchFile && bytes.IndexByte(b[:min(len(b), 8000)], 0) < 0
-}
-
-// WritePatch writes the changes from a to b as a unified patch with git's
-// extended headers (new/deleted file mode, old/new mode). Binary files are
-// named, not shown; directories, fifos and device nodes appear only as
-// mode lines.
-func (f *FS) WritePatch(ctx context.Context, w io.Writer, a, b SnapshotID) error {
-	changes, err := f.Diff(ctx, a, b)
-	if err != nil {
-		return err
-	}
-	bw := bufio.NewWriter(w)
-	for _, c := range changes {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if c.Path == "" {
-			continue
-		}
-		if err := f.patchOne(bw, c); err != nil {
-			return err
-		}
-	}
-	return bw.Flush()
-}
-
-func hasContent(e *Entry) bool {
-	return e != nil && (e.Type == TypeFile || e.Type == TypeSymlink)
-}
-
-func (f *FS) patchOne(w *bufio.Writer, c Change) error {
-	old, nw := c.Old, c.New
-	if c.Kind == TypeChanged {
-		// Show as a deletion then an addition.
-		if err := f.patchOne(w, Change{Path: c.Path, Kind: Deleted, Old: old}); err != nil {
-			return err
-		}
-		return f.patchOne(w, Change{Path: c.Path, Kind: Added, New: nw})
-	}
-	if (old != nil && old.Type == TypeDir) || (nw != nil && nw.Type == TypeDir) {
-		return nil // directories carry no content; their entries follow
-	}
-	ap, bp := quotePath("a/"+c.Path), quotePath("b/"+c.Path)
-	fmt.Fprintf(w, "diff --git %s %s\n", ap, bp)
-	switch c.Kind {
-	case Added:
-		fmt.Fprintf(w, "new file mode %s\n", gitMode(nw))
-	case Deleted:
-		fmt.Fprintf(w, "deleted file mode %s\n", gitMode(old))
-	default:
-		if gitMode(old) != gitMode(nw) || old.Mode != nw.Mode {
-			fmt.Fprintf(w, "old mode %s\nnew mode %s\n", gitMode(old), gitMode(nw))
-		}
-	}
-	if c.Kind == ModeChanged || !(hasContent(old) || hasContent(nw)) {
-		return nil
-	}
-	var ab, bb []byte
-	var err error
-	if hasContent(old) {
-		if ab, err = f.readContent(old); err != nil {
-			return err
-		}
-	}
-	if hasContent(nw) {
-		if bb, err = f.readContent(nw); err != nil {
-			return err
-		}
-	}
-	from, to := ap, bp
-	if old == nil {
-		from = "/dev/null"
-	}
-	if nw == nil {
-		to = "/dev/null"
-	}
-	if !isText(ab) || !isText(bb) {
-		fmt.Fprintf(w, "Binary files %s and %s differ\n", from, to)
-		return nil
-	}
-	fmt.Fprintf(w, "--- %s\n+++ %s\n", from, to)
-	writeHunks(w, splitLines(ab), splitLines(bb), 3)
-	return nil
-}
-
-// splitLines splits b after each newline; the last line may lack one.
-func splitLines(b []byte) []string {
-	var out []string
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
-			out = append(out, string(b))
-			break
-		}
-		out = append(out, string(b[:i+1]))
-		b = b[i+1:]
-	}
-	return out
-}
-
-// editOp is one step of a line edit script.
-type editOp struct {
-	kind byte // ' ', '-', '+'
-	line string
-}
-
-// diffLines computes a shortest edit script from a to b (Myers' greedy
-// algorithm). Past maxD differences it gives up on finding the shortest
-// script and replaces the rest wholesale.
-func diffLines(a, b []string) []editOp {
-	// Trim a common prefix and suffix first: cheap and usually most lines.
-	pre := 0
-	for pre < len(a) && pre < len(b) && a[pre] == b[pre] {
-		pre++
-	}
-	suf := 0
-	for suf < len(a)-pre && suf < len(b)-pre && a[len(a)-1-suf] == b[len(b)-1-suf] {
-		suf++
-	}
-	var ops []editOp
-	for _, l := range a[:pre] {
-		ops = append(ops, editOp{' ', l})
-	}
-	ops = append(ops, myers(a[pre:len(a)-suf], b[pre:len(b)-suf])...)
-	for _, l := range a[len(a)-suf:] {
-		ops = append(ops, editOp{' ', l})
-	}
-	return ops
-}
-
-func myers(a, b []string) []editOp {
-	n, m := len(a), len(b)
-	const maxD = 4000
-	max := n + m
-	if max == 0 {
-		return nil
-	}
-	var trace [][]int
-	off := max
-	v := make([]int, 2*max+2)
-	found := -1
-	for d := 0; d <= max && d <= maxD; d++ {
-		for k := -d; k <= d; k += 2 {
-			var x int
-			if k == -d || (k != d && v[off+k-1] < v[off+k+1]) {
-				x = v[off+k+1]
-			} else {
-				x = v[off+k-1] + 1
-			}
-			y := x - k
-			for x < n && y < m && a[x] == b[y] {
-				x++
-				y++
-			}
-			v[off+k] = x
-			if x >= n && y >= m {
-				found = d
-				break
-			}
-		}
-		// Keep the band [-d, d] of v for the backtrack.
-		snap := make([]int, 2*d+1)
-		copy(snap, v[off-d:off+d+1])
-		trace = append(trace, snap)
-		if found >= 0 {
-			break
-		}
-	}
-	if found < 0 {
-		ops := make([]editOp, 0, n+m)
-		for _, l := range a {
-			ops = append(ops, editOp{'-', l})
-		}
-		for _, l := range b {
-			ops = append(ops, editOp{'+', l})
-		}
-		return ops
-	}
-	get := func(d, k int) int { return trace[d][k+d] }
-	var rev []editOp
-	x, y := n, m
-	for d := found; d > 0; d-- {
-		k := x - y
-		var pk int
-		if k == -d || (k != d && get(d-1, k-1) < get(d-1, k+1)) {
-			pk = k + 1
-		} else {
-			pk = k - 1
-		}
-		px := get(d-1, pk)
-		py := px - pk
-		for x > px && y > py {
-			x--
-			y--
-			rev = append(rev, editOp{' ', a[x]})
-		}
-		if x == px {
-			y--
-			rev = append(rev, editOp{'+', b[y]})
-		} else {
-			x--
-			rev = append(rev, editOp{'-', a[x]})
-		}
-	}
-	for x > 0 && y > 0 {
-		x--
-		y--
-		rev = append(rev, editOp{' ', a[x]})
-	}
-	for i, j := 0, len(rev)-1; i < j; i, j = i+1, j-1 {
-		rev[i], rev[j] = rev[j], rev[i]
-	}
-	return rev
-}
-
-// writeHunks writes the edit script from a to b as unified-diff hunks.
-func writeHunks(w *bufio.Writer, a, b []string, ctxLines int) {
-	ops := diffLines(a, b)
-	i := 0
-	ai, bi := 0, 0 // line numbers (0-based) at ops[i]
-	for i < len(ops) {
-		// Find the next change.
-		for i < len(ops) && ops[i].kind == ' ' {
-			i++
-			ai++
-			bi++
-		}
-		if i >= len(ops) {
-			return
-		}
-		start := max(i-ctxLines, 0)
-		// Extend while changes are within 2*ctxLines of each other.
-		end := i
-		for end < len(ops) {
-			if ops[end].kind != ' ' {
-				end++
-				continue
-			}
-			run := 0
-			for end+run < len(ops) && ops[end+run].kind == ' ' {
-				run++
-			}
-			if end+run >= len(ops) || run > 2*ctxLines {
-				end += min(run, ctxLines)
-				break
-			}
-			end += run
-		}
-		back := i - start
-		as, bs := ai-back, bi-back
-		var al, bl int
-		for _, op := range ops[start:end] {
-			if op.kind != '+' {
-				al++
-			}
-			if op.kind != '-' {
-				bl++
-			}
-		}
-		fmt.Fprintf(w, "@@ -%s +%s @@\n", hunkRange(as, al), hunkRange(bs, bl))
-		for _, op := range ops[start:end] {
-			w.WriteByte(op.kind)
-			w.WriteString(op.line)
-			if !strings.HasSuffix(op.line, "\n") {
-				w.WriteString("\n\\ No newline at end of file\n")
-			}
-		}
-		for _, op := range ops[i:end] {
-			if op.kind != '+' {
-				ai++
-			}
-			if op.kind != '-' {
-				bi++
-			}
-		}
-		i = end
-	}
-}
-
-func hunkRange(start, n int) string {
-	if n == 0 {
-		return fmt.Sprintf("%d,0", start)
-	}
-	if n == 1 {
-		return fmt.Sprintf("%d", start+1)
-	}
-	return fmt.Sprintf("%d,%d", start+1, n)
-}
-
-// WriteTar writes the entries added or changed from a to b as a tar
-// stream (full content of each changed file, directories, symlinks,
-// fifos and device nodes, user xattrs as PAX records) and marks each
-// deleted path with an OCI-style whiteout entry (dir/.wh.name). It returns
-// the deleted paths.
-func (f *FS) WriteTar(ctx context.Context, w io.Writer, a, b SnapshotID) ([]string, error) {
-	changes, err := f.Diff(ctx, a, b)
-	if err != nil {
-		return nil, err
-	}
-	tw := tar.NewWriter(w)
-	var deleted []string
-	for _, c := range changes {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		if c.Path == "" {
-			continue
-		}
-		if c.Kind == Deleted {
-			deleted = append(deleted, c.Path)
-			dir, name := path.Split(c.Path)
-			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: dir + ".wh." + name, Mode: 0o644, Format: tar.FormatPAX}); err != nil {
-				return nil, fmt.Errorf("write tar: %w", err)
-			}
-			continue
-		}
-		if err := f.tarEntry(tw, c.Path, c.New); err != nil {
-			return nil, err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return nil, fmt.Errorf("write tar: %w", err)
-	}
-	return deleted, nil
-}
-
-func (f *FS) tarEntry(tw *tar.Writer, p string, e *Entry) error {
-	h := &tar.Header{
-		Name:    p,
-		Mode:    int64(e.Mode),
-		Uid:     int(e.UID),
-		Gid:     int(e.GID),
-		ModTime: time.Unix(0, e.MtimeNs),
-		Format:  tar.FormatPAX,
-	}
-	for _, x := range e.Xattrs {
-		if h.PAXRecords == nil {
-			h.PAXRecords = map[string]string{}
-		}
-		h.PAXRecords["SCHILY.xattr."+x.Name] = string(x.Value)
-	}
-	switch e.Type {
-	case TypeDir:
-		h.Typeflag, h.Name = tar.TypeDir, p+"/"
-	case TypeSymlink:
-		h.Typeflag, h.Linkname = tar.TypeSymlink, e.Target
-	case TypeFifo:
-		h.Typeflag = tar.TypeFifo
-	case TypeChar, TypeBlock:
-		h.Typeflag = tar.TypeChar
-		if e.Type == TypeBlock {
-			h.Typeflag = tar.TypeBlock
-		}
-		h.Devmajor = int64((e.Rdev >> 8) & 0xfff)
-		h.Devminor = int64((e.Rdev & 0xff) | ((e.Rdev >> 12) & 0xfff00))
-	case TypeSocket:
-		return nil // tar cannot hold sockets
-	default:
-		h.Typeflag = tar.TypeReg
-		h.Size = e.Size
-	}
-	if err := tw.WriteHeader(h); err != nil {
-		return fmt.Errorf("write tar header for %q: %w", p, err)
-	}
-	if e.Type == TypeFile && e.Size > 0 {
-		refs, _, err := getFile(f.store, e.ID)
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(tw, f.store.NewReader(refs)); err != nil {
-			return fmt.Errorf("write tar body of %q: %w", p, err)
-		}
-	}
-	return nil
 }

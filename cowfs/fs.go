@@ -52,6 +52,10 @@ func checkName(kind, n string) error {
 type Options struct {
 	// Store is passed to chunkstore.Open; nil means defaults.
 	Store *chunkstore.Options
+	// CacheBytes bounds the passthrough read cache (root/cache); zero
+	// means DefaultCacheBytes. Files larger than it are read through
+	// FUSE instead.
+	CacheBytes int64
 }
 
 // FS is tine's copy-on-write filesystem state under one root directory:
@@ -60,12 +64,15 @@ type Options struct {
 // concurrent use. One process at a time may hold an FS open on a root.
 type FS struct {
 	root  string
+	tag   string // names the root in its mounts' source (see rootTag)
 	store *chunkstore.Store
 
 	mu   sync.Mutex
 	live map[string]*branch // mounted branches, by name
 
-	matMu sync.Mutex // serialises cache materialisation
+	matMu      sync.Mutex // serialises cache materialisation and eviction
+	cacheBytes int64      // the cache's budget
+	cacheUsed  int64      // bytes in the cache, under matMu
 }
 
 // Open opens (creating if needed) the state root dir.
@@ -73,16 +80,31 @@ func Open(root string, opts *Options) (*FS, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	for _, d := range []string{root, filepath.Join(root, "branches"), filepath.Join(root, "cache")} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("cowfs: create state dir %s: %w", d, err)
+	for _, d := range []string{"", "store", "branches", "cache"} {
+		if err := checkStateDir(filepath.Join(root, d)); err != nil {
+			return nil, err
 		}
 	}
 	st, err := chunkstore.Open(filepath.Join(root, "store"), opts.Store)
+	if errors.Is(err, chunkstore.ErrLocked) {
+		return nil, fmt.Errorf("cowfs: open %s: state root in use by %s: %w", root, lockHolder(filepath.Join(root, "store", "lock")), err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cowfs: open store in %s: %w", root, err)
 	}
-	return &FS{root: root, store: st, live: map[string]*branch{}}, nil
+	f := &FS{root: root, tag: rootTag(root), store: st, live: map[string]*branch{}, cacheBytes: opts.CacheBytes}
+	if f.cacheBytes == 0 {
+		f.cacheBytes = DefaultCacheBytes
+	}
+	_, err = f.CleanStaleMounts()
+	if err == nil {
+		err = f.trimCache()
+	}
+	if err != nil {
+		st.Close()
+		return nil, fmt.Errorf("cowfs: open %s: %w", root, err)
+	}
+	return f, nil
 }
 
 // Store returns the chunk store the filesystem keeps its objects in.
@@ -244,7 +266,7 @@ func (f *FS) branchDir(name string) string { return filepath.Join(f.root, "branc
 // branchMeta is the small per-branch settings file, branches/NAME/meta.json.
 type branchMeta struct {
 	QuotaBytes int64 `json:"quota_bytes,omitempty"` // 0: unlimited
-	UsedBytes  int64 `json:"used_bytes"`            // bytes written so far
+	UsedBytes  int64 `json:"used_bytes"`            // bytes charged so far (docs/limits.md)
 }
 
 func (f *FS) readMeta(name string) (branchMeta, error) {
@@ -264,7 +286,8 @@ func (f *FS) readMeta(name string) (branchMeta, error) {
 }
 
 // writeMeta durably replaces the branch meta file. A mounted branch writes
-// it when the quota is set and at unmount.
+// it, holding its mutex, when the quota is set and with each commit that
+// changed it.
 func (f *FS) writeMeta(name string, m branchMeta) error {
 	dir := f.branchDir(name)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -331,16 +354,19 @@ func (f *FS) Branch(ctx context.Context, snap SnapshotID, name string) error {
 	}
 }
 
-// SetQuota limits the bytes that may be written into the branch (0: no
-// limit). Writes beyond it fail with ENOSPC. It applies to a mounted branch
-// at once.
+// SetQuota limits the bytes a branch may be charged (0: no limit): data
+// written, file growth by truncate and fallocate, names, xattrs and the
+// directory objects each commit stores (docs/limits.md). Changes beyond it
+// fail with ENOSPC. It applies to a mounted branch at once.
 func (f *FS) SetQuota(ctx context.Context, name string, bytes int64) error {
+	if bytes < 0 {
+		return fmt.Errorf("set quota of %q: negative quota %d", name, bytes)
+	}
 	if b := f.liveBranch(name); b != nil {
 		b.mu.Lock()
+		defer b.mu.Unlock()
 		b.meta.QuotaBytes = bytes
-		m := b.meta
-		b.mu.Unlock()
-		return f.writeMeta(name, m)
+		return b.saveMeta()
 	}
 	if _, ok, err := f.getRef(refBranch + name); err != nil {
 		return err
@@ -435,11 +461,16 @@ func (f *FS) List(ctx context.Context) ([]BranchInfo, []SnapshotInfo, error) {
 		switch {
 		case strings.HasPrefix(r, refBranch):
 			n := strings.TrimPrefix(r, refBranch)
-			bi := BranchInfo{Name: n, Head: id, HeadHex: id.String(), Mounted: f.liveBranch(n) != nil}
+			lb := f.liveBranch(n)
+			bi := BranchInfo{Name: n, Head: id, HeadHex: id.String(), Mounted: lb != nil}
 			if base, ok := refs[refBase+n]; ok {
 				bi.Base = base.String()
 			}
-			if m, err := f.readMeta(n); err == nil {
+			if lb != nil { // the live count: the file lags until the next commit
+				lb.mu.Lock()
+				bi.QuotaBytes, bi.UsedBytes = lb.meta.QuotaBytes, lb.meta.UsedBytes
+				lb.mu.Unlock()
+			} else if m, err := f.readMeta(n); err == nil {
 				bi.QuotaBytes, bi.UsedBytes = m.QuotaBytes, m.UsedBytes
 			}
 			bs = append(bs, bi)
@@ -508,24 +539,6 @@ func (f *FS) DeleteSnapshot(ctx context.Context, id SnapshotID) error {
 	}
 	if !found {
 		return fmt.Errorf("delete snapshot %s: %w", id, ErrNoSnapshot)
-	}
-	return nil
-}
-
-// PruneCache empties the passthrough read cache. Files open now keep
-// reading their cache file; later opens materialise it again.
-func (f *FS) PruneCache() error {
-	dir := filepath.Join(f.root, "cache")
-	names, err := filepath.Glob(filepath.Join(dir, "*"))
-	if err != nil {
-		return err
-	}
-	f.matMu.Lock()
-	defer f.matMu.Unlock()
-	for _, n := range names {
-		if err := os.Remove(n); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("prune cache: %w", err)
-		}
 	}
 	return nil
 }

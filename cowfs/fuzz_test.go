@@ -3,6 +3,7 @@ package cowfs
 import (
 	"bytes"
 	"slices"
+	"strings"
 	"testing"
 
 	"tine/chunkstore"
@@ -80,7 +81,7 @@ func FuzzDecodeDir(f *testing.F) {
 // decoder: it must return an error or a header whose parts add up.
 func FuzzDecodeFile(f *testing.F) {
 	id1 := chunkstore.Sum([]byte("a"))
-	l, p := encodeFileLeaf([]chunkstore.Ref{{ID: id1, Size: 10}, {Size: 1 << 20}, {ID: id1, Size: 10}})
+	l, p := encodeFileLeaf([]fileRef{{ID: id1, Size: 10}, {Size: 1 << 40}, {ID: id1, Size: 10}})
 	f.Add(joinNode(l, p))
 	l, p = encodeFileIndex([]fileLeaf{{id: id1, bytes: 100, nrefs: 3}, {id: id1, bytes: 5, nrefs: 1}})
 	f.Add(joinNode(l, p))
@@ -111,6 +112,87 @@ func FuzzDecodeFile(f *testing.F) {
 		}
 		if sum != h.size {
 			t.Fatalf("parts sum to %d, header says %d", sum, h.size)
+		}
+	})
+}
+
+// fuzzBytes hands out fuzz input as fields; past its end it gives zeros.
+type fuzzBytes []byte
+
+func (f *fuzzBytes) next() byte {
+	if len(*f) == 0 {
+		return 0
+	}
+	b := (*f)[0]
+	*f = (*f)[1:]
+	return b
+}
+
+func (f *fuzzBytes) u64() uint64 {
+	var v uint64
+	for range 8 {
+		v = v<<8 | uint64(f.next())
+	}
+	return v
+}
+
+// str makes a string of a length the input picks (up to 5,119 bytes, so
+// that the limits are reached) repeating a few input bytes.
+func (f *fuzzBytes) str() string {
+	n := int(f.next())
+	if n >= 200 {
+		n = (n-200)*90 + 200 // 200..5,330
+	}
+	pat := []byte{f.next(), f.next(), f.next()}
+	out := make([]byte, n)
+	for i := range out {
+		out[i] = pat[i%3]
+	}
+	return string(out)
+}
+
+// FuzzEncodeDir builds directory entries from fuzz input, as a sandbox
+// could make them (names, types, modes, sizes, targets, links, xattrs):
+// the encoder must refuse them, or the decoder must give them back.
+func FuzzEncodeDir(f *testing.F) {
+	f.Add([]byte{2, 1, 'a', 'b', 'c', 1, 0xa4, 1, 0, 0, 5, 3, 'x', 'y', 'z', 1})
+	f.Add([]byte{1, 250, 'n', 'n', 'n', 3, 0xff, 0xff, 0, 10, 'd', 'd', 'd', 0, 0, 200})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		in := fuzzBytes(b)
+		n := int(in.next() % 8)
+		var es []Entry
+		for i := 0; i < n; i++ {
+			e := Entry{Name: in.str(), Type: EntryType(in.next() % 9), Mode: uint32(in.u64()) & 07777,
+				UID: uint32(in.u64()), GID: uint32(in.u64()), MtimeNs: int64(in.u64()), Size: int64(in.u64() >> (in.next() % 64)),
+				Target: in.str(), Rdev: in.u64(), LinkID: in.u64(), Nlink: uint32(in.u64())}
+			if in.next()%2 == 1 || e.Type == TypeDir {
+				e.ID = chunkstore.Sum([]byte{byte(i)})
+			}
+			for nx := int(in.next()) * int(in.next()); nx > 0; nx-- {
+				e.Xattrs = append(e.Xattrs, Xattr{Name: in.str(), Value: []byte(in.str())})
+			}
+			es = append(es, e)
+		}
+		want := slices.Clone(es)
+		links, payload, err := encodeDir(es)
+		if err != nil {
+			return // refused at write time
+		}
+		got, err := decodeDir(links, payload)
+		if err != nil {
+			t.Fatalf("encoded entries do not decode: %v", err)
+		}
+		slices.SortFunc(want, func(a, b Entry) int { return strings.Compare(a.Name, b.Name) })
+		if len(got) != len(want) {
+			t.Fatalf("%d entries back, want %d", len(got), len(want))
+		}
+		for i := range got {
+			g, w := got[i], want[i]
+			if g.Name != w.Name || g.Type != w.Type || g.Mode != w.Mode || g.UID != w.UID || g.GID != w.GID ||
+				g.MtimeNs != w.MtimeNs || g.Size != w.Size || g.ID != w.ID || g.Target != w.Target ||
+				g.Rdev != w.Rdev || g.LinkID != w.LinkID || g.Nlink != w.Nlink || !sameMeta(&g, &w) {
+				t.Fatalf("entry %q changed in the round trip", w.Name)
+			}
 		}
 	})
 }

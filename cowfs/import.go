@@ -32,7 +32,7 @@ func (f *FS) Import(ctx context.Context, dir, name string) (SnapshotID, error) {
 		}
 	}
 	im := &importer{f: f, ctx: ctx, links: map[[2]uint64]*linkGroup{}}
-	top, err := im.walk(dir, "")
+	top, err := im.walk(unix.AT_FDCWD, dir, dir)
 	if err != nil {
 		return SnapshotID{}, err
 	}
@@ -67,6 +67,7 @@ type linkGroup struct {
 	id      uint64
 	content chunkstore.ID
 	size    int64
+	xattrs  []Xattr
 }
 
 type importer struct {
@@ -85,12 +86,28 @@ func randomLinkID() uint64 {
 	return v
 }
 
-func (im *importer) walk(path, name string) (*importNode, error) {
+// importHook, when set (by tests), runs between an entry's first look
+// and the opening of its contents: the moment a racing writer would swap
+// the entry.
+var importHook func(path string)
+
+// walk reads the entry name of the directory open as dirfd (AT_FDCWD and
+// a path for the top). It never follows a symlink: every entry is opened
+// with O_NOFOLLOW relative to its parent's descriptor, its contents are
+// read through a descriptor of the same inode as the one examined, so an
+// entry swapped for a symlink meanwhile fails the import instead of
+// reading what the symlink points at. path only names the entry in errors.
+func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 	if err := im.ctx.Err(); err != nil {
 		return nil, err
 	}
+	pfd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("import: open %s: %w", path, err)
+	}
+	defer unix.Close(pfd)
 	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
+	if err := unix.Fstat(pfd, &st); err != nil {
 		return nil, fmt.Errorf("import: stat %s: %w", path, err)
 	}
 	n := &importNode{devino: [2]uint64{st.Dev, st.Ino}}
@@ -102,15 +119,14 @@ func (im *importer) walk(path, name string) (*importNode, error) {
 		MtimeNs: st.Mtim.Nano(),
 		Nlink:   1,
 	}
-	xs, err := readXattrs(path)
-	if err != nil {
-		return nil, err
+	if dirfd == unix.AT_FDCWD {
+		n.e.Name = "" // the top: its name is the caller's path
 	}
-	n.e.Xattrs = xs
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR && st.Nlink > 1 {
+	typ := st.Mode & unix.S_IFMT
+	if typ != unix.S_IFDIR && st.Nlink > 1 {
 		if g := im.links[n.devino]; g != nil {
 			g.names++
-			if st.Mode&unix.S_IFMT == unix.S_IFREG {
+			if typ == unix.S_IFREG {
 				n.e.Type = TypeFile
 				return n, nil // content read once, with the first name
 			}
@@ -118,20 +134,26 @@ func (im *importer) walk(path, name string) (*importNode, error) {
 			im.links[n.devino] = &linkGroup{names: 1}
 		}
 	}
-	switch st.Mode & unix.S_IFMT {
+	if importHook != nil {
+		importHook(path)
+	}
+	switch typ {
 	case unix.S_IFDIR:
 		n.e.Type = TypeDir
-		d, err := os.Open(path)
+		d, err := openSame(dirfd, name, path, unix.O_DIRECTORY, &st)
 		if err != nil {
-			return nil, fmt.Errorf("import: open dir %s: %w", path, err)
+			return nil, err
+		}
+		defer d.Close()
+		if n.e.Xattrs, err = readXattrs(d); err != nil {
+			return nil, err
 		}
 		names, err := d.Readdirnames(-1)
-		d.Close()
 		if err != nil {
 			return nil, fmt.Errorf("import: read dir %s: %w", path, err)
 		}
 		for _, cn := range names {
-			c, err := im.walk(filepath.Join(path, cn), cn)
+			c, err := im.walk(int(d.Fd()), cn, filepath.Join(path, cn))
 			if err != nil {
 				return nil, err
 			}
@@ -139,13 +161,15 @@ func (im *importer) walk(path, name string) (*importNode, error) {
 		}
 	case unix.S_IFREG:
 		n.e.Type = TypeFile
-		n.e.Size = st.Size
-		fh, err := os.Open(path)
+		fh, err := openSame(dirfd, name, path, unix.O_NONBLOCK, &st)
 		if err != nil {
-			return nil, fmt.Errorf("import: open %s: %w", path, err)
+			return nil, err
+		}
+		defer fh.Close()
+		if n.e.Xattrs, err = readXattrs(fh); err != nil {
+			return nil, err
 		}
 		refs, err := im.f.store.PutStream(im.ctx, fh)
-		fh.Close()
 		if err != nil {
 			return nil, fmt.Errorf("import: store %s: %w", path, err)
 		}
@@ -154,20 +178,21 @@ func (im *importer) walk(path, name string) (*importNode, error) {
 			total += int64(r.Size)
 		}
 		n.e.Size = total
-		if n.e.ID, err = putFile(im.f.store, refs); err != nil {
+		if n.e.ID, err = putFile(im.f.store, fileRefs(refs)); err != nil {
 			return nil, fmt.Errorf("import: store file object of %s: %w", path, err)
 		}
 		if g := im.links[n.devino]; g != nil {
-			g.content, g.size = n.e.ID, n.e.Size
+			g.content, g.size, g.xattrs = n.e.ID, n.e.Size, n.e.Xattrs
 		}
 	case unix.S_IFLNK:
 		n.e.Type = TypeSymlink
-		t, err := os.Readlink(path)
+		buf := make([]byte, unix.PathMax)
+		k, err := unix.Readlinkat(pfd, "", buf)
 		if err != nil {
 			return nil, fmt.Errorf("import: readlink %s: %w", path, err)
 		}
-		n.e.Target = t
-		n.e.Size = int64(len(t))
+		n.e.Target = string(buf[:k])
+		n.e.Size = int64(k)
 	case unix.S_IFIFO:
 		n.e.Type = TypeFifo
 	case unix.S_IFSOCK:
@@ -177,9 +202,28 @@ func (im *importer) walk(path, name string) (*importNode, error) {
 	case unix.S_IFBLK:
 		n.e.Type, n.e.Rdev = TypeBlock, st.Rdev
 	default:
-		return nil, fmt.Errorf("import: %s: unknown file type %#o", path, st.Mode&unix.S_IFMT)
+		return nil, fmt.Errorf("import: %s: unknown file type %#o", path, typ)
 	}
 	return n, nil
+}
+
+// openSame opens entry name of dirfd for reading, without following a
+// symlink, and checks that it is still the inode described by want.
+func openSame(dirfd int, name, path string, flags int, want *unix.Stat_t) (*os.File, error) {
+	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|flags, 0)
+	if err != nil {
+		return nil, fmt.Errorf("import: open %s: %w (changed while importing?)", path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("import: stat %s: %w", path, err)
+	}
+	if st.Dev != want.Dev || st.Ino != want.Ino {
+		unix.Close(fd)
+		return nil, fmt.Errorf("import: %s changed while importing; import again", path)
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }
 
 // store writes directory objects bottom-up and fills in hard-link fields.
@@ -191,7 +235,7 @@ func (im *importer) store(n *importNode) error {
 			n.e.Nlink = uint32(g.names)
 		}
 		if g != nil && n.e.Type == TypeFile {
-			n.e.ID, n.e.Size = g.content, g.size
+			n.e.ID, n.e.Size, n.e.Xattrs = g.content, g.size, g.xattrs
 		}
 		return nil
 	}
@@ -211,15 +255,16 @@ func (im *importer) store(n *importNode) error {
 	return nil
 }
 
-// readXattrs returns the user.* extended attributes of path (a symlink is
-// not followed).
-func readXattrs(path string) ([]Xattr, error) {
-	sz, err := unix.Llistxattr(path, nil)
+// readXattrs returns the user.* extended attributes of the open file fh
+// (only regular files and directories can carry them).
+func readXattrs(fh *os.File) ([]Xattr, error) {
+	fd := int(fh.Fd())
+	sz, err := unix.Flistxattr(fd, nil)
 	if err != nil || sz == 0 {
 		return nil, nil // no xattr support or none set
 	}
 	buf := make([]byte, sz)
-	sz, err = unix.Llistxattr(path, buf)
+	sz, err = unix.Flistxattr(fd, buf)
 	if err != nil {
 		return nil, nil
 	}
@@ -228,12 +273,12 @@ func readXattrs(path string) ([]Xattr, error) {
 		if !strings.HasPrefix(name, "user.") {
 			continue
 		}
-		vs, err := unix.Lgetxattr(path, name, nil)
+		vs, err := unix.Fgetxattr(fd, name, nil)
 		if err != nil {
 			continue
 		}
 		v := make([]byte, vs)
-		vs, err = unix.Lgetxattr(path, name, v)
+		vs, err = unix.Fgetxattr(fd, name, v)
 		if err != nil {
 			continue
 		}

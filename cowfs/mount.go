@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -14,8 +15,6 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
-
-	"tine/chunkstore"
 )
 
 // MountOptions tunes Mount.
@@ -27,6 +26,13 @@ type MountOptions struct {
 	NoPassthrough bool
 	// Debug logs every FUSE request.
 	Debug bool
+	// AllowOther lets users other than the mounting one into the mount
+	// (FUSE's allow_other; needs root or user_allow_other in
+	// /etc/fuse.conf). Without it the kernel refuses every other user,
+	// root included. Set it only when the sandbox's processes run as
+	// another uid, and keep the mount's parent directory closed to the
+	// users who must not enter.
+	AllowOther bool
 }
 
 // Mount is a branch served over FUSE at a directory.
@@ -41,19 +47,16 @@ type Mount struct {
 }
 
 // Mount serves branch at dir (an existing empty directory) until Unmount.
-// A branch can be mounted once at a time; a second attempt, from this or
-// another process, fails with ErrBusy.
+// A branch can be mounted once at a time; a second attempt fails with
+// ErrBusy naming the process that holds it. On error nothing stays
+// mounted at dir.
 func (f *FS) Mount(ctx context.Context, branchName, dir string, opts *MountOptions) (*Mount, error) {
 	if opts == nil {
 		opts = &MountOptions{}
 	}
-	f.mu.Lock()
-	if _, ok := f.live[branchName]; ok {
-		f.mu.Unlock()
-		return nil, fmt.Errorf("mount %q: %w in this process", branchName, ErrBusy)
+	if err := f.reserve(branchName); err != nil {
+		return nil, err
 	}
-	f.live[branchName] = nil // reserved while mounting
-	f.mu.Unlock()
 	b, err := f.openBranch(branchName)
 	if err != nil {
 		f.mu.Lock()
@@ -75,12 +78,43 @@ func (f *FS) Mount(ctx context.Context, branchName, dir string, opts *MountOptio
 	return m, nil
 }
 
+// reserve marks branch name as being mounted in this process, or fails
+// with ErrBusy if it is mounted already.
+func (f *FS) reserve(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.live[name]; ok {
+		return fmt.Errorf("mount %q: %w by %s", name, ErrBusy, describeProcess(os.Getpid()))
+	}
+	f.live[name] = nil // reserved while mounting
+	return nil
+}
+
 // serve mounts b's root at dir and serves it until unmounted. b may be
-// unbound (a pooled placeholder) and be bound later.
+// unbound (a pooled placeholder) and be bound later. On error nothing is
+// mounted.
 func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, error) {
+	dir, err := checkMountpoint(dir)
+	if err != nil {
+		return nil, err
+	}
 	b.passthrough = !opts.NoPassthrough && os.Geteuid() == 0
 	root := &node{b: b, in: b.root}
 	b.rootNode = root
+	srv, err := mountFUSE(dir, root, fuseOptions(fsName+"@"+f.tag, opts))
+	if err != nil {
+		return nil, err
+	}
+	m := &Mount{fs: f, b: b, dir: dir, server: srv, served: make(chan struct{})}
+	go func() {
+		srv.Wait()
+		close(m.served)
+	}()
+	return m, nil
+}
+
+// fuseOptions are the go-fuse options of every mount.
+func fuseOptions(fsName string, opts *MountOptions) *gofs.Options {
 	to := opts.Timeout
 	if to == 0 {
 		to = time.Second
@@ -88,7 +122,7 @@ func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, e
 	if to < 0 {
 		to = 0
 	}
-	fo := &gofs.Options{
+	return &gofs.Options{
 		EntryTimeout:    &to,
 		AttrTimeout:     &to,
 		NegativeTimeout: &to,
@@ -96,7 +130,7 @@ func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, e
 		MountOptions: fuse.MountOptions{
 			FsName:      fsName,
 			Name:        "cowfs",
-			AllowOther:  os.Geteuid() == 0,
+			AllowOther:  opts.AllowOther,
 			Options:     []string{"default_permissions"},
 			DirectMount: true,
 			MaxWrite:    1 << 20,
@@ -108,16 +142,53 @@ func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, e
 			EnableSymlinkCaching: true,
 		},
 	}
-	srv, err := gofs.Mount(dir, root, fo)
+}
+
+// checkMountpoint returns dir made absolute and free of symlinks, as
+// mountinfo shows it, if it is a directory one can mount on.
+func checkMountpoint(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	m := &Mount{fs: f, b: b, dir: dir, server: srv, served: make(chan struct{})}
-	go func() {
-		srv.Wait()
-		close(m.served)
-	}()
-	return m, nil
+	if deadFUSE(abs) {
+		return "", fmt.Errorf("%s is a dead FUSE mount (its server has exited): run fusermount3 -u %s", abs, abs)
+	}
+	var st unix.Stat_t
+	switch err := unix.Stat(abs, &st); {
+	case err != nil:
+		return "", fmt.Errorf("mount point %s: %w", abs, err)
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return "", fmt.Errorf("mount point %s: not a directory", abs)
+	}
+	return filepath.EvalSymlinks(abs)
+}
+
+// mountFUSE mounts root at dir. If the mount is made but the server then
+// fails to start (dir swapped for a file meanwhile, or the kernel refused
+// the handshake), the mount is detached again: a failed mount leaves
+// nothing behind.
+func mountFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options) (*fuse.Server, error) {
+	srv, err := gofs.Mount(dir, root, fo)
+	if err == nil {
+		return srv, nil
+	}
+	// The top mount at dir with our exact source is the one just made: an
+	// earlier mount with that source would be of the same branch (refused
+	// by its lock before we got here), a dead one (refused by
+	// checkMountpoint) or a pool placeholder (whose directory is new).
+	for {
+		ms, lerr := mountsAt(dir)
+		if lerr != nil {
+			return nil, errors.Join(err, lerr)
+		}
+		if len(ms) == 0 || ms[len(ms)-1].fsType != fuseType || ms[len(ms)-1].source != fo.FsName {
+			return nil, err
+		}
+		if uerr := unix.Unmount(dir, unix.MNT_DETACH); uerr != nil {
+			return nil, errors.Join(err, fmt.Errorf("detach failed mount: %w; run: fusermount3 -u %s", uerr, dir))
+		}
+	}
 }
 
 // Dir returns the mount point.
@@ -192,18 +263,26 @@ func (b *branch) close() {
 	}
 }
 
-func (b *branch) walkLoaded(d *inode, fn func(*inode)) {
-	fn(d)
-	for _, c := range d.children {
-		if c.typ == TypeDir {
-			b.walkLoaded(c, fn)
-		} else {
-			fn(c)
+// walkLoaded calls fn on every loaded inode under top (a file once per
+// name). It walks with a stack of its own, so a tree of any depth works.
+func (b *branch) walkLoaded(top *inode, fn func(*inode)) {
+	stack := []*inode{top}
+	for len(stack) > 0 {
+		d := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		fn(d)
+		for _, c := range d.children {
+			if c.typ == TypeDir {
+				stack = append(stack, c)
+			} else {
+				fn(c)
+			}
 		}
 	}
 }
 
-// lockFile takes an exclusive, non-blocking flock on path.
+// lockFile takes an exclusive, non-blocking flock on path and writes our
+// pid into it, so that a refused locker can name the holder.
 func lockFile(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
@@ -212,9 +291,13 @@ func lockFile(path string) (*os.File, error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w (lock %s is held)", ErrBusy, path)
+			return nil, fmt.Errorf("%w by %s (lock %s)", ErrBusy, lockHolder(path), path)
 		}
 		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	// Best effort: without it the holder is reported as unknown.
+	if f.Truncate(0) == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return f, nil
 }
@@ -376,8 +459,8 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, sa *fuse.SetAttr
 			}
 			return syscall.EINVAL
 		}
-		if errno := b.truncate(in, int64(sz)); errno != 0 {
-			return errno
+		if err := b.truncate(in, int64(sz)); err != nil {
+			return toErrno(err)
 		}
 	}
 	if m, ok := sa.GetMode(); ok {
@@ -414,10 +497,21 @@ type handle struct {
 	kind int      // 0 plain, 1 passthrough, 2 direct
 }
 
-var _ gofs.FilePassthroughFder = (*handle)(nil)
 var _ gofs.FileReleaser = (*handle)(nil)
 
-func (h *handle) PassthroughFd() (int, bool) {
+// ptHandle is a handle that may use the node's passthrough backing file.
+// go-fuse gives a node's registered backing file to every open whose
+// handle has a PassthroughFd, until it has released the last such handle,
+// which it does only after Release returns. A plain (cached) open must
+// therefore not have one: the backing file of an earlier open, still
+// being released, would answer its reads with the content as it was.
+// Direct opens do have one: the kernel refuses any other kind while a
+// passthrough open exists, and direct I/O takes precedence over it.
+type ptHandle struct{ *handle }
+
+var _ gofs.FilePassthroughFder = ptHandle{}
+
+func (h ptHandle) PassthroughFd() (int, bool) {
 	if h.pt == nil {
 		return -1, false
 	}
@@ -454,9 +548,9 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		return nil, 0, 0
 	}
 	if flags&syscall.O_TRUNC != 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
-		if errno := b.truncate(in, 0); errno != 0 {
+		if err := b.truncate(in, 0); err != nil {
 			b.mu.Unlock()
-			return nil, 0, errno
+			return nil, 0, toErrno(err)
 		}
 	}
 	h := &handle{n: n, in: in}
@@ -464,11 +558,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		(in.f == nil || !in.f.changed) && !in.id.IsZero() {
 		id, size := in.id, in.size
 		b.mu.Unlock()
-		path, err := b.fs.cacheFile(ctx, id, size)
-		var pt *os.File
-		if err == nil {
-			pt, err = os.Open(path)
-		}
+		pt, err := b.fs.cacheFile(ctx, id, size)
 		b.mu.Lock()
 		if err == nil && in.id == id && (in.f == nil || !in.f.changed) && in.cachedOpens == 0 {
 			h.pt, h.kind = pt, 1
@@ -489,7 +579,21 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		in.cachedOpens++
 	}
 	b.mu.Unlock()
-	return h, fl, 0
+	if h.kind == 0 {
+		return h, fl, 0
+	}
+	return ptHandle{h}, fl, 0
+}
+
+// handleOf returns the handle behind fh, or nil.
+func handleOf(fh gofs.FileHandle) *handle {
+	switch h := fh.(type) {
+	case *handle:
+		return h
+	case ptHandle:
+		return h.handle
+	}
+	return nil
 }
 
 // newInode makes a fresh inode owned by the caller. Caller holds b.mu.
@@ -517,8 +621,13 @@ func (b *branch) newInode(ctx context.Context, d *inode, typ EntryType, mode uin
 	return in
 }
 
-// addChild links c into d as name. Caller holds b.mu.
+// addChild links c into d as name, within the limits (see checkAdd).
+// Caller holds b.mu.
 func (b *branch) addChild(d *inode, name string, c *inode) error {
+	if err := b.checkAdd(d, name, c); err != nil {
+		return err
+	}
+	d.encBytes += c.cost(name)
 	d.children[name] = c
 	c.parents[d]++
 	t := nowNs()
@@ -558,7 +667,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	c := b.newInode(ctx, d, TypeFile, mode)
 	c.f.changed = true
 	if err := b.addChild(d, name, c); err != nil {
-		return nil, nil, 0, syscall.EIO
+		return nil, nil, 0, toErrno(err)
 	}
 	ch := n.child(ctx, c, out)
 	h := &handle{n: ch.Operations().(*node), in: c}
@@ -577,7 +686,7 @@ func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.En
 	}
 	c := b.newInode(ctx, d, TypeDir, mode)
 	if err := b.addChild(d, name, c); err != nil {
-		return nil, syscall.EIO
+		return nil, toErrno(err)
 	}
 	return n.child(ctx, c, out), 0
 }
@@ -600,7 +709,7 @@ func (n *node) Mknod(ctx context.Context, name string, mode, dev uint32, out *fu
 	}
 	c.rdev = uint64(dev)
 	if err := b.addChild(d, name, c); err != nil {
-		return nil, syscall.EIO
+		return nil, toErrno(err)
 	}
 	return n.child(ctx, c, out), 0
 }
@@ -616,7 +725,7 @@ func (n *node) Symlink(ctx context.Context, target, name string, out *fuse.Entry
 	c := b.newInode(ctx, d, TypeSymlink, 0o777)
 	c.target = target
 	if err := b.addChild(d, name, c); err != nil {
-		return nil, syscall.EIO
+		return nil, toErrno(err)
 	}
 	return n.child(ctx, c, out), 0
 }
@@ -650,10 +759,16 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	switch {
 	case c.nlink == 0 && !c.linkable:
 		return nil, syscall.ENOENT
-	case c.nlink == 0: // an O_TMPFILE file gets its first name
+	case c.nlink >= maxLinks:
+		return nil, syscall.EMLINK
+	}
+	if err := b.addChild(d, name, c); err != nil {
+		return nil, toErrno(err)
+	}
+	if c.nlink == 0 { // an O_TMPFILE file gets its first name
 		c.linkable = false
 		delete(b.orphans, c)
-	default:
+	} else {
 		if c.linkID == 0 {
 			c.linkID = randomLinkID()
 		}
@@ -661,9 +776,6 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 	}
 	c.nlink++
 	c.ctime = nowNs()
-	if err := b.addChild(d, name, c); err != nil {
-		return nil, syscall.EIO
-	}
 	if err := b.touch(c); err != nil {
 		return nil, syscall.EIO
 	}
@@ -673,6 +785,7 @@ func (n *node) Link(ctx context.Context, target gofs.InodeEmbedder, name string,
 // removeName drops name from d. Caller holds b.mu.
 func (b *branch) removeName(d *inode, name string) error {
 	c := d.children[name]
+	d.encBytes -= c.cost(name)
 	delete(d.children, name)
 	c.parents[d]--
 	if c.parents[d] <= 0 {
@@ -770,6 +883,9 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 	if c == nil {
 		return syscall.ENOENT
 	}
+	if err := nameErr(newName); err != nil {
+		return toErrno(err)
+	}
 	victim := dst.children[newName]
 	if victim == c {
 		return 0 // both names are links to one inode: nothing to do
@@ -791,7 +907,16 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		if victim.typ == TypeDir && isAncestor(victim, src) {
 			return syscall.EINVAL
 		}
+		dc, sc := c.cost(newName)-victim.cost(newName), victim.cost(name)-c.cost(name)
+		if err := roomFor(dst, 0, dc); err != nil {
+			return toErrno(err)
+		}
+		if err := roomFor(src, 0, sc); err != nil {
+			return toErrno(err)
+		}
 		src.children[name], dst.children[newName] = victim, c
+		dst.encBytes += dc
+		src.encBytes += sc
 		moveParent(c, src, dst)
 		moveParent(victim, dst, src)
 	} else {
@@ -809,11 +934,25 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			} else if c.typ == TypeDir {
 				return syscall.ENOTDIR
 			}
+		}
+		entries, bytes := 1, c.cost(newName)
+		if victim != nil {
+			entries, bytes = 0, bytes-victim.cost(newName)
+		}
+		if src == dst {
+			entries, bytes = entries-1, bytes-c.cost(name)
+		}
+		if err := roomFor(dst, entries, bytes); err != nil {
+			return toErrno(err)
+		}
+		if victim != nil {
 			if err := b.removeName(dst, newName); err != nil {
 				return syscall.EIO
 			}
 		}
+		src.encBytes -= c.cost(name)
 		delete(src.children, name)
+		dst.encBytes += c.cost(newName)
 		dst.children[newName] = c
 		moveParent(c, src, dst)
 	}
@@ -881,7 +1020,7 @@ func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off in
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	in := n.cur()
-	if h, ok := fh.(*handle); ok {
+	if h := handleOf(fh); h != nil {
 		in = h.in
 	}
 	m, err := b.readAt(in, dest, off)
@@ -896,11 +1035,14 @@ func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	in := n.cur()
-	if h, ok := fh.(*handle); ok {
+	if h := handleOf(fh); h != nil {
 		in = h.in
 	}
-	w, errno := b.write(in, data, off)
-	return uint32(w), errno
+	w, err := b.write(in, data, off)
+	if err != nil && w == 0 {
+		return 0, toErrno(err)
+	}
+	return uint32(w), 0
 }
 
 func (n *node) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) syscall.Errno {
@@ -924,30 +1066,20 @@ func (n *node) Allocate(ctx context.Context, fh gofs.FileHandle, off, size uint6
 	if in.typ != TypeFile {
 		return syscall.ENODEV
 	}
+	if off > maxFileSize || size > maxFileSize-off {
+		return syscall.EFBIG
+	}
 	end := int64(off + size)
 	switch mode {
 	case 0:
 		if end > in.size {
-			return b.truncate(in, end)
+			return toErrno(b.truncate(in, end))
 		}
 		return 0
 	case unix.FALLOC_FL_KEEP_SIZE:
 		return 0
 	case unix.FALLOC_FL_KEEP_SIZE | unix.FALLOC_FL_PUNCH_HOLE:
-		end = min(end, in.size)
-		for p := int64(off); p < end; {
-			k := min(end-p, 1<<20)
-			quota := b.meta.QuotaBytes
-			b.meta.QuotaBytes = 0 // punching frees space: never refuse it
-			_, errno := b.write(in, make([]byte, k), p)
-			b.meta.UsedBytes -= k
-			b.meta.QuotaBytes = quota
-			if errno != 0 {
-				return errno
-			}
-			p += k
-		}
-		return 0
+		return toErrno(b.punch(in, int64(off), end))
 	}
 	return syscall.EOPNOTSUPP
 }
@@ -957,7 +1089,7 @@ func (n *node) Lseek(ctx context.Context, fh gofs.FileHandle, off uint64, whence
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	in := n.cur()
-	if h, ok := fh.(*handle); ok {
+	if h := handleOf(fh); h != nil {
 		in = h.in
 	}
 	if whence != unix.SEEK_DATA && whence != unix.SEEK_HOLE {
@@ -1062,35 +1194,16 @@ func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uin
 	if !xattrAllowed(attr) {
 		return syscall.EOPNOTSUPP
 	}
-	if len(attr) > 255 {
-		return syscall.ERANGE
-	}
-	if len(data) > 1<<16 {
-		return syscall.E2BIG
-	}
 	b := n.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.bound() {
 		return syscall.EROFS
 	}
-	in := n.cur()
-	_, exists := in.xattrs[attr]
-	if flags&unix.XATTR_CREATE != 0 && exists {
-		return syscall.EEXIST
+	if data == nil {
+		data = []byte{}
 	}
-	if flags&unix.XATTR_REPLACE != 0 && !exists {
-		return syscall.ENODATA
-	}
-	if in.xattrs == nil {
-		in.xattrs = map[string][]byte{}
-	}
-	in.xattrs[attr] = append([]byte(nil), data...)
-	in.ctime = nowNs()
-	if err := b.touch(in); err != nil {
-		return syscall.EIO
-	}
-	return 0
+	return toErrno(b.setXattr(n.cur(), attr, data, flags))
 }
 
 func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
@@ -1100,16 +1213,7 @@ func (n *node) Removexattr(ctx context.Context, attr string) syscall.Errno {
 	if !b.bound() {
 		return syscall.EROFS
 	}
-	in := n.cur()
-	if _, ok := in.xattrs[attr]; !ok {
-		return syscall.ENODATA
-	}
-	delete(in.xattrs, attr)
-	in.ctime = nowNs()
-	if err := b.touch(in); err != nil {
-		return syscall.EIO
-	}
-	return 0
+	return toErrno(b.setXattr(n.cur(), attr, nil, 0))
 }
 
 func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errno) {
@@ -1133,56 +1237,6 @@ func (n *node) Listxattr(ctx context.Context, dest []byte) (uint32, syscall.Errn
 		return uint32(len(buf)), syscall.ERANGE
 	}
 	return uint32(copy(dest, buf)), 0
-}
-
-// cacheFile materialises file object id into the shared read cache, once
-// per content id, and returns its path.
-func (f *FS) cacheFile(ctx context.Context, id chunkstore.ID, size int64) (string, error) {
-	path := filepath.Join(f.root, "cache", id.String())
-	if st, err := os.Stat(path); err == nil && st.Size() == size {
-		return path, nil
-	}
-	f.matMu.Lock()
-	defer f.matMu.Unlock()
-	if st, err := os.Stat(path); err == nil && st.Size() == size {
-		return path, nil
-	}
-	refs, total, err := getFile(f.store, id)
-	if err != nil {
-		return "", err
-	}
-	if total != size {
-		return "", fmt.Errorf("cache %s: %w: %d bytes, want %d", id, errCorrupt, total, size)
-	}
-	tmp, err := os.CreateTemp(filepath.Join(f.root, "cache"), ".tmp-")
-	if err != nil {
-		return "", fmt.Errorf("cache %s: %w", id, err)
-	}
-	defer os.Remove(tmp.Name())
-	defer tmp.Close()
-	var off int64
-	for _, r := range refs {
-		if !r.ID.IsZero() {
-			d, err := f.store.Get(r.ID)
-			if err != nil {
-				return "", fmt.Errorf("cache %s: read chunk %s: %w", id, r.ID, err)
-			}
-			if _, err := tmp.WriteAt(d, off); err != nil {
-				return "", fmt.Errorf("cache %s: write %s: %w", id, tmp.Name(), err)
-			}
-		}
-		off += int64(r.Size)
-	}
-	if err := tmp.Truncate(size); err != nil {
-		return "", fmt.Errorf("cache %s: truncate %s: %w", id, tmp.Name(), err)
-	}
-	if err := os.Chmod(tmp.Name(), 0o400); err != nil {
-		return "", err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return "", fmt.Errorf("cache %s: %w", id, err)
-	}
-	return path, nil
 }
 
 // notifyRollback drops the kernel's cached names and attributes after the

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // ErrPoolClosed reports a MountPool used after Close.
@@ -39,9 +41,12 @@ type MountPool struct {
 	closed bool
 }
 
-// NewMountPool mounts n placeholders under dir (created if missing), each
-// at its own subdirectory, and keeps n ready as they are taken. opts
-// applies to every mount of the pool, as in Mount.
+// NewMountPool mounts n placeholders under dir, each at its own
+// subdirectory, and keeps n ready as they are taken. dir is created with
+// mode 0700 if missing; an existing dir must belong to this user and be
+// closed to others (mode 0700), unless opts.AllowOther is set. opts
+// applies to every mount of the pool, as in Mount. On error nothing stays
+// mounted.
 func (f *FS) NewMountPool(ctx context.Context, dir string, n int, opts *MountOptions) (*MountPool, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("mount pool at %s: size %d, want at least 1", dir, n)
@@ -49,8 +54,8 @@ func (f *FS) NewMountPool(ctx context.Context, dir string, n int, opts *MountOpt
 	if opts == nil {
 		opts = &MountOptions{}
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("mount pool: create %s: %w", dir, err)
+	if err := poolDir(dir, opts.AllowOther); err != nil {
+		return nil, err
 	}
 	p := &MountPool{fs: f, dir: dir, n: n, opts: *opts,
 		ready: make(chan *pooled, n), kick: make(chan struct{}, 1),
@@ -71,6 +76,22 @@ func (f *FS) NewMountPool(ctx context.Context, dir string, n int, opts *MountOpt
 	}
 	go p.refill()
 	return p, nil
+}
+
+// poolDir makes dir private to this user, or checks that it is.
+func poolDir(dir string, shared bool) error {
+	err := os.Mkdir(dir, 0o700)
+	if err == nil || shared {
+		return nil
+	}
+	if !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("mount pool: create %s: %w", dir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return fmt.Errorf("mount pool: %w", err)
+	}
+	return checkPrivateDir("mount pool dir", dir, &st, 0o077)
 }
 
 // Dir returns the directory the pool's mounts are made under.
@@ -106,13 +127,9 @@ func (p *MountPool) Mount(ctx context.Context, name string) (*Mount, error) {
 		return nil, err
 	}
 	f := p.fs
-	f.mu.Lock()
-	if _, ok := f.live[name]; ok {
-		f.mu.Unlock()
-		return nil, fmt.Errorf("mount %q: %w in this process", name, ErrBusy)
+	if err := f.reserve(name); err != nil {
+		return nil, err
 	}
-	f.live[name] = nil // reserved while binding
-	f.mu.Unlock()
 	release := func() {
 		f.mu.Lock()
 		delete(f.live, name)
@@ -359,9 +376,9 @@ func (p *MountPool) newDir() (string, error) {
 		p.seq++
 		d := filepath.Join(p.dir, strconv.Itoa(p.seq))
 		p.mu.Unlock()
-		err := os.Mkdir(d, 0o755)
+		err := os.Mkdir(d, 0o700)
 		if errors.Is(err, os.ErrExist) && os.Remove(d) == nil {
-			err = os.Mkdir(d, 0o755)
+			err = os.Mkdir(d, 0o700)
 		}
 		if err == nil {
 			return d, nil

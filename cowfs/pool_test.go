@@ -19,7 +19,7 @@ import (
 // pool is closed at cleanup.
 func newTestPool(t *testing.T, f *FS, n int) *MountPool {
 	t.Helper()
-	p, err := f.NewMountPool(context.Background(), t.TempDir(), n, nil)
+	p, err := f.NewMountPool(context.Background(), filepath.Join(t.TempDir(), "pool"), n, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestPoolCloseUnmounts(t *testing.T) {
 	needFUSE(t)
 	f := openTestFS(t)
 	snap := importTree(t, f, poolFiles)
-	p, err := f.NewMountPool(context.Background(), t.TempDir(), 3, nil)
+	p, err := f.NewMountPool(context.Background(), filepath.Join(t.TempDir(), "pool"), 3, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

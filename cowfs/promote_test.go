@@ -77,7 +77,7 @@ func TestPromoteAppliesEveryChange(t *testing.T) {
 	}
 	snap := importTree(t, f, promoteNew)
 
-	res, err := f.Promote(ctx, base, snap, project, true)
+	res, err := f.Promote(ctx, base, snap, project, PromoteOptions{DryRun: true})
 	if err != nil {
 		t.Fatalf("dry run: %v", err)
 	}
@@ -88,7 +88,7 @@ func TestPromoteAppliesEveryChange(t *testing.T) {
 		t.Fatalf("dry run changed the project:\n%s", cmp.Diff(expand(promoteBase), got))
 	}
 
-	res, err = f.Promote(ctx, base, snap, project, false)
+	res, err = f.Promote(ctx, base, snap, project, PromoteOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestPromoteRefusesConflicts(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := readTree(t, project)
-			res, err := f.Promote(ctx, base, snap, project, false)
+			res, err := f.Promote(ctx, base, snap, project, PromoteOptions{})
 			if !errors.Is(err, ErrConflict) {
 				t.Fatalf("err = %v, want ErrConflict", err)
 			}
@@ -170,7 +170,7 @@ func TestPromoteDoesNotFollowHostSymlinks(t *testing.T) {
 	if err := os.Symlink(outside, filepath.Join(project, "sub")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.Promote(ctx, base, snap, project, false); err == nil {
+	if _, err := f.Promote(ctx, base, snap, project, PromoteOptions{}); err == nil {
 		t.Fatal("promotion through a host symlink succeeded")
 	}
 	if _, err := os.Lstat(filepath.Join(outside, "evil")); !errors.Is(err, os.ErrNotExist) {

@@ -3,7 +3,9 @@ package cowfs
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"tine/chunkstore"
 )
 
 // remount unmounts m and mounts its branch again at a fresh directory.
@@ -203,7 +207,7 @@ func TestPermissionsEnforced(t *testing.T) {
 	}
 	defer os.Remove(mnt)
 	os.Chmod(mnt, 0o755)
-	m, err := f.Mount(ctx, "main", mnt, nil)
+	m, err := f.Mount(ctx, "main", mnt, &MountOptions{AllowOther: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,4 +344,200 @@ func TestSeekDataHole(t *testing.T) {
 	m = remount(t, f, m)
 	p = filepath.Join(m.Dir(), "sparse")
 	check("committed")
+}
+
+// TestQuotaBoundsGrowth: under a 1 MiB quota, growing a file by truncate
+// or fallocate, making names and setting xattrs are all charged and
+// refused with ENOSPC once the quota is spent.
+func TestQuotaBoundsGrowth(t *testing.T) {
+	needFUSE(t)
+	ctx := context.Background()
+	f := openTestFS(t)
+	m, _ := mountNew(t, f, "main", map[string]string{"a": "a"})
+	if err := f.SetQuota(ctx, "main", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(m.Dir(), "a")
+	if err := os.Truncate(p, 50<<30); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("truncate to 50 GiB: %v, want ENOSPC", err)
+	}
+	fh, err := os.OpenFile(p, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fallocate(int(fh.Fd()), 0, 0, 50<<30); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("fallocate of 50 GiB: %v, want ENOSPC", err)
+	}
+	fh.Close()
+	if st, _ := os.Stat(p); st.Size() != 1 {
+		t.Errorf("size after refused growth: %d, want 1", st.Size())
+	}
+	names := 0
+	for ; names < 1<<20; names++ {
+		if err := os.Mkdir(filepath.Join(m.Dir(), fmt.Sprintf("d%d", names)), 0o755); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatalf("mkdir %d: %v, want ENOSPC", names, err)
+			}
+			break
+		}
+	}
+	if names > (1<<20)/entryOverhead {
+		t.Errorf("%d names made under a 1 MiB quota, want at most %d", names, (1<<20)/entryOverhead)
+	}
+	if err := f.SetQuota(ctx, "main", 0); err != nil {
+		t.Fatal(err)
+	}
+	bs, _, _ := f.List(ctx)
+	if err := f.SetQuota(ctx, "main", bs[0].UsedBytes+100<<10); err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 60<<10)
+	if err := unix.Setxattr(p, "user.a", big, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(p, "user.b", big, 0); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("xattr past the quota: %v, want ENOSPC", err)
+	}
+}
+
+// TestQuotaSavedWithEachCommit: the bytes charged reach the branch meta
+// file with the commit (fsync), not only at unmount, so a crash of the
+// mount does not forget them.
+func TestQuotaSavedWithEachCommit(t *testing.T) {
+	needFUSE(t)
+	ctx := context.Background()
+	f := openTestFS(t)
+	m, _ := mountNew(t, f, "main", map[string]string{"a": "a"})
+	if err := f.SetQuota(ctx, "main", 10<<20); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(m.Dir(), "data")
+	if err := os.WriteFile(p, make([]byte, 100<<10), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fsyncPath(t, p)
+	meta, err := f.readMeta("main") // the file as a crash would leave it
+	if err != nil {
+		t.Fatal(err)
+	}
+	if meta.UsedBytes < 100<<10 {
+		t.Errorf("meta file after fsync holds %d bytes used, want at least %d", meta.UsedBytes, 100<<10)
+	}
+}
+
+// TestPunchHoleWritesNoZeros: punching 64 MiB out of a file stores no
+// zeros, charges nothing and leaves a hole that reads as zeros.
+func TestPunchHoleWritesNoZeros(t *testing.T) {
+	needFUSE(t)
+	ctx := context.Background()
+	f := openTestFS(t)
+	m, _ := mountNew(t, f, "main", map[string]string{"a": "a"})
+	p := filepath.Join(m.Dir(), "sparse")
+	fh, err := os.Create(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	data := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB of data
+	for _, off := range []int64{0, 63 << 20} {
+		if _, err := fh.WriteAt(data, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fh.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	bs, _, _ := f.List(ctx)
+	if err := f.SetQuota(ctx, "main", bs[0].UsedBytes+1<<20); err != nil {
+		t.Fatal(err)
+	}
+	before := f.Store().Stats().LogicalBytes
+	if err := unix.Fallocate(int(fh.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, 100, 64<<20-200); err != nil {
+		t.Fatalf("punch: %v", err)
+	}
+	if err := fh.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if grew := f.Store().Stats().LogicalBytes - before; grew > 1<<20 {
+		t.Errorf("punching stored %d bytes, want under 1 MiB", grew)
+	}
+	got := make([]byte, 64<<20)
+	if _, err := fh.ReadAt(got, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got[:100], data[:100]) || !bytes.Equal(got[64<<20-100:], data[1<<20-100:]) {
+		t.Error("the bytes around the hole changed")
+	}
+	if i := bytes.IndexFunc(got[100:64<<20-100], func(r rune) bool { return r != 0 }); i >= 0 {
+		t.Errorf("byte %d of the hole is not zero", 100+i)
+	}
+}
+
+// TestVerifyReportsDamage: trees that do not decode or do not add up are
+// reported with their path and object id.
+func TestVerifyReportsDamage(t *testing.T) {
+	ctx := context.Background()
+	f := openTestFS(t)
+	s := f.Store()
+	// A file object that holds other than its entry says.
+	chunk, err := s.Put([]byte("hello"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, pl := encodeFileLeaf([]fileRef{{ID: chunk, Size: 5}, {Size: 1 << 50}})
+	fileID, err := s.PutNode(l, pl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A directory with more xattrs on one entry than the limits allow,
+	// encoded by hand as a damaged or foreign store could hold it.
+	var xs []Xattr
+	for i := range maxXattrs + 1 {
+		xs = append(xs, Xattr{Name: fmt.Sprintf("user.%05d", i)})
+	}
+	bad := Entry{Name: "x", Type: TypeFile, Xattrs: xs}
+	e := bad
+	e.Xattrs = nil
+	_, good, err := encodeDir([]Entry{e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := len(good) - 1 // the xattr count, zero
+	payload := binary.AppendUvarint(append([]byte{}, good[:cut]...), uint64(len(xs)))
+	for _, x := range xs {
+		payload = appendString(appendString(payload, x.Name), "")
+	}
+	badDir, err := s.PutNode(nil, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	top, err := putDir(s, []Entry{
+		{Name: "bad", Type: TypeDir, ID: badDir},
+		{Name: "f", Type: TypeFile, ID: fileID, Size: 5},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := putRoot(s, Entry{Type: TypeDir, ID: top, Mode: 0o755})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.keepSnapshot(root); err != nil {
+		t.Fatal(err)
+	}
+	var got []Problem
+	st, err := f.Verify(ctx, func(p Problem) { got = append(got, p) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]chunkstore.ID{"/bad/": badDir, "/f": fileID}
+	for _, p := range got {
+		if want[p.Path] != p.ID {
+			t.Errorf("unexpected problem %v", p)
+		}
+		delete(want, p.Path)
+	}
+	if len(want) > 0 {
+		t.Errorf("problems not reported at %v (stats %+v)", want, st)
+	}
 }

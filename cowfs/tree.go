@@ -4,9 +4,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"sort"
 	"strings"
+	"syscall"
 
 	"tine/chunkstore"
 )
@@ -63,11 +65,6 @@ type Entry struct {
 const (
 	dirMagic  = "tcD1"
 	fileMagic = "tcF1"
-	// maxLeafRefs bounds the chunk refs of one file leaf object, so that a
-	// write into a huge file rewrites one leaf, not the whole chunk list.
-	maxLeafRefs = 1024
-	maxNameLen  = 4096
-	maxXattrs   = 1 << 16
 )
 
 var errCorrupt = errors.New("corrupt object")
@@ -98,13 +95,20 @@ func validName(n string) bool {
 // encodeDir encodes entries (sorted here by name) as a directory object:
 // the links are the non-zero IDs in entry order, the payload the rest.
 func encodeDir(entries []Entry) (links []chunkstore.ID, payload []byte, err error) {
+	if len(entries) > maxDirEntries {
+		return nil, nil, fmt.Errorf("encode directory: %w", limitErr(syscall.ENOSPC, "%d entries, at most %d", len(entries), maxDirEntries))
+	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].Name < entries[j].Name })
 	b := []byte(dirMagic)
 	b = binary.AppendUvarint(b, uint64(len(entries)))
 	for i := range entries {
 		e := &entries[i]
-		if !validName(e.Name) || (i > 0 && entries[i-1].Name == e.Name) {
-			return nil, nil, fmt.Errorf("encode directory: bad or duplicate name %q", e.Name)
+		sort.Slice(e.Xattrs, func(i, j int) bool { return e.Xattrs[i].Name < e.Xattrs[j].Name })
+		if err := checkEntry(e); err != nil {
+			return nil, nil, fmt.Errorf("encode directory: %w", err)
+		}
+		if i > 0 && entries[i-1].Name == e.Name {
+			return nil, nil, fmt.Errorf("encode directory: duplicate name %q", e.Name)
 		}
 		b = appendString(b, e.Name)
 		b = append(b, byte(e.Type))
@@ -127,13 +131,14 @@ func encodeDir(entries []Entry) (links []chunkstore.ID, payload []byte, err erro
 		b = binary.AppendUvarint(b, e.Rdev)
 		b = binary.AppendUvarint(b, e.LinkID)
 		b = binary.AppendUvarint(b, uint64(e.Nlink))
-		xs := e.Xattrs
-		sort.Slice(xs, func(i, j int) bool { return xs[i].Name < xs[j].Name })
-		b = binary.AppendUvarint(b, uint64(len(xs)))
-		for _, x := range xs {
+		b = binary.AppendUvarint(b, uint64(len(e.Xattrs)))
+		for _, x := range e.Xattrs {
 			b = appendString(b, x.Name)
 			b = appendString(b, string(x.Value))
 		}
+	}
+	if n := len(b) + len(links)*len(chunkstore.ID{}); n > maxDirBytes {
+		return nil, nil, fmt.Errorf("encode directory: %w", limitErr(syscall.ENOSPC, "object of %d bytes, at most %d", n, maxDirBytes))
 	}
 	return links, b, nil
 }
@@ -264,10 +269,13 @@ func decodeDir(links []chunkstore.ID, payload []byte) ([]Entry, error) {
 	if len(payload) < len(dirMagic) || string(payload[:len(dirMagic)]) != dirMagic {
 		return nil, fmt.Errorf("%w: not a directory object (bad magic)", errCorrupt)
 	}
+	if n := len(payload) + len(links)*len(chunkstore.ID{}); n > maxDirBytes {
+		return nil, fmt.Errorf("%w: directory object of %d bytes, at most %d", errCorrupt, n, maxDirBytes)
+	}
 	d := &decoder{b: payload, off: len(dirMagic)}
 	n := d.uvarint("entry count")
 	// Each entry takes at least 14 bytes: bound the count by the payload.
-	if d.err == nil && n > uint64(len(payload)) {
+	if d.err == nil && (n > uint64(len(payload)) || n > maxDirEntries) {
 		d.fail("entry count out of range")
 	}
 	if d.err != nil {
@@ -314,7 +322,7 @@ func decodeDir(links []chunkstore.ID, payload []byte) ([]Entry, error) {
 			d.fail("size out of range")
 		}
 		e.Size = int64(size)
-		e.Target = d.str("symlink target", maxNameLen)
+		e.Target = d.str("symlink target", maxTargetLen)
 		e.Rdev = d.uvarint("rdev")
 		e.LinkID = d.uvarint("link id")
 		e.Nlink = d.u32("nlink")
@@ -324,12 +332,14 @@ func decodeDir(links []chunkstore.ID, payload []byte) ([]Entry, error) {
 		}
 		for j := uint64(0); j < nx && d.err == nil; j++ {
 			var x Xattr
-			x.Name = d.str("xattr name", 255)
-			x.Value = []byte(d.str("xattr value", 1<<16))
-			if d.err == nil && len(e.Xattrs) > 0 && e.Xattrs[len(e.Xattrs)-1].Name >= x.Name {
-				d.fail("xattr names out of order")
-			}
+			x.Name = d.str("xattr name", maxXattrNameLen)
+			x.Value = []byte(d.str("xattr value", maxXattrValueLen))
 			e.Xattrs = append(e.Xattrs, x)
+		}
+		if d.err == nil {
+			if err := checkEntry(&e); err != nil {
+				d.fail(err.Error())
+			}
 		}
 		entries = append(entries, e)
 	}
@@ -339,7 +349,36 @@ func decodeDir(links []chunkstore.ID, payload []byte) ([]Entry, error) {
 	return entries, nil
 }
 
-// fileIndex is one leaf of a file object's index form.
+// fileRef is one piece of a file: a stored chunk, or with the zero ID a
+// hole of Size zero bytes. A hole of any length is one fileRef, so a
+// sparse file costs memory and encoding by its pieces, not its size.
+type fileRef struct {
+	ID   chunkstore.ID
+	Size int64
+}
+
+// fileRefs converts a chunk list from the store.
+func fileRefs(rs []chunkstore.Ref) []fileRef {
+	out := make([]fileRef, len(rs))
+	for i, r := range rs {
+		out[i] = fileRef{ID: r.ID, Size: int64(r.Size)}
+	}
+	return out
+}
+
+// appendHole appends n zero bytes to refs, merging with a hole before it.
+func appendHole(refs []fileRef, n int64) []fileRef {
+	if n <= 0 {
+		return refs
+	}
+	if k := len(refs); k > 0 && refs[k-1].ID.IsZero() {
+		refs[k-1].Size += n
+		return refs
+	}
+	return append(refs, fileRef{Size: n})
+}
+
+// fileLeaf is one leaf of a file object's index form.
 type fileLeaf struct {
 	id    chunkstore.ID
 	bytes int64
@@ -348,10 +387,10 @@ type fileLeaf struct {
 
 // encodeFileLeaf encodes a run of chunk refs: links are the non-hole chunk
 // ids in order; the payload lists sizes and hole flags.
-func encodeFileLeaf(refs []chunkstore.Ref) (links []chunkstore.ID, payload []byte) {
+func encodeFileLeaf(refs []fileRef) (links []chunkstore.ID, payload []byte) {
 	var total int64
 	for _, r := range refs {
-		total += int64(r.Size)
+		total += r.Size
 	}
 	b := []byte(fileMagic)
 	b = binary.AppendUvarint(b, uint64(total))
@@ -391,8 +430,8 @@ func encodeFileIndex(leaves []fileLeaf) (links []chunkstore.ID, payload []byte) 
 type fileHeader struct {
 	size   int64
 	index  bool
-	refs   []chunkstore.Ref // leaf form
-	leaves []fileLeaf       // index form
+	refs   []fileRef  // leaf form
+	leaves []fileLeaf // index form
 }
 
 // decodeFile decodes a file object (leaf or index form). It never panics.
@@ -418,20 +457,27 @@ func decodeFile(links []chunkstore.ID, payload []byte) (*fileHeader, error) {
 	li := 0
 	switch form {
 	case 0:
-		h.refs = make([]chunkstore.Ref, 0, n)
+		if d.err == nil && n > maxLeafRefs {
+			d.fail("count out of range")
+		}
+		h.refs = make([]fileRef, 0, n)
 		for i := uint64(0); i < n && d.err == nil; i++ {
-			sz := d.u32("chunk size")
+			sz := d.uvarint("piece size")
 			hole := d.byte1("hole flag")
-			var r chunkstore.Ref
-			r.Size = sz
+			r := fileRef{Size: int64(sz)}
 			switch {
 			case d.err != nil:
 			case hole > 1:
 				d.fail("bad hole flag")
+			case hole == 0 && sz > maxChunkSize:
+				d.fail("chunk size out of range")
 			case hole == 0:
 				r.ID = d.link(links, &li, "chunk id")
 			}
-			sum += uint64(sz)
+			if sum+sz < sum || sum+sz > maxFileSize {
+				d.fail("size overflow")
+			}
+			sum += sz
 			h.refs = append(h.refs, r)
 		}
 	case 1:
@@ -450,7 +496,7 @@ func decodeFile(links []chunkstore.ID, payload []byte) (*fileHeader, error) {
 			}
 			h.leaves = append(h.leaves, fileLeaf{id: links[li], bytes: int64(bytes), nrefs: int(nrefs)})
 			li++
-			if sum+bytes < sum {
+			if sum+bytes < sum || sum+bytes > maxFileSize {
 				d.fail("size overflow")
 			}
 			sum += bytes
@@ -475,7 +521,7 @@ type nodeStore interface {
 
 // putFile stores a chunk list as a file object and returns its id; an
 // empty list is the zero id.
-func putFile(s nodeStore, refs []chunkstore.Ref) (chunkstore.ID, error) {
+func putFile(s nodeStore, refs []fileRef) (chunkstore.ID, error) {
 	if len(refs) == 0 {
 		return chunkstore.ID{}, nil
 	}
@@ -493,7 +539,7 @@ func putFile(s nodeStore, refs []chunkstore.Ref) (chunkstore.ID, error) {
 		}
 		var n int64
 		for _, r := range part {
-			n += int64(r.Size)
+			n += r.Size
 		}
 		leaves = append(leaves, fileLeaf{id: id, bytes: n, nrefs: len(part)})
 	}
@@ -502,7 +548,7 @@ func putFile(s nodeStore, refs []chunkstore.Ref) (chunkstore.ID, error) {
 }
 
 // getFile loads the chunk list of a file object.
-func getFile(s nodeStore, id chunkstore.ID) ([]chunkstore.Ref, int64, error) {
+func getFile(s nodeStore, id chunkstore.ID) ([]fileRef, int64, error) {
 	if id.IsZero() {
 		return nil, 0, nil
 	}
@@ -517,7 +563,7 @@ func getFile(s nodeStore, id chunkstore.ID) ([]chunkstore.Ref, int64, error) {
 	if !h.index {
 		return h.refs, h.size, nil
 	}
-	var refs []chunkstore.Ref
+	var refs []fileRef
 	for _, lf := range h.leaves {
 		ll, lp, err := s.GetNode(lf.id)
 		if err != nil {
@@ -555,4 +601,98 @@ func getDir(s nodeStore, id chunkstore.ID) ([]Entry, error) {
 		return nil, fmt.Errorf("directory object %s: %w", id, err)
 	}
 	return es, nil
+}
+
+// fileReader streams the content of a chunk list; holes read as zeros.
+// It seeks without reading the chunks it skips.
+type fileReader struct {
+	s    *chunkstore.Store
+	all  []fileRef
+	refs []fileRef // the refs after the current one
+	pos  int64     // offset of the next byte Read returns
+	cur  []byte    // the rest of the current chunk
+	hole int64     // the rest of the current hole
+}
+
+func newFileReader(s *chunkstore.Store, refs []fileRef) *fileReader {
+	return &fileReader{s: s, all: refs, refs: refs}
+}
+
+// next makes refs[0] current, skipping its first skip bytes.
+func (r *fileReader) next(skip int64) error {
+	ref := r.refs[0]
+	r.refs = r.refs[1:]
+	if ref.ID.IsZero() {
+		r.hole = ref.Size - skip
+		return nil
+	}
+	d, err := r.s.View(ref.ID)
+	if err != nil {
+		return fmt.Errorf("read chunk %s: %w", ref.ID, err)
+	}
+	if int64(len(d)) != ref.Size {
+		return fmt.Errorf("chunk %s: %w: %d bytes, ref says %d", ref.ID, errCorrupt, len(d), ref.Size)
+	}
+	r.cur = d[skip:]
+	return nil
+}
+
+func (r *fileReader) Read(p []byte) (int, error) {
+	for len(r.cur) == 0 && r.hole == 0 {
+		if len(r.refs) == 0 {
+			return 0, io.EOF
+		}
+		if err := r.next(0); err != nil {
+			return 0, err
+		}
+	}
+	var n int
+	if r.hole > 0 {
+		n = int(min(int64(len(p)), r.hole))
+		clear(p[:n])
+		r.hole -= int64(n)
+	} else {
+		n = copy(p, r.cur)
+		r.cur = r.cur[n:]
+	}
+	r.pos += int64(n)
+	return n, nil
+}
+
+// Seek sets the offset of the next Read (io.SeekStart or io.SeekCurrent).
+// Chunks skipped whole are not read; a seek backwards starts over.
+func (r *fileReader) Seek(off int64, whence int) (int64, error) {
+	switch whence {
+	case io.SeekStart:
+	case io.SeekCurrent:
+		off += r.pos
+	default:
+		return r.pos, fmt.Errorf("cowfs: file reader: seek whence %d not supported", whence)
+	}
+	if off < 0 {
+		return r.pos, fmt.Errorf("cowfs: file reader: seek to %d", off)
+	}
+	if off < r.pos {
+		r.refs, r.pos, r.cur, r.hole = r.all, 0, nil, 0
+	}
+	skip := off - r.pos
+	n := min(skip, int64(len(r.cur)))
+	r.cur = r.cur[n:]
+	skip -= n
+	n = min(skip, r.hole)
+	r.hole -= n
+	skip -= n
+	for skip > 0 && len(r.refs) > 0 {
+		if size := r.refs[0].Size; size <= skip {
+			r.refs = r.refs[1:]
+			skip -= size
+			continue
+		}
+		if err := r.next(skip); err != nil {
+			return r.pos, err
+		}
+		skip = 0
+	}
+	r.pos = off
+	return off, nil
 }

@@ -128,9 +128,7 @@ func (vm *VM) portIO(c *VCPU, port uint16, out bool, data []byte) (loopResult, b
 				vm.cfg.Console.Write(data[:1])
 			}
 		case PortReport:
-			vm.reportsMu.Lock()
-			vm.reports = append(vm.reports, v)
-			vm.reportsMu.Unlock()
+			vm.reports.add(v)
 			if vm.cfg.OnReport != nil {
 				vm.cfg.OnReport(vm, v)
 			}

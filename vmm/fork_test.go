@@ -80,7 +80,6 @@ func forkTree(t *testing.T, mode ForkMode) map[uint32]uint32 {
 }
 
 func TestForkIsolation(t *testing.T) {
-	needKVM(t)
 	const n = 4096
 	base := uint32(n * (n - 1) / 2)
 	for _, tc := range []struct {
@@ -168,7 +167,6 @@ void main(u64 memsize) {
 }
 
 func TestFaultContainment(t *testing.T) {
-	needKVM(t)
 	busy := buildGuest(t, `
 void main(u64 memsize) {
 	u64 x = 1;
@@ -201,10 +199,11 @@ void main(u64 memsize) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			prog := buildGuest(t, tc.src)
 			other := newBare(t, 8<<20, busy, Config{})
 			done := make(chan error, 1)
 			go func() { done <- other.Run(context.Background()) }()
-			bad := newBare(t, 8<<20, buildGuest(t, tc.src), Config{})
+			bad := newBare(t, 8<<20, prog, Config{})
 			if tc.setup != nil {
 				if err := tc.setup(bad); err != nil {
 					t.Fatal(err)
@@ -296,9 +295,10 @@ func (s failingSource) ReadPage(off uint64, buf []byte) (bool, error) {
 	return s.PageSource.ReadPage(off, buf)
 }
 
-// TestUserfaultSourceError checks that a page the source cannot serve ends
-// the child's Run with an error instead of hanging or running on zeros.
-func TestUserfaultSourceError(t *testing.T) {
+// sealedReader seals a 16 MiB guest that, once forked, reports the value 9
+// it finds at 0x800000 and exits.
+func sealedReader(t *testing.T) *Image {
+	t.Helper()
 	prog := buildGuest(t, `
 void main(u64 memsize) {
 	volatile u64 *a = (u64 *)0x800000;
@@ -316,7 +316,14 @@ void main(u64 memsize) {
 	if err := vm.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	defer img.Close()
+	t.Cleanup(func() { img.Close() })
+	return img
+}
+
+// TestUserfaultSourceError checks that a page the source cannot serve ends
+// the child's Run with an error instead of hanging or running on zeros.
+func TestUserfaultSourceError(t *testing.T) {
+	img := sealedReader(t)
 	kids, err := img.Fork(context.Background(), 2, ForkOptions{Mode: ForkUserfault})
 	if err != nil {
 		t.Fatal(err)

@@ -1,6 +1,8 @@
 package vmm
 
 import (
+	"crypto/sha256"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,8 +36,21 @@ SECTIONS {
 
 // buildGuest compiles a freestanding C bare guest with the machine's gcc
 // and returns the flat program to load at BareEntry.
+//
+// With $TINE_VMM_GUESTS naming a directory, programs are kept there by
+// the hash of their source and taken from there when present, so that
+// the tests run on a machine without gcc (a nested L1) once a machine
+// with gcc ran them (guests are built before the tests skip for want
+// of /dev/kvm).
 func buildGuest(t testing.TB, src string) []byte {
 	t.Helper()
+	cache := os.Getenv("TINE_VMM_GUESTS")
+	cached := filepath.Join(cache, fmt.Sprintf("%x.bin", sha256.Sum256([]byte(guestHeader+src))))
+	if cache != "" {
+		if b, err := os.ReadFile(cached); err == nil {
+			return b
+		}
+	}
 	gcc, err := exec.LookPath("gcc")
 	if err != nil {
 		t.Skip("gcc is missing: it builds the bare test guests")
@@ -67,6 +82,11 @@ func buildGuest(t testing.TB, src string) []byte {
 	b, err := os.ReadFile(bin)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cache != "" {
+		if err := os.WriteFile(cached, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return b
 }

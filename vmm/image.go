@@ -26,6 +26,21 @@ type Image struct {
 	src   PageSource // pages on demand when fd < 0
 	refs  atomic.Int32
 	once  sync.Once
+	fam   *family // family its children join
+	depth int     // fork generation of the VM it was sealed from
+}
+
+// newImage makes an image holding one reference. Without a family (an
+// image loaded or opened rather than sealed), its children start one with
+// cfg's limits.
+func newImage(fd int, st *State, cfg Config, src PageSource, fam *family, depth int) *Image {
+	cfg.MemSize, cfg.VCPUs, cfg.IRQChip = st.MemSize, len(st.VCPUs), st.IRQChip
+	if fam == nil {
+		fam = newFamily(cfg.Limits)
+	}
+	img := &Image{fd: fd, size: st.MemSize, state: st, cfg: cfg, src: src, fam: fam, depth: depth}
+	img.refs.Store(1)
+	return img
 }
 
 // State returns the machine state sealed with the image.
@@ -73,12 +88,7 @@ func OpenImage(fd int, st *State, cfg Config) (*Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vmm: dup image fd %d: %w", fd, err)
 	}
-	cfg.MemSize = st.MemSize
-	cfg.VCPUs = len(st.VCPUs)
-	cfg.IRQChip = st.IRQChip
-	img := &Image{fd: nfd, size: st.MemSize, state: st, cfg: cfg}
-	img.refs.Store(1)
-	return img, nil
+	return newImage(nfd, st, cfg, nil, nil, 0), nil
 }
 
 // OpenImageFile opens a flat image file written by (*Image).WriteFile.
@@ -192,8 +202,7 @@ func (vm *VM) Seal() (*Image, error) {
 			return nil, err
 		}
 	}
-	img := &Image{fd: fd, size: vm.cfg.MemSize, state: st, cfg: vm.cfg}
-	img.refs.Store(1)
+	img := newImage(fd, st, vm.cfg, nil, vm.family, vm.depth)
 	if err := vm.mapImage(img); err != nil {
 		img.Close()
 		return nil, err
@@ -398,6 +407,7 @@ func (p *Pool) get(ctx context.Context, cfg Config) (*VM, error) {
 			p.vms = p.vms[:n-1]
 			p.mu.Unlock()
 			vm.cfg = cfg
+			vm.reports.max = maxReports(cfg)
 			return vm, nil
 		}
 		p.mu.Unlock()
@@ -456,6 +466,9 @@ func (img *Image) Fork(ctx context.Context, n int, opts ForkOptions) ([]*VM, err
 	if n < 0 {
 		return nil, fmt.Errorf("vmm: fork of %d children", n)
 	}
+	if int64(n) > maxVCPUs.Load() {
+		return nil, fmt.Errorf("vmm: fork of %d children: the process allows %d vCPUs: %w", n, maxVCPUs.Load(), ErrLimit)
+	}
 	children := make([]*VM, n)
 	errs := make([]error, n)
 	// Children are independent: make them on a few goroutines at once.
@@ -497,6 +510,8 @@ func (img *Image) forkOne(ctx context.Context, index int, opts ForkOptions) (*VM
 	if err != nil {
 		return nil, err
 	}
+	vm.family, vm.depth = img.fam, img.depth+1
+	vm.family.join()
 	switch opts.Mode {
 	case ForkMapPrivate:
 		if img.fd < 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -89,6 +90,9 @@ func (vm *VM) Run(ctx context.Context) error {
 	if vm.exited.Load() {
 		return errors.New("vmm: Run on a VM whose guest has exited")
 	}
+	if err := vm.userfaultErr(); err != nil {
+		return err
+	}
 	n := len(vm.vcpus)
 	results := make(chan loopResult, n)
 	for {
@@ -136,10 +140,8 @@ func (vm *VM) Run(ctx context.Context) error {
 		vm.cond.Broadcast()
 		vm.mu.Unlock()
 
-		if vm.uffd != nil {
-			if e := vm.uffd.err.Load(); e != nil {
-				return *e
-			}
+		if err := vm.userfaultErr(); err != nil {
+			return err
 		}
 		switch first.kind {
 		case resExit:
@@ -164,11 +166,39 @@ func (vm *VM) handleRequest(ctx context.Context, req Request) error {
 	if vm.cfg.OnRequest == nil {
 		return c.fault(ErrBadRequest, fmt.Sprintf("request %d with no handler", req.Kind))
 	}
-	v, err := vm.cfg.OnRequest(ctx, vm, req)
+	var err error
+	switch req.Kind {
+	case RequestFork:
+		if err = vm.family.admitFork(vm.depth, req.Arg); err == nil {
+			defer vm.family.release(req.Arg)
+		}
+	case RequestSnapshot:
+		err = vm.family.admitSnapshot(time.Now())
+	}
+	var v uint64
+	if err == nil {
+		v, err = vm.cfg.OnRequest(ctx, vm, req)
+	}
+	if errors.Is(err, ErrLimit) {
+		if vm.cfg.OnRefused != nil {
+			vm.cfg.OnRefused(vm, req, err)
+		}
+		return c.setRAX(RequestRefused)
+	}
 	if err != nil {
 		return fmt.Errorf("vmm: guest request %d: %w", req.Kind, err)
 	}
 	return c.setRAX(v)
+}
+
+// userfaultErr returns the error that stopped the VM's page handler, if any.
+func (vm *VM) userfaultErr() error {
+	if vm.uffd != nil {
+		if e := vm.uffd.err.Load(); e != nil {
+			return *e
+		}
+	}
+	return nil
 }
 
 func (c *VCPU) setRAX(v uint64) error {

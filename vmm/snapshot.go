@@ -32,11 +32,16 @@ const (
 
 var errSnapFormat = errors.New("bad VM snapshot")
 
+// leafNodeMax bounds the bytes of a leaf node: a link per page and the
+// bitmap.
+const leafNodeMax = leafPages*uint64(len(chunkstore.ID{})) + leafPages/8
+
 // SnapshotStats describes what a snapshot cost.
 type SnapshotStats struct {
 	PagesHashed  int           // pages read and hashed
 	PagesStored  int           // non-zero pages among them
 	LeavesStored int           // leaf nodes rewritten
+	Bytes        uint64        // state, page and leaf bytes written, before deduplication
 	Duration     time.Duration // from pause to flushed store
 	Incremental  bool
 }
@@ -111,6 +116,11 @@ func (vm *VM) Snapshot(ctx context.Context, store *chunkstore.Store) (chunkstore
 	vm.Pause()
 	defer vm.Resume()
 	var stats SnapshotStats
+	if vm.family != nil {
+		// What a snapshot writes counts against its family's limit, also
+		// when it fails half way.
+		defer func() { vm.family.chargeSnapshot(stats.Bytes) }()
+	}
 	st, err := vm.CaptureState()
 	if err != nil {
 		return chunkstore.ID{}, stats, err
@@ -123,6 +133,7 @@ func (vm *VM) Snapshot(ctx context.Context, store *chunkstore.Store) (chunkstore
 	if err != nil {
 		return chunkstore.ID{}, stats, fmt.Errorf("vmm: store machine state: %w", err)
 	}
+	stats.Bytes += uint64(len(stateBytes))
 	pages := vm.cfg.MemSize / PageSize
 	nLeaves := int((pages + leafPages - 1) / leafPages)
 	var todo []uint64
@@ -173,6 +184,7 @@ func (vm *VM) Snapshot(ctx context.Context, store *chunkstore.Store) (chunkstore
 			}
 			if id != (chunkstore.ID{}) {
 				stats.PagesStored++
+				stats.Bytes += PageSize
 			}
 			ids[i] = id
 		}
@@ -183,6 +195,7 @@ func (vm *VM) Snapshot(ctx context.Context, store *chunkstore.Store) (chunkstore
 		}
 		tr.leaves[l] = leaf
 		stats.LeavesStored++
+		stats.Bytes += leafNodeMax
 	}
 	top, height, err := putTree(store, tr.leaves)
 	if err != nil {
@@ -454,10 +467,7 @@ func LoadSnapshot(ctx context.Context, store *chunkstore.Store, root chunkstore.
 		unix.Close(fd)
 		return nil, err
 	}
-	cfg.MemSize, cfg.VCPUs, cfg.IRQChip = st.MemSize, len(st.VCPUs), st.IRQChip
-	img := &Image{fd: fd, size: st.MemSize, state: st, cfg: cfg}
-	img.refs.Store(1)
-	return img, nil
+	return newImage(fd, st, cfg, nil, nil, 0), nil
 }
 
 // OpenSnapshotLazy makes an image of a stored snapshot without copying
@@ -468,8 +478,5 @@ func OpenSnapshotLazy(store *chunkstore.Store, root chunkstore.ID, cfg Config) (
 	if err != nil {
 		return nil, err
 	}
-	cfg.MemSize, cfg.VCPUs, cfg.IRQChip = st.MemSize, len(st.VCPUs), st.IRQChip
-	img := &Image{fd: -1, size: st.MemSize, state: st, cfg: cfg, src: r}
-	img.refs.Store(1)
-	return img, nil
+	return newImage(-1, st, cfg, r, nil, 0), nil
 }

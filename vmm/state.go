@@ -41,6 +41,9 @@ type State struct {
 // CaptureState reads the complete state of a stopped VM (call it while
 // paused or between runs).
 func (vm *VM) CaptureState() (*State, error) {
+	if err := vm.userfaultErr(); err != nil {
+		return nil, fmt.Errorf("vmm: RAM is incomplete, the VM cannot be captured: %w", err)
+	}
 	st := &State{MemSize: vm.cfg.MemSize, IRQChip: vm.cfg.IRQChip}
 	for _, c := range vm.vcpus {
 		cs, err := c.capture()

@@ -42,15 +42,15 @@ const (
 )
 
 type userfault struct {
-	fd   int
+	fd   int    // owned by the handler goroutine, which closes it
 	stop [2]int // pipe: closing the write end stops the handler
-	done chan error
-	err  atomic.Pointer[error] // first page the source failed to serve
+	done chan struct{}
+	err  atomic.Pointer[error] // why the handler stopped early
 }
 
 // startUserfault replaces the VM's RAM with anonymous memory registered
 // with a userfaultfd, and serves its missing pages from src on a handler
-// goroutine until the VM is closed.
+// goroutine until the VM is closed or a page cannot be served.
 func (vm *VM) startUserfault(src PageSource) error {
 	if _, err := unix.MmapPtr(-1, 0, unsafePointer(vm.mem), uintptr(vm.cfg.MemSize),
 		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED|unix.MAP_NORESERVE); err != nil {
@@ -60,7 +60,7 @@ func (vm *VM) startUserfault(src PageSource) error {
 	if errno != 0 {
 		return fmt.Errorf("vmm: userfaultfd: %w", errno)
 	}
-	uf := &userfault{fd: int(fd), done: make(chan error, 1)}
+	uf := &userfault{fd: int(fd), done: make(chan struct{})}
 	api := [3]uint64{uffdAPI, 0, 0}
 	if err := uffdIoctl(uf.fd, uffdioAPI, unsafe.Pointer(&api)); err != nil {
 		unix.Close(uf.fd)
@@ -77,7 +77,21 @@ func (vm *VM) startUserfault(src PageSource) error {
 	}
 	vm.uffd = uf
 	mem := vm.mem
-	go func() { uf.done <- uf.serve(vm, mem, src) }()
+	go func() {
+		defer close(uf.done)
+		if err := uf.serve(mem, src); err != nil {
+			// Recorded before the vCPUs wake, so that Run returns it.
+			uf.err.Store(&err)
+			select {
+			case vm.kick <- struct{}{}:
+			default:
+			}
+		}
+		// Closing the userfaultfd wakes every thread blocked on a missing
+		// page (vCPUs in KVM, host readers of Mem) and unregisters RAM:
+		// pages never served read as zeros from now on, so nothing hangs.
+		unix.Close(uf.fd)
+	}()
 	return nil
 }
 
@@ -89,8 +103,9 @@ func uffdIoctl(fd int, req uintptr, arg unsafe.Pointer) error {
 	return nil
 }
 
-// serve answers page faults until the stop pipe closes.
-func (uf *userfault) serve(vm *VM, mem []byte, src PageSource) error {
+// serve answers page faults until the stop pipe closes (nil) or a page
+// cannot be served (the error, naming the page).
+func (uf *userfault) serve(mem []byte, src PageSource) error {
 	base := uint64(uintptr(unsafePointer(mem)))
 	size := uint64(len(mem))
 	page := make([]byte, PageSize)
@@ -122,37 +137,34 @@ func (uf *userfault) serve(vm *VM, mem []byte, src PageSource) error {
 			if addr < base || addr-base >= size {
 				continue
 			}
-			off := addr - base
-			zero, err := src.ReadPage(off, page)
-			if err != nil {
-				// An unanswered fault would hang the vCPU: map zeros, then
-				// stop the VM, whose Run returns this error.
-				zero = true
-				e := fmt.Errorf("vmm: serve guest page at %#x: %w", off, err)
-				if uf.err.CompareAndSwap(nil, &e) {
-					select {
-					case vm.kick <- struct{}{}:
-					default:
-					}
-				}
-			}
-			if zero {
-				z := [4]uint64{addr, PageSize, 0, 0}
-				err = uffdIoctl(uf.fd, uffdioZeropage, unsafe.Pointer(&z))
-			} else {
-				c := [5]uint64{addr, uint64(uintptr(unsafePointer(page))), PageSize, 0, 0}
-				err = uffdIoctl(uf.fd, uffdioCopy, unsafe.Pointer(&c))
-			}
-			if err != nil && !errors.Is(err, unix.EEXIST) {
-				return fmt.Errorf("vmm: fill page at %d: %w", off, err)
+			if err := uf.fill(addr, addr-base, src, page); err != nil {
+				return fmt.Errorf("vmm: serve guest page at %#x: %w", addr-base, err)
 			}
 		}
 	}
+}
+
+// fill maps the page at guest-physical off (host address addr) from src.
+func (uf *userfault) fill(addr, off uint64, src PageSource, page []byte) error {
+	zero, err := src.ReadPage(off, page)
+	if err != nil {
+		return err
+	}
+	if zero {
+		z := [4]uint64{addr, PageSize, 0, 0}
+		err = uffdIoctl(uf.fd, uffdioZeropage, unsafe.Pointer(&z))
+	} else {
+		c := [5]uint64{addr, uint64(uintptr(unsafePointer(page))), PageSize, 0, 0}
+		err = uffdIoctl(uf.fd, uffdioCopy, unsafe.Pointer(&c))
+	}
+	if err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("map it into guest RAM: %w", err)
+	}
+	return nil
 }
 
 func (uf *userfault) close() {
 	unix.Close(uf.stop[1])
 	<-uf.done
 	unix.Close(uf.stop[0])
-	unix.Close(uf.fd)
 }

@@ -72,12 +72,26 @@ type Config struct {
 	// discards them.
 	Console io.Writer
 	// OnReport is called, on the vCPU's thread, for each value a guest
-	// reports on PortReport. Values are also kept (see Reports).
+	// reports on PortReport. The newest values are also kept (see
+	// Reports).
 	OnReport func(vm *VM, value uint32)
+	// MaxReports is how many reported values the VM keeps; older ones
+	// are dropped and counted (ReportsDropped). Zero means
+	// DefaultMaxReports.
+	MaxReports int
 	// OnRequest handles a guest's snapshot or fork request. It runs with
 	// every vCPU stopped; its result is returned to the guest in RAX.
-	// Without it, such requests end Run with an error.
+	// Without it, such requests end Run with an error. An error wrapping
+	// ErrLimit refuses the request: the guest gets RequestRefused and
+	// runs on. Other errors end Run.
 	OnRequest func(ctx context.Context, vm *VM, req Request) (uint64, error)
+	// OnRefused is told of each guest request refused because of a
+	// limit (Limits, or an ErrLimit from OnRequest), with the reason.
+	OnRefused func(vm *VM, req Request, err error)
+	// Limits bound the forks and snapshots the VM's family of guests
+	// may ask for. They are taken from the Config of the VM that starts
+	// a family (New, or the image a family is forked from).
+	Limits Limits
 }
 
 // VM is one KVM virtual machine: its RAM, vCPUs and devices.
@@ -102,8 +116,10 @@ type VM struct {
 	runMu      sync.Mutex
 	exitCode   atomic.Int64
 	exited     atomic.Bool
-	reportsMu  sync.Mutex
-	reports    []uint32
+	reports    reportRing
+	family     *family  // nil until the VM is handed out (pool VMs)
+	depth      int      // fork generation within the family
+	heldVCPUs  int      // vCPUs taken from the process allowance
 	index      int      // child index for forked VMs (0 for others)
 	image      *Image   // sealed image RAM is mapped from, nil when RAM is the VM's own
 	dirty      []uint64 // dirty pages not yet in a snapshot (DirtyLog)
@@ -140,6 +156,8 @@ func New(ctx context.Context, cfg Config) (*VM, error) {
 		vm.Close()
 		return nil, fmt.Errorf("vmm: memfd for guest RAM: %w", err)
 	}
+	vm.family = newFamily(cfg.Limits)
+	vm.family.join()
 	vm.memfd = fd
 	if err := unix.Ftruncate(fd, int64(cfg.MemSize)); err != nil {
 		vm.Close()
@@ -165,11 +183,16 @@ func newVM(ctx context.Context, cfg Config) (*VM, error) {
 	if cfg.VCPUs > 64 {
 		return nil, fmt.Errorf("vmm: %d vCPUs, at most 64", cfg.VCPUs)
 	}
+	if err := reserveVCPUs(cfg.VCPUs); err != nil {
+		return nil, err
+	}
 	kvmFile, err := os.OpenFile("/dev/kvm", os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
+		releaseVCPUs(cfg.VCPUs)
 		return nil, fmt.Errorf("vmm: open /dev/kvm: %w", err)
 	}
-	vm := &VM{cfg: cfg, kvm: kvmFile, vmFd: -1, memfd: -1, kick: make(chan struct{}, 1)}
+	vm := &VM{cfg: cfg, kvm: kvmFile, vmFd: -1, memfd: -1, kick: make(chan struct{}, 1), heldVCPUs: cfg.VCPUs}
+	vm.reports.max = maxReports(cfg)
 	vm.cond = sync.NewCond(&vm.mu)
 	kfd := int(kvmFile.Fd())
 	vm.vmFd, err = kvmapi.CreateVM(kfd)
@@ -327,11 +350,25 @@ func (vm *VM) Index() int { return vm.index }
 // ExitCode returns the code the guest passed on PortExit.
 func (vm *VM) ExitCode() int { return int(vm.exitCode.Load()) }
 
-// Reports returns the values the guest reported on PortReport so far.
+// Reports returns the values the guest reported on PortReport, oldest
+// first: all of them, or the newest Config.MaxReports.
 func (vm *VM) Reports() []uint32 {
-	vm.reportsMu.Lock()
-	defer vm.reportsMu.Unlock()
-	return append([]uint32(nil), vm.reports...)
+	v, _ := vm.reports.values()
+	return v
+}
+
+// ReportsDropped returns how many reported values were dropped to keep
+// only the newest Config.MaxReports.
+func (vm *VM) ReportsDropped() uint64 {
+	_, n := vm.reports.values()
+	return n
+}
+
+func maxReports(cfg Config) int {
+	if cfg.MaxReports > 0 {
+		return cfg.MaxReports
+	}
+	return DefaultMaxReports
 }
 
 func (vm *VM) memAddr() uintptr {
@@ -449,6 +486,10 @@ func (vm *VM) Close() error {
 	}
 	if vm.kvm != nil {
 		vm.kvm.Close()
+	}
+	releaseVCPUs(vm.heldVCPUs)
+	if vm.family != nil {
+		vm.family.leave()
 	}
 	return nil
 }

@@ -194,7 +194,7 @@ func (d *demo) run(ctx context.Context) error {
 		}
 	}
 	var patch bytes.Buffer
-	if err := d.fs.WritePatch(ctx, &patch, base, snaps[winner]); err != nil {
+	if _, err := d.fs.WritePatch(ctx, &patch, base, snaps[winner], cowfs.PatchOptions{}); err != nil {
 		return err
 	}
 	d.say("\n   The winner, %s (%s), as a patch:", mounts[winner].Branch(), demoIdeas[winner].name)
@@ -210,7 +210,7 @@ func (d *demo) run(ctx context.Context) error {
 	_, statErr := os.Stat(filepath.Join(mounts[loser].Dir(), "mean_test.go"))
 	d.say("\n6. %s rolled back to the base in %s: mean_test.go is back: %v.", mounts[loser].Branch(), ms(time.Since(t0)), statErr == nil)
 
-	res, err := d.fs.Promote(ctx, base, snaps[winner], project, true)
+	res, err := d.fs.Promote(ctx, base, snaps[winner], project, cowfs.PromoteOptions{DryRun: true})
 	if err != nil {
 		return err
 	}
@@ -220,7 +220,7 @@ func (d *demo) run(ctx context.Context) error {
 			d.say("      %-9s %s", c.Kind, c.Path)
 		}
 	}
-	if _, err := d.fs.Promote(ctx, base, snaps[winner], project, false); err != nil {
+	if _, err := d.fs.Promote(ctx, base, snaps[winner], project, cowfs.PromoteOptions{}); err != nil {
 		return err
 	}
 	ok, out := d.goTest(ctx, project)
@@ -236,7 +236,7 @@ func (d *demo) run(ctx context.Context) error {
 	// A second promotion from another sandbox now conflicts: the project
 	// is no longer the base it forked from.
 	other := (winner + 1) % len(mounts)
-	if _, err := d.fs.Promote(ctx, base, snaps[other], project, true); errors.Is(err, cowfs.ErrConflict) {
+	if _, err := d.fs.Promote(ctx, base, snaps[other], project, cowfs.PromoteOptions{DryRun: true}); errors.Is(err, cowfs.ErrConflict) {
 		d.say("\n8. Promoting %s as well is refused: %v", mounts[other].Branch(), err)
 	} else {
 		return fmt.Errorf("a second promotion over a changed project was not refused (err: %v)", err)

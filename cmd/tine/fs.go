@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"tine/chunkstore"
 	"tine/cowfs"
 )
@@ -38,9 +40,23 @@ type fsOpts struct {
 	name    string
 	quota   int64
 	noPT    bool
+	others  bool
 	debug   bool
 	timeout time.Duration
 	dryRun  bool
+	// diff, patch and export-tar
+	diff    cowfs.DiffOptions
+	maxFile int64
+	priv    cowfs.HostPrivileges // what promote and export-tar may carry to the host
+	stderr  io.Writer            // notes beside the output (nil: os.Stderr)
+}
+
+// errOut is where a command writes notes beside its output.
+func (o *fsOpts) errOut() io.Writer {
+	if o.stderr == nil {
+		return os.Stderr
+	}
+	return o.stderr
 }
 
 var fsCmds = []fsCmd{
@@ -50,6 +66,7 @@ var fsCmds = []fsCmd{
 	{name: "mount", summary: "serve a branch at a directory until unmounted or signalled", args: []string{"BRANCH", "MOUNTPOINT"}, paths: []int{1},
 		flags: func(fs *flag.FlagSet, o *fsOpts) {
 			fs.BoolVar(&o.noPT, "no-passthrough", false, "serve every read through FUSE")
+			fs.BoolVar(&o.others, "allow-other", false, "let users other than the mounting one enter the mount (off: only its owner can)")
 			fs.BoolVar(&o.debug, "debug", false, "log FUSE requests")
 			fs.DurationVar(&o.timeout, "timeout", 0, "kernel entry/attr cache time (default 1s, negative: none)")
 		}},
@@ -62,15 +79,13 @@ var fsCmds = []fsCmd{
 		flags: func(fs *flag.FlagSet, o *fsOpts) { fs.StringVar(&o.name, "name", "", "also name the snapshot") },
 		do:    fsSnapshot},
 	{name: "rollback", summary: "return a branch to a snapshot", args: []string{"BRANCH", "SNAP"}, do: fsRollback},
-	{name: "diff", summary: "list changes from A to B (snapshot id, snapshot name or branch)", args: []string{"A", "B"}, do: fsDiff},
-	{name: "patch", summary: "print changes from A to B as a unified patch", args: []string{"A", "B"}, do: fsPatch},
-	{name: "export-tar", summary: "write files changed from A to B as a tar; print deletions", args: []string{"A", "B", "FILE"}, paths: []int{2}, do: fsExportTar},
+	{name: "diff", summary: "list changes from A to B (snapshot id, snapshot name or branch)", args: []string{"A", "B"}, flags: diffFlags, do: fsDiff},
+	{name: "patch", summary: "print changes from A to B as a unified patch", args: []string{"A", "B"}, flags: patchFlags, do: fsPatch},
+	{name: "export-tar", summary: "write files changed from A to B as a tar; print deletions", args: []string{"A", "B", "FILE"}, paths: []int{2}, flags: exportFlags, do: fsExportTar},
 	{name: "promote", summary: "apply changes from BASE to SNAP to a host directory after a conflict check (--dry-run)", args: []string{"BASE", "SNAP", "DIR"}, paths: []int{2},
-		flags: func(fs *flag.FlagSet, o *fsOpts) {
-			fs.BoolVar(&o.dryRun, "dry-run", false, "list the changes and check for conflicts; write nothing")
-		},
-		do: fsPromote},
+		flags: promoteFlags, do: fsPromote},
 	{name: "ls", summary: "list branches and snapshots", do: fsList},
+	{name: "verify", summary: "check every object of the store and decode every snapshot and branch tree", do: fsVerify},
 	{name: "quota", summary: "set the bytes a branch may write (0: no limit)", args: []string{"BRANCH", "BYTES"}, do: fsQuota},
 	{name: "rm", summary: "delete an unmounted branch (its snapshots stay)", args: []string{"BRANCH"}, do: fsRemove},
 }
@@ -81,13 +96,6 @@ func init() {
 			return runFS(ctx, c, args, w)
 		}})
 	}
-}
-
-func defaultRoot() string {
-	if r := os.Getenv("TINE_ROOT"); r != "" {
-		return r
-	}
-	return "/var/lib/tine"
 }
 
 // parseFS parses flags placed anywhere among the positional arguments.
@@ -161,7 +169,7 @@ func runFS(ctx context.Context, c fsCmd, args []string, w io.Writer) error {
 		}
 		return forward(ctx, conn, fwd, w)
 	}
-	f, err := cowfs.Open(o.root, nil)
+	f, err := openRoot(o.root)
 	if errors.Is(err, chunkstore.ErrLocked) {
 		return fmt.Errorf("%w (a running tine process owns %s; its control socket %s does not answer)", err, o.root, controlPath(o.root))
 	}
@@ -186,6 +194,7 @@ type controlReq struct {
 
 type controlResp struct {
 	Out   string `json:"out,omitempty"`
+	Notes string `json:"notes,omitempty"` // for the client's stderr
 	Err   string `json:"err,omitempty"`
 	Usage bool   `json:"usage,omitempty"` // Err is a usage error
 	Held  bool   `json:"held,omitempty"`  // a mount: it lasts as long as the connection
@@ -201,6 +210,7 @@ func forward(ctx context.Context, conn net.Conn, args []string, w io.Writer) err
 		return fmt.Errorf("read from control socket: %w", err)
 	}
 	io.WriteString(w, resp.Out)
+	io.WriteString(os.Stderr, resp.Notes)
 	if resp.Err != "" {
 		if resp.Usage {
 			return usageErr("%s", resp.Err)
@@ -228,6 +238,7 @@ func forward(ctx context.Context, conn net.Conn, args []string, w io.Writer) err
 type server struct {
 	f      *cowfs.FS
 	ln     net.Listener
+	path   string
 	wg     sync.WaitGroup
 	ctx    context.Context
 	mounts sync.WaitGroup
@@ -239,13 +250,11 @@ func serveControl(ctx context.Context, f *cowfs.FS, root string) (*server, error
 		conn.Close()
 		return nil, fmt.Errorf("control socket %s is already served", p)
 	}
-	os.Remove(p)
-	ln, err := net.Listen("unix", p)
+	ln, err := listenPrivate(p)
 	if err != nil {
-		return nil, fmt.Errorf("listen on control socket %s: %w", p, err)
+		return nil, err
 	}
-	os.Chmod(p, 0o600)
-	s := &server{f: f, ln: ln, ctx: ctx}
+	s := &server{f: f, ln: ln, path: p, ctx: ctx}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -257,6 +266,11 @@ func serveControl(ctx context.Context, f *cowfs.FS, root string) (*server, error
 			s.wg.Add(1)
 			go func() {
 				defer s.wg.Done()
+				if err := checkPeer(conn); err != nil {
+					json.NewEncoder(conn).Encode(controlResp{Err: err.Error()})
+					conn.Close()
+					return
+				}
 				s.handle(conn)
 			}()
 		}
@@ -264,9 +278,61 @@ func serveControl(ctx context.Context, f *cowfs.FS, root string) (*server, error
 	return s, nil
 }
 
+// listenPrivate listens on a Unix socket at p that only this user can
+// connect to. The socket is bound under a temporary name, made 0600, and
+// only then renamed to p, so it is never reachable with looser modes.
+func listenPrivate(p string) (*net.UnixListener, error) {
+	tmp := fmt.Sprintf("%s.%d.tmp", p, os.Getpid())
+	os.Remove(tmp)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen on control socket %s: %w", tmp, err)
+	}
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		ln.Close()
+		os.Remove(tmp)
+		return nil, fmt.Errorf("control socket %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		ln.Close()
+		os.Remove(tmp)
+		return nil, fmt.Errorf("control socket %s: %w", p, err)
+	}
+	return ln, nil
+}
+
+// checkPeer admits a connection only from this process's user or root:
+// the socket offers mounts, imports and promotions anywhere this user can
+// write, so no one else may use it, whatever its file mode says.
+func checkPeer(conn net.Conn) error {
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return errors.New("control socket: not a Unix connection")
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return fmt.Errorf("control socket: peer credentials: %w", cerr)
+	}
+	if me := uint32(os.Geteuid()); cred.Uid != me && cred.Uid != 0 {
+		return fmt.Errorf("control socket: uid %d may not use the control socket of uid %d", cred.Uid, me)
+	}
+	return nil
+}
+
 func (s *server) close() {
 	s.ln.Close()
-	os.Remove(s.ln.Addr().String())
+	os.Remove(s.path)
 }
 
 func (s *server) handle(conn net.Conn) {
@@ -290,7 +356,7 @@ func (s *server) handle(conn net.Conn) {
 	var out strings.Builder
 	var resp controlResp
 	if err == nil && c.name == "mount" {
-		m, merr := s.f.Mount(s.ctx, pos[0], pos[1], &cowfs.MountOptions{NoPassthrough: o.noPT, Debug: o.debug, Timeout: o.timeout})
+		m, merr := s.f.Mount(s.ctx, pos[0], pos[1], o.mountOptions())
 		if merr != nil {
 			json.NewEncoder(conn).Encode(controlResp{Err: merr.Error()})
 			return
@@ -316,10 +382,12 @@ func (s *server) handle(conn net.Conn) {
 		m.Unmount()
 		return
 	}
+	var notes strings.Builder
 	if err == nil {
+		o.stderr = &notes
 		err = c.do(s.ctx, s.f, o, pos, &out)
 	}
-	resp.Out = out.String()
+	resp.Out, resp.Notes = out.String(), notes.String()
 	if err != nil {
 		resp.Err = err.Error()
 		resp.Usage = errors.Is(err, errUsage)
@@ -347,7 +415,7 @@ func fsMount(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Wri
 			srv.wg.Wait()
 		}()
 	}
-	m, err := f.Mount(ctx, pos[0], pos[1], &cowfs.MountOptions{NoPassthrough: o.noPT, Debug: o.debug, Timeout: o.timeout})
+	m, err := f.Mount(ctx, pos[0], pos[1], o.mountOptions())
 	if err != nil {
 		return err
 	}
@@ -365,6 +433,11 @@ func fsMount(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Wri
 	case <-done:
 	}
 	return m.Unmount()
+}
+
+// mountOptions are the cowfs options the mount flags ask for.
+func (o *fsOpts) mountOptions() *cowfs.MountOptions {
+	return &cowfs.MountOptions{NoPassthrough: o.noPT, Debug: o.debug, Timeout: o.timeout, AllowOther: o.others}
 }
 
 func writeJSON(w io.Writer, v any) error {
@@ -453,108 +526,6 @@ func fsRollback(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.
 	return nil
 }
 
-func resolvePair(ctx context.Context, f *cowfs.FS, pos []string) (cowfs.SnapshotID, cowfs.SnapshotID, error) {
-	a, err := resolve(ctx, f, pos[0])
-	if err != nil {
-		return a, a, err
-	}
-	b, err := resolve(ctx, f, pos[1])
-	return a, b, err
-}
-
-// changeJSON is the --json form of one change.
-type changeJSON struct {
-	Path    string `json:"path"`
-	Kind    string `json:"kind"`
-	OldType string `json:"old_type,omitempty"`
-	NewType string `json:"new_type,omitempty"`
-	OldMode string `json:"old_mode,omitempty"`
-	NewMode string `json:"new_mode,omitempty"`
-	Size    int64  `json:"size,omitempty"`
-}
-
-func fsDiff(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Writer) error {
-	a, b, err := resolvePair(ctx, f, pos)
-	if err != nil {
-		return err
-	}
-	changes, err := f.Diff(ctx, a, b)
-	if err != nil {
-		return err
-	}
-	if o.json {
-		return writeJSON(w, changesJSON(changes))
-	}
-	printChanges(w, changes)
-	return nil
-}
-
-// changesJSON turns changes into their --json form.
-func changesJSON(changes []cowfs.Change) []changeJSON {
-	out := make([]changeJSON, 0, len(changes))
-	for _, c := range changes {
-		j := changeJSON{Path: c.Path, Kind: c.Kind.String()}
-		if c.Old != nil {
-			j.OldType, j.OldMode = c.Old.Type.String(), fmt.Sprintf("%04o", c.Old.Mode)
-		}
-		if c.New != nil {
-			j.NewType, j.NewMode, j.Size = c.New.Type.String(), fmt.Sprintf("%04o", c.New.Mode), c.New.Size
-		}
-		out = append(out, j)
-	}
-	return out
-}
-
-// printChanges lists changes one a line: a letter for the kind (Added,
-// Deleted, Modified, Type changed, Permissions/metadata) and the path.
-func printChanges(w io.Writer, changes []cowfs.Change) {
-	marks := map[cowfs.ChangeKind]string{cowfs.Added: "A", cowfs.Deleted: "D", cowfs.Modified: "M", cowfs.TypeChanged: "T", cowfs.ModeChanged: "P"}
-	for _, c := range changes {
-		p := c.Path
-		if p == "" {
-			p = "."
-		}
-		fmt.Fprintf(w, "%s %s\n", marks[c.Kind], strconv.Quote(p)[1:len(strconv.Quote(p))-1])
-	}
-}
-
-func fsPatch(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Writer) error {
-	a, b, err := resolvePair(ctx, f, pos)
-	if err != nil {
-		return err
-	}
-	return f.WritePatch(ctx, w, a, b)
-}
-
-func fsExportTar(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Writer) error {
-	a, b, err := resolvePair(ctx, f, pos)
-	if err != nil {
-		return err
-	}
-	out, err := os.Create(pos[2])
-	if err != nil {
-		return fmt.Errorf("create %s: %w", pos[2], err)
-	}
-	deleted, err := f.WriteTar(ctx, out, a, b)
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(pos[2])
-		return err
-	}
-	if o.json {
-		if deleted == nil {
-			deleted = []string{}
-		}
-		return writeJSON(w, map[string]any{"tar": pos[2], "deleted": deleted})
-	}
-	for _, d := range deleted {
-		fmt.Fprintf(w, "deleted %s\n", strconv.Quote(d))
-	}
-	return nil
-}
-
 func fsList(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Writer) error {
 	bs, ss, err := f.List(ctx)
 	if err != nil {
@@ -604,4 +575,40 @@ func fsQuota(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Wri
 
 func fsRemove(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Writer) error {
 	return f.DeleteBranch(ctx, pos[0])
+}
+
+// fsVerify checks the store (every object, ref and index) and then decodes
+// every tree the filesystem keeps. Any problem makes it fail.
+func fsVerify(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Writer) error {
+	rep, err := f.Store().Verify(ctx)
+	if err != nil {
+		return err
+	}
+	var problems []string
+	for _, d := range rep.Damaged {
+		problems = append(problems, "store: "+d.String())
+	}
+	st, err := f.Verify(ctx, func(p cowfs.Problem) { problems = append(problems, "tree: "+p.String()) })
+	if err != nil {
+		return err
+	}
+	if o.json {
+		if problems == nil {
+			problems = []string{}
+		}
+		if err := writeJSON(w, map[string]any{"objects": rep.Objects, "refs": rep.Refs, "trees": st.Trees,
+			"dirs": st.Dirs, "files": st.Files, "problems": problems}); err != nil {
+			return err
+		}
+	} else {
+		for _, p := range problems {
+			fmt.Fprintln(w, p)
+		}
+		fmt.Fprintf(w, "checked %d objects, %d refs, %d trees (%d directories, %d files): %d problems\n",
+			rep.Objects, rep.Refs, st.Trees, st.Dirs, st.Files, len(problems))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("state root %s: %d problems found", o.root, len(problems))
+	}
+	return nil
 }

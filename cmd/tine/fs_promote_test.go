@@ -2,14 +2,17 @@ package main
 
 import (
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestFSPromote(t *testing.T) {
-	root, project, next := t.TempDir(), t.TempDir(), t.TempDir()
+	root, project, next := newRoot(t), t.TempDir(), t.TempDir()
 	write := func(dir, name, content string) {
 		t.Helper()
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
@@ -62,6 +65,53 @@ func TestFSPromote(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(project, "gone.txt")); !os.IsNotExist(err) {
 		t.Errorf("gone.txt still there: %v", err)
+	}
+
+	// Plain text names each change's mode; a socket and a setuid file are
+	// refused and counted, never silently skipped.
+	third := t.TempDir()
+	write(third, "a.txt", "two\n")
+	write(third, "new.txt", "hi\n")
+	write(third, "tool", "#!/bin/sh\n")
+	if err := unix.Chmod(filepath.Join(third, "tool"), 0o4755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(third, "a.txt"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("unix", filepath.Join(third, "sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	if _, errOut, code := tine(t, "fs", "import", third, "--name", "third", "--root", root); code != 0 {
+		t.Fatal(errOut)
+	}
+	out, errOut, code = tine(t, "fs", "promote", "next", "third", project, "--dry-run", "--root", root)
+	for _, want := range []string{"P 0644->0600 a.txt\n", "A 0755 tool\n", "A 0755 sock (socket)\n", `refused "sock"`, `refused "tool"`, "--allow-setid", "1 changes to apply, 2 refused"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Fatalf("dry run: exit %d, output %q, want %q (%s)", code, out, want, errOut)
+		}
+	}
+	out, _, code = tine(t, "fs", "promote", "next", "third", project, "--allow-setid", "--json", "--root", root)
+	var jres struct {
+		Changes []struct {
+			Path     string `json:"path"`
+			HostMode string `json:"host_mode"`
+		} `json:"changes"`
+		Refused      []refusalJSON `json:"refused"`
+		Applied      bool          `json:"applied"`
+		AppliedCount int           `json:"applied_count"`
+	}
+	if err := json.Unmarshal([]byte(out), &jres); err != nil || code != 0 {
+		t.Fatalf("promote --json: exit %d, %v: %s", code, err, out)
+	}
+	if !jres.Applied || jres.AppliedCount != 2 || len(jres.Refused) != 1 || jres.Refused[0].Path != "sock" {
+		t.Fatalf("promote --json: %+v", jres)
+	}
+	if st, err := os.Stat(filepath.Join(project, "tool")); err != nil || st.Mode()&os.ModeSetuid == 0 {
+		t.Fatalf("tool with --allow-setid: %v %v", st, err)
 	}
 
 	// The project is no longer the base: promoting again is a conflict.

@@ -19,8 +19,18 @@ func tine(t *testing.T, args ...string) (string, string, int) {
 	return out.String(), errOut.String(), code
 }
 
+// newRoot makes a state root with "tine init" and returns its path.
+func newRoot(t *testing.T) string {
+	t.Helper()
+	root := filepath.Join(t.TempDir(), "root")
+	if _, errOut, code := tine(t, "init", "--root", root); code != 0 {
+		t.Fatalf("tine init --root %s: exit %d: %s", root, code, errOut)
+	}
+	return root
+}
+
 func TestFSUsageErrors(t *testing.T) {
-	root := t.TempDir()
+	root := newRoot(t)
 	for _, args := range [][]string{
 		{"fs", "import"},
 		{"fs", "branch", "only-one", "--root", root},
@@ -35,7 +45,7 @@ func TestFSUsageErrors(t *testing.T) {
 }
 
 func TestFSCommandsWithoutMount(t *testing.T) {
-	root := t.TempDir()
+	root := newRoot(t)
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "a"), []byte("one\n"), 0o644)
 	out, errOut, code := tine(t, "fs", "import", src, "--name", "base", "--root", root)
@@ -105,7 +115,7 @@ func TestFSMountAndControlSocket(t *testing.T) {
 	if _, err := os.Stat("/dev/fuse"); err != nil || os.Geteuid() != 0 {
 		t.Skip("needs /dev/fuse and root")
 	}
-	root, src, mnt := t.TempDir(), t.TempDir(), t.TempDir()
+	root, src, mnt := newRoot(t), t.TempDir(), t.TempDir()
 	os.WriteFile(filepath.Join(src, "a"), []byte("one\n"), 0o644)
 	if _, errOut, code := tine(t, "fs", "import", src, "--name", "base", "--root", root); code != 0 {
 		t.Fatal(errOut)

@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 
 	"tine/chunkstore"
@@ -16,6 +16,89 @@ func init() {
 	register(command{name: "store verify", summary: "read and check every object of a chunk store", run: runStoreVerify})
 	register(command{name: "store gc", summary: "remove objects no ref reaches from a chunk store", run: runStoreGC})
 	register(command{name: "store refs", summary: "list a chunk store's refs (optionally under a prefix)", run: runStoreRefs})
+	register(command{name: "store recover", summary: "bring back refs and index a damaged chunk store lost (--json)", run: runStoreRecover})
+	register(command{name: "store rebuild-index", summary: "rebuild a chunk store's index from its packs (--json)", run: runStoreRebuildIndex})
+}
+
+// openStore opens the store in dir, which must already be one: unlike
+// chunkstore.Open, it never creates a store in a wrong directory.
+func openStore(dir string, opts *chunkstore.Options) (*chunkstore.Store, error) {
+	if err := needStore(dir); err != nil {
+		return nil, err
+	}
+	return chunkstore.Open(dir, opts)
+}
+
+func needStore(dir string) error {
+	ok, err := chunkstore.IsStore(dir)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%s is not a tine store (it has no tine-store marker; nothing was created): %w", dir, chunkstore.ErrNotStore)
+	}
+	return nil
+}
+
+// progress prints a long repair's progress on stderr, on one line.
+func progress(phase string, done, total int64) {
+	fmt.Fprintf(os.Stderr, "\r%s: %d/%d", phase, done, total)
+	if done == total {
+		fmt.Fprintln(os.Stderr)
+	}
+}
+
+func runStoreRecover(ctx context.Context, args []string, stdout io.Writer) error {
+	var asJSON bool
+	dir, err := storeArgs("store recover", args, func(fs *flag.FlagSet) { fs.BoolVar(&asJSON, "json", false, "print JSON") })
+	if err != nil {
+		return err
+	}
+	rep, err := chunkstore.Recover(ctx, dir, progress)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(stdout, rep)
+	}
+	for _, d := range rep.Damaged {
+		fmt.Fprintln(stdout, "damaged:", d)
+	}
+	for _, d := range rep.Unreadable {
+		fmt.Fprintln(stdout, "unreadable:", d)
+	}
+	for _, n := range rep.Added {
+		fmt.Fprintln(stdout, "added", n)
+	}
+	rebuilt := ""
+	if rep.Rebuilt {
+		rebuilt = fmt.Sprintf("index rebuilt (%d objects in %d packs); ", rep.Index.Objects, rep.Index.Packs)
+	}
+	fmt.Fprintf(stdout, "%sread %d nodes: %d roots, %d refs added; %d problems found\n", rebuilt, rep.Nodes, rep.Roots, len(rep.Added), len(rep.Damaged)+len(rep.Unreadable)+len(rep.Index.Damaged))
+	return nil
+}
+
+func runStoreRebuildIndex(ctx context.Context, args []string, stdout io.Writer) error {
+	var asJSON bool
+	dir, err := storeArgs("store rebuild-index", args, func(fs *flag.FlagSet) { fs.BoolVar(&asJSON, "json", false, "print JSON") })
+	if err != nil {
+		return err
+	}
+	rep, err := chunkstore.RebuildIndex(ctx, dir, progress)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return writeJSON(stdout, rep)
+	}
+	for _, d := range rep.Damaged {
+		fmt.Fprintln(stdout, "damaged:", d)
+	}
+	for _, d := range rep.Tails {
+		fmt.Fprintln(stdout, "ignored:", d)
+	}
+	fmt.Fprintf(stdout, "scanned %d packs: %d objects indexed in %s; %d damaged records skipped\n", rep.Packs, rep.Objects, rep.Index, len(rep.Damaged))
+	return nil
 }
 
 // storeArgs parses flags (before or after the directory) and the one
@@ -48,16 +131,14 @@ func runStoreStats(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	s, err := chunkstore.Open(dir, nil)
+	s, err := openStore(dir, nil)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
 	st := s.Stats()
 	if asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(st)
+		return writeJSON(stdout, st)
 	}
 	fmt.Fprintf(stdout, "store             %s\n", dir)
 	fmt.Fprintf(stdout, "logical bytes     %d (%s)\n", st.LogicalBytes, humanBytes(st.LogicalBytes))
@@ -76,7 +157,7 @@ func runStoreVerify(ctx context.Context, args []string, stdout io.Writer) error 
 		return err
 	}
 	// Open even a damaged store, so that every problem gets reported.
-	s, err := chunkstore.Open(dir, &chunkstore.Options{AllowDamaged: true})
+	s, err := openStore(dir, &chunkstore.Options{AllowDamaged: true})
 	if err != nil {
 		return err
 	}
@@ -101,7 +182,7 @@ func runStoreGC(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	// A fresh process holds no ids in memory: no grace period is needed.
-	s, err := chunkstore.Open(dir, &chunkstore.Options{GCGrace: -1})
+	s, err := openStore(dir, &chunkstore.Options{GCGrace: -1})
 	if err != nil {
 		return err
 	}
@@ -125,7 +206,7 @@ func runStoreRefs(ctx context.Context, args []string, stdout io.Writer) error {
 	if fs.NArg() < 1 || fs.NArg() > 2 {
 		return usageErr("store refs: want a store directory and an optional prefix")
 	}
-	s, err := chunkstore.Open(fs.Arg(0), nil)
+	s, err := openStore(fs.Arg(0), nil)
 	if err != nil {
 		return err
 	}

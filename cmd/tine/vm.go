@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"tine/chunkstore"
 	"tine/vmm"
 )
@@ -60,16 +62,20 @@ func parseMemSize(s string) (uint64, error) {
 
 // vmSession runs VMs, handling snapshot and fork requests: snapshots go
 // to the store (and the ref, when set); children run after their parent.
+// The family's vmm.Limits (defaults) bound what the guests may ask for.
 type vmSession struct {
 	stdout io.Writer
 	store  *chunkstore.Store
 	ref    string
 	queue  []*vmm.VM
-	images []*vmm.Image
 }
 
 func (s *vmSession) config() vmm.Config {
-	return vmm.Config{Console: s.stdout, OnRequest: s.onRequest}
+	return vmm.Config{Console: s.stdout, OnRequest: s.onRequest, OnRefused: s.onRefused}
+}
+
+func (s *vmSession) onRefused(vm *vmm.VM, req vmm.Request, err error) {
+	fmt.Fprintf(s.stdout, "VM %d: request refused: %v\n", vm.Index(), err)
 }
 
 func (s *vmSession) onRequest(ctx context.Context, vm *vmm.VM, req vmm.Request) (uint64, error) {
@@ -91,16 +97,18 @@ func (s *vmSession) onRequest(ctx context.Context, vm *vmm.VM, req vmm.Request) 
 		fmt.Fprintf(s.stdout, "snapshot %s (%d pages stored, %s)\n", root, st.PagesStored, st.Duration.Round(time.Microsecond))
 		return 0, nil
 	case vmm.RequestFork:
-		n := int(req.Arg)
+		n := req.Arg
 		if n < 1 || n > 64 {
-			return 0, fmt.Errorf("guest asked for %d children, allowed 1 to 64", n)
+			return 0, fmt.Errorf("fork of %d children, allowed 1 to 64 at once: %w", n, vmm.ErrLimit)
 		}
 		cfg := s.config()
-		img, kids, err := vm.Fork(ctx, n, vmm.ForkOptions{IndexInRAX: true, Config: &cfg})
+		img, kids, err := vm.Fork(ctx, int(n), vmm.ForkOptions{IndexInRAX: true, Config: &cfg})
 		if err != nil {
 			return 0, err
 		}
-		s.images = append(s.images, img)
+		// The children and the parent hold the image's memory; the
+		// session need not.
+		img.Close()
 		s.queue = append(s.queue, kids...)
 		return 0, nil
 	}
@@ -112,9 +120,6 @@ func (s *vmSession) runAll(ctx context.Context, vm *vmm.VM) error {
 	defer func() {
 		for _, v := range s.queue {
 			v.Close()
-		}
-		for _, img := range s.images {
-			img.Close()
 		}
 	}()
 	for {
@@ -131,6 +136,15 @@ func (s *vmSession) runAll(ctx context.Context, vm *vmm.VM) error {
 		}
 		vm, s.queue = s.queue[0], s.queue[1:]
 	}
+}
+
+// noNewPrivs sets PR_SET_NO_NEW_PRIVS on the process, which the vm
+// commands own: nothing it executes can gain privileges (ADR 0024).
+func noNewPrivs() error {
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("prctl PR_SET_NO_NEW_PRIVS: %w", err)
+	}
+	return nil
 }
 
 func openSessionStore(dir string) (*chunkstore.Store, error) {
@@ -153,6 +167,9 @@ func runVMRun(ctx context.Context, args []string, stdout io.Writer) error {
 	}
 	size, err := parseMemSize(*mem)
 	if err != nil {
+		return err
+	}
+	if err := noNewPrivs(); err != nil {
 		return err
 	}
 	prog := demoGuest
@@ -197,7 +214,10 @@ func runVMRestore(ctx context.Context, args []string, stdout io.Writer) error {
 	if *storeDir == "" {
 		return usageErr("vm restore needs -store")
 	}
-	store, err := chunkstore.Open(*storeDir, nil)
+	if err := noNewPrivs(); err != nil {
+		return err
+	}
+	store, err := openStore(*storeDir, nil)
 	if err != nil {
 		return err
 	}

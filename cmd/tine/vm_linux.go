@@ -34,6 +34,9 @@ func runVMBoot(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return usageErr("--mem: %v", err)
 	}
+	if err := noNewPrivs(); err != nil {
+		return err
+	}
 	k, err := os.ReadFile(*kernel)
 	if err != nil {
 		return fmt.Errorf("read kernel: %w", err)

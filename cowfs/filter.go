@@ -1,0 +1,102 @@
+package cowfs
+
+import (
+	"context"
+	"fmt"
+	"io"
+)
+
+// DiffOptions narrows what DiffWith reports, and so what the patch, tar
+// and promote consumers of a diff carry.
+type DiffOptions struct {
+	// GitInternals reports changes under any ".git" directory. They are
+	// left out by default: a git command run inside a sandbox rewrites
+	// .git/index and friends, which must never be promoted as files.
+	GitInternals bool
+	// GitIgnore leaves out paths that the .gitignore files of the new
+	// snapshot ignore.
+	GitIgnore bool
+}
+
+// maxIgnoreFile bounds the .gitignore files DiffWith reads.
+const maxIgnoreFile = 1 << 20
+
+// DiffWith is Diff with the paths that opts excludes left out. A path is
+// left out with everything below it: without GitInternals, any path with
+// a component named ".git" (a repository's directory, or the file that
+// points a worktree or submodule at one); with GitIgnore, any path that
+// the .gitignore files of the new snapshot ignore, read with git's rules
+// (see docs/export.md). A path is judged by its type in the new snapshot,
+// or in the old one when it was deleted.
+func (f *FS) DiffWith(ctx context.Context, a, b SnapshotID, opts DiffOptions) ([]Change, error) {
+	ea, err := f.rootEntry(a)
+	if err != nil {
+		return nil, err
+	}
+	eb, err := f.rootEntry(b)
+	if err != nil {
+		return nil, err
+	}
+	d := &differ{f: f, ctx: ctx}
+	var buf []bool
+	if !opts.GitInternals || opts.GitIgnore {
+		d.skip = func(dir *dirPair, p string, isDir bool) (bool, error) {
+			if !opts.GitInternals && nameAt(p) == ".git" {
+				return true, nil
+			}
+			return opts.GitIgnore && dir.ign.ignored(p, isDir, &buf), nil
+		}
+	}
+	if opts.GitIgnore {
+		d.enter = func(_, dir *dirPair) error { return f.readIgnore(dir) }
+	}
+	if err := d.run(&ea, &eb); err != nil {
+		return nil, err
+	}
+	return d.out, nil
+}
+
+// nameAt is the last component of slash-separated path p.
+func nameAt(p string) string {
+	for i := len(p) - 1; i >= 0; i-- {
+		if p[i] == '/' {
+			return p[i+1:]
+		}
+	}
+	return p
+}
+
+// readIgnore chains the rules of the .gitignore file in the new listing
+// of dir, if it holds one, below the rules already in force.
+func (f *FS) readIgnore(dir *dirPair) error {
+	for i := range dir.bs {
+		e := &dir.bs[i]
+		if e.Name != ".gitignore" || e.Type != TypeFile {
+			continue
+		}
+		name := join(dir.p, e.Name)
+		if e.Size > maxIgnoreFile {
+			return fmt.Errorf("%s is %d bytes, over the %d bytes a .gitignore may have; diff without the gitignore option, or shorten it", name, e.Size, maxIgnoreFile)
+		}
+		data, err := f.readSmall(e)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", name, err)
+		}
+		dir.ign = &ignoreDir{parent: dir.ign, base: dir.p, rules: parseIgnore(data)}
+	}
+	return nil
+}
+
+// readSmall reads the content of a file entry whose size the caller has
+// already bounded.
+func (f *FS) readSmall(e *Entry) ([]byte, error) {
+	r, err := f.contentReader(e)
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, e.Size)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		return nil, fmt.Errorf("read file object %s: %w", e.ID, err)
+	}
+	return buf, nil
+}

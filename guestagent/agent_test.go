@@ -1,0 +1,315 @@
+package guestagent
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"tine/guestagent/client"
+	"tine/guestagent/proto"
+)
+
+// startAgent serves an agent over a real Unix socket and returns a client
+// and the agent's file root.
+func startAgent(t *testing.T) (*client.Client, string) {
+	t.Helper()
+	dir := t.TempDir()
+	root := filepath.Join(dir, "root")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Config{Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go a.Serve(l)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		l.Close()
+		a.Terminate(time.Second)
+		a.Close()
+	})
+	return c, root
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// run execs req and returns stdout, stderr and the exit.
+func run(t *testing.T, c *client.Client, req proto.ExecRequest, stdin string) (string, string, proto.Exit) {
+	t.Helper()
+	ctx := ctxT(t)
+	p, err := c.Exec(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		io.WriteString(p.Stdin, stdin)
+		p.Stdin.Close()
+	}()
+	var out, errb bytes.Buffer
+	done := make(chan struct{})
+	go func() { io.Copy(&errb, p.Stderr); close(done) }()
+	io.Copy(&out, p.Stdout)
+	<-done
+	x, err := p.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), errb.String(), x
+}
+
+func TestExecStreamsAndExitCode(t *testing.T) {
+	c, _ := startAgent(t)
+	out, errs, x := run(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2; pwd; echo $FOO; exit 3"},
+		Env: []string{"PATH=/usr/bin:/bin", "FOO=bar"}, Dir: "/tmp"}, "")
+	if out != "out\n/tmp\nbar\n" || errs != "err\n" || x.Code != 3 || x.Signal != 0 {
+		t.Fatalf("out %q err %q exit %+v", out, errs, x)
+	}
+	// Stdin larger than the acknowledgement window comes back whole.
+	big := strings.Repeat("0123456789abcdef", 64<<10) // 1 MiB
+	out, _, x = run(t, c, proto.ExecRequest{Argv: []string{"cat"}}, big)
+	if out != big || x.Code != 0 {
+		t.Fatalf("cat: %d bytes back of %d, exit %+v", len(out), len(big), x)
+	}
+	if _, err := c.Exec(ctxT(t), proto.ExecRequest{Argv: []string{"no-such-command-here"}}); err == nil || !strings.Contains(err.Error(), "not found") {
+		t.Fatalf("missing command: %v", err)
+	}
+}
+
+// TestExecConcurrent: several execs stream at once over one connection.
+func TestExecConcurrent(t *testing.T) {
+	c, _ := startAgent(t)
+	errc := make(chan error, 8)
+	for i := range 8 {
+		go func() {
+			ctx := ctxT(t)
+			p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"sh", "-c", "for i in 1 2 3 4 5; do echo $0; sleep 0.01; done", string(rune('a' + i))}})
+			if err != nil {
+				errc <- err
+				return
+			}
+			b, _ := io.ReadAll(p.Stdout)
+			x, err := p.Wait(ctx)
+			if want := strings.Repeat(string(rune('a'+i))+"\n", 5); err == nil && (string(b) != want || x.Code != 0) {
+				err = &mismatch{string(b), want}
+			}
+			errc <- err
+		}()
+	}
+	for range 8 {
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+type mismatch struct{ got, want string }
+
+func (m *mismatch) Error() string { return "got " + m.got + ", want " + m.want }
+
+func TestExecTimeoutKillsGroup(t *testing.T) {
+	c, _ := startAgent(t)
+	start := time.Now()
+	// The background sleep is in the same process group and dies too: the
+	// output pipe it holds closes, so no grace period is waited for.
+	_, _, x := run(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", "sleep 100 & sleep 100"}, Timeout: 200 * time.Millisecond}, "")
+	if !x.TimedOut || x.Signal != int(syscall.SIGKILL) || x.Code != -1 {
+		t.Fatalf("exit %+v", x)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("timeout took %v", d)
+	}
+}
+
+func TestExecSignalAndCancel(t *testing.T) {
+	c, _ := startAgent(t)
+	ctx := ctxT(t)
+	p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"sh", "-c", `trap 'echo got TERM; exit 7' TERM; echo ready; while :; do sleep 0.05; done`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 6)
+	if _, err := io.ReadFull(p.Stdout, buf); err != nil || string(buf) != "ready\n" {
+		t.Fatalf("%q %v", buf, err)
+	}
+	if err := p.Signal(syscall.SIGTERM, false); err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.ReadAll(p.Stdout)
+	x, err := p.Wait(ctx)
+	if err != nil || x.Code != 7 || string(rest) != "got TERM\n" {
+		t.Fatalf("exit %+v %v, output %q", x, err, rest)
+	}
+
+	// Cancelling the exec's context kills it.
+	cctx, cancel := context.WithCancel(ctx)
+	p, err = c.Exec(cctx, proto.ExecRequest{Argv: []string{"sleep", "100"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	x, err = p.Wait(ctx)
+	if err != nil || x.Signal != int(syscall.SIGKILL) {
+		t.Fatalf("cancelled exec: %+v %v", x, err)
+	}
+}
+
+func TestExecTTY(t *testing.T) {
+	c, _ := startAgent(t)
+	out, _, x := run(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", "tty; stty size"}, TTY: true, Rows: 33, Cols: 101}, "")
+	lines := strings.Split(strings.TrimSpace(strings.ReplaceAll(out, "\r", "")), "\n")
+	if x.Code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[0], "/dev/pts/") || lines[1] != "33 101" {
+		t.Fatalf("exit %+v, output %q", x, out)
+	}
+	// Resize reaches the terminal; closing stdin on a terminal is ^D.
+	ctx := ctxT(t)
+	p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"sh", "-c", "read x; stty size; cat"}, TTY: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Resize(50, 120); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(p.Stdin, "go\n")
+	p.Stdin.Close()
+	b, _ := io.ReadAll(p.Stdout)
+	if x, err := p.Wait(ctx); err != nil || x.Code != 0 || !strings.Contains(string(b), "50 120") {
+		t.Fatalf("exit %+v %v, output %q", x, err, b)
+	}
+}
+
+func TestPsAndPorts(t *testing.T) {
+	c, _ := startAgent(t)
+	ctx := ctxT(t)
+	p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"sleep", "30"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Signal(syscall.SIGKILL, true)
+	procs, err := c.Ps(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found *proto.Process
+	for i := range procs {
+		if procs[i].PID == p.PID {
+			found = &procs[i]
+		}
+	}
+	if found == nil || found.PPID != os.Getpid() || strings.Join(found.Argv, " ") != "sleep 30" ||
+		found.User != "root" || found.RSS == 0 || time.Since(found.Start) > time.Minute {
+		t.Fatalf("sleep %d in ps: %+v", p.PID, found)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ports, err := c.Ports(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := uint16(l.Addr().(*net.TCPAddr).Port)
+	for _, pt := range ports {
+		if pt.Port == want && pt.Proto == "tcp" && pt.Address == "127.0.0.1" && pt.PID == os.Getpid() {
+			return
+		}
+	}
+	t.Fatalf("port %d of pid %d not in %+v", want, os.Getpid(), ports)
+}
+
+func TestEventsForExec(t *testing.T) {
+	c, _ := startAgent(t)
+	ctx := ctxT(t)
+	ev, err := c.Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The listener opens a port; the events must show the start, the
+	// port, the exit with its code and the port closing.
+	py := `import socket,time; s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(0.5)`
+	p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"python3", "-c", py}, Env: os.Environ()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var portLine string
+	if b, err := io.ReadAll(p.Stdout); err == nil {
+		portLine = strings.TrimSpace(string(b))
+	}
+	x, err := p.Wait(ctx)
+	if err != nil || x.Code != 0 {
+		t.Fatalf("%+v %v", x, err)
+	}
+	seen := map[string]bool{}
+	for !(seen["start"] && seen["exit"] && seen["open"] && seen["close"]) {
+		select {
+		case e := <-ev:
+			switch {
+			case e.Type == proto.EventProcessStarted && e.Process.PID == p.PID:
+				seen["start"] = true
+			case e.Type == proto.EventProcessExited && e.Process.PID == p.PID:
+				if e.Exit == nil || e.Exit.Code != 0 || seen["exit"] {
+					t.Fatalf("exit event %+v (seen twice: %v)", e, seen["exit"])
+				}
+				seen["exit"] = true
+			case e.Type == proto.EventPortOpened && portString(e.Port) == portLine:
+				seen["open"] = e.Port.PID == p.PID
+			case e.Type == proto.EventPortClosed && portString(e.Port) == portLine:
+				seen["close"] = true
+			}
+		case <-ctx.Done():
+			t.Fatalf("events seen: %v (port %s)", seen, portLine)
+		}
+	}
+}
+
+func portString(p *proto.Port) string { return strconv.Itoa(int(p.Port)) }
+
+// TestAgentRefusesOtherVersion: a host speaking another protocol version
+// gets an error frame naming both versions, and the connection closes.
+func TestAgentRefusesOtherVersion(t *testing.T) {
+	a, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	host, agent := net.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- a.ServeConn(agent) }()
+	f, _ := proto.JSONFrame(proto.KindHello, 0, proto.Hello{Magic: proto.Magic, Version: 9})
+	go proto.WriteFrame(host, f)
+	got, err := proto.ReadFrame(host)
+	var e proto.Error
+	if err != nil || got.Kind != proto.KindError || proto.Decode(got, &e) != nil || !strings.Contains(e.Message, "version 9, this side speaks 1") {
+		t.Fatalf("answer %v %q %v", got.Kind, got.Payload, err)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("ServeConn accepted version 9")
+	}
+	if _, err := proto.ReadFrame(host); err == nil {
+		t.Fatal("the connection stayed open")
+	}
+}

@@ -1,0 +1,303 @@
+// Package client is the host's side of the guest agent protocol. Every
+// frame the agent sends is untrusted: frames are bounded by the protocol,
+// lists and events by MaxListBytes and proto.MaxItemBytes, and buffered
+// output by outputBuffer per stream, whatever the agent sends.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"tine/guestagent/proto"
+)
+
+// MaxListBytes bounds the encoded size of one Ps or Ports answer.
+const MaxListBytes = 16 << 20
+
+// maxMessage bounds the text of an agent's error that the client keeps.
+const maxMessage = 4096
+
+// streamQueue is how many frames of one stream wait for its reader; a full
+// queue stops the connection's reader until the stream's reader catches up.
+const streamQueue = 4
+
+// ErrClosed is returned by calls on a closed client or a dropped connection.
+var ErrClosed = errors.New("guest agent connection is closed")
+
+// Client is a connection to a guest agent. Its methods may be called from
+// several goroutines; requests run concurrently over the one connection.
+type Client struct {
+	conn io.ReadWriteCloser
+
+	wmu sync.Mutex
+	mu  sync.Mutex
+	// streams are the requests in progress, by id.
+	streams map[uint32]*stream
+	nextID  uint32
+	err     error
+	done    chan struct{}
+}
+
+// stream is one request's incoming frames.
+type stream struct {
+	id   uint32
+	ch   chan proto.Frame
+	done chan struct{} // closed when the request is forgotten
+}
+
+// Dial connects to an agent listening on a Unix socket.
+func Dial(ctx context.Context, socket string) (*Client, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("dial guest agent: %w", err)
+	}
+	return New(conn)
+}
+
+// handshakeTimeout bounds the agent's answer to the hello.
+const handshakeTimeout = 10 * time.Second
+
+// New runs the handshake over conn and returns a client that owns it.
+func New(conn io.ReadWriteCloser) (*Client, error) {
+	fail := func(err error) (*Client, error) {
+		conn.Close()
+		return nil, fmt.Errorf("guest agent handshake: %w", err)
+	}
+	if err := proto.WriteFrame(conn, proto.HelloFrame()); err != nil {
+		return fail(err)
+	}
+	type deadliner interface{ SetReadDeadline(time.Time) error }
+	if d, ok := conn.(deadliner); ok {
+		d.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	}
+	f, err := proto.ReadFrame(conn)
+	if err == nil {
+		err = proto.CheckHello(f)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	if d, ok := conn.(deadliner); ok {
+		d.SetReadDeadline(time.Time{})
+	}
+	c := &Client{conn: conn, streams: map[uint32]*stream{}, done: make(chan struct{})}
+	go c.readLoop()
+	return c, nil
+}
+
+// Close closes the connection; calls in progress return ErrClosed.
+func (c *Client) Close() error {
+	err := c.conn.Close()
+	<-c.done
+	return err
+}
+
+// readLoop hands each frame to its stream until the connection ends.
+func (c *Client) readLoop() {
+	var err error
+	for {
+		var f proto.Frame
+		f, err = proto.ReadFrame(c.conn)
+		if err != nil {
+			break
+		}
+		if f.ID == 0 {
+			if f.Kind == proto.KindError {
+				err = agentError(f)
+				break
+			}
+			continue
+		}
+		c.mu.Lock()
+		s := c.streams[f.ID]
+		c.mu.Unlock()
+		if s == nil {
+			continue // a request the caller gave up on
+		}
+		select {
+		case s.ch <- f:
+		case <-s.done:
+		}
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		err = ErrClosed
+	} else {
+		err = fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	c.conn.Close()
+	c.mu.Lock()
+	c.err = err
+	c.mu.Unlock()
+	close(c.done)
+}
+
+// agentError is the error an Error frame carries.
+func agentError(f proto.Frame) error {
+	var e proto.Error
+	if err := proto.Decode(f, &e); err != nil {
+		return err
+	}
+	if len(e.Message) > maxMessage {
+		e.Message = e.Message[:maxMessage] + "..."
+	}
+	return fmt.Errorf("guest agent: %s", e.Message)
+}
+
+// open starts a request: it registers a new stream and sends f with its id.
+func (c *Client) open(k proto.Kind, v any) (*stream, error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return nil, c.err
+	}
+	c.nextID++
+	if c.nextID == 0 {
+		c.nextID = 1
+	}
+	s := &stream{id: c.nextID, ch: make(chan proto.Frame, streamQueue), done: make(chan struct{})}
+	c.streams[s.id] = s
+	c.mu.Unlock()
+	f := proto.Frame{Kind: k, ID: s.id}
+	if v != nil {
+		var err error
+		if f, err = proto.JSONFrame(k, s.id, v); err != nil {
+			c.forget(s)
+			return nil, err
+		}
+	}
+	if err := c.send(f); err != nil {
+		c.forget(s)
+		return nil, err
+	}
+	return s, nil
+}
+
+// forget drops a stream; later frames for it are discarded.
+func (c *Client) forget(s *stream) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.streams[s.id]; ok {
+		delete(c.streams, s.id)
+		close(s.done)
+	}
+}
+
+func (c *Client) send(f proto.Frame) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if err := proto.WriteFrame(c.conn, f); err != nil {
+		return fmt.Errorf("%w: send %v: %w", ErrClosed, f.Kind, err)
+	}
+	return nil
+}
+
+// recv waits for the stream's next frame. An Error frame becomes an error.
+func (c *Client) recv(ctx context.Context, s *stream) (proto.Frame, error) {
+	select {
+	case f := <-s.ch:
+		if f.Kind == proto.KindError {
+			return f, agentError(f)
+		}
+		return f, nil
+	case <-ctx.Done():
+		return proto.Frame{}, ctx.Err()
+	case <-c.done:
+		// Frames that arrived before the end are still delivered.
+		select {
+		case f := <-s.ch:
+			if f.Kind == proto.KindError {
+				return f, agentError(f)
+			}
+			return f, nil
+		default:
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return proto.Frame{}, c.err
+	}
+}
+
+// Ps lists the processes in the agent's pid namespace.
+func (c *Client) Ps(ctx context.Context) ([]proto.Process, error) {
+	return list[proto.Process](ctx, c, proto.KindPs)
+}
+
+// Ports lists the listening sockets in the agent's network namespace.
+func (c *Client) Ports(ctx context.Context) ([]proto.Port, error) {
+	return list[proto.Port](ctx, c, proto.KindPorts)
+}
+
+func list[T any](ctx context.Context, c *Client, k proto.Kind) ([]T, error) {
+	s, err := c.open(k, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer c.forget(s)
+	var items []T
+	total := 0
+	for {
+		f, err := c.recv(ctx, s)
+		if err != nil {
+			return nil, fmt.Errorf("%v: %w", k, err)
+		}
+		switch f.Kind {
+		case proto.KindEnd:
+			return items, nil
+		case proto.KindItem:
+			total += len(f.Payload)
+			if len(f.Payload) > proto.MaxItemBytes || total > MaxListBytes {
+				return nil, fmt.Errorf("%v: the agent's answer exceeds %d bytes per item or %d in all; refused",
+					k, proto.MaxItemBytes, MaxListBytes)
+			}
+			var it T
+			if err := proto.Decode(f, &it); err != nil {
+				return nil, fmt.Errorf("%v: %w", k, err)
+			}
+			items = append(items, it)
+		}
+	}
+}
+
+// Events streams what changes in the sandbox: processes starting and
+// exiting, ports opening and closing. The channel is closed when ctx ends
+// or the connection drops. A caller that reads too slowly stalls the
+// connection; the agent then drops events and says how many in a "lost"
+// event.
+func (c *Client) Events(ctx context.Context) (<-chan proto.Event, error) {
+	s, err := c.open(proto.KindEvents, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan proto.Event, 64)
+	go func() {
+		defer close(out)
+		defer c.forget(s)
+		for {
+			f, err := c.recv(ctx, s)
+			if err != nil {
+				if ctx.Err() != nil {
+					c.send(proto.Frame{Kind: proto.KindCancel, ID: s.id})
+				}
+				return
+			}
+			if f.Kind == proto.KindEnd {
+				return
+			}
+			var e proto.Event
+			if f.Kind != proto.KindEvent || len(f.Payload) > proto.MaxItemBytes || proto.Decode(f, &e) != nil {
+				continue
+			}
+			select {
+			case out <- e:
+			case <-ctx.Done():
+			}
+		}
+	}()
+	return out, nil
+}

@@ -1,0 +1,106 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"tine/guestagent/proto"
+)
+
+// scripted is an agent that sends fixed bytes and ignores what it gets.
+type scripted struct{ r io.Reader }
+
+func (s scripted) Read(b []byte) (int, error)  { return s.r.Read(b) }
+func (s scripted) Write(b []byte) (int, error) { return len(b), nil }
+func (s scripted) Close() error                { return nil }
+
+func frames(t testing.TB, fs ...proto.Frame) []byte {
+	var b []byte
+	for _, f := range fs {
+		var err error
+		if b, err = proto.AppendFrame(b, f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
+}
+
+func jf(k proto.Kind, id uint32, v any) proto.Frame {
+	f, _ := proto.JSONFrame(k, id, v)
+	return f
+}
+
+func TestHandshakeRefusesOtherVersion(t *testing.T) {
+	b := frames(t, jf(proto.KindHello, 0, proto.Hello{Magic: proto.Magic, Version: proto.Version + 1}))
+	if _, err := New(scripted{bytes.NewReader(b)}); err == nil || !strings.Contains(err.Error(), "version 2") {
+		t.Fatalf("agent of version 2: %v", err)
+	}
+	if _, err := New(scripted{strings.NewReader("SSH-2.0-OpenSSH\r\n")}); err == nil {
+		t.Fatal("a non-agent peer passed the handshake")
+	}
+}
+
+// TestHostileAgentAnswers: answers that break the protocol's bounds or
+// order are errors on the host, never more memory or a hang.
+func TestHostileAgentAnswers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	big := make([]byte, proto.MaxItemBytes+1)
+	c, err := New(scripted{bytes.NewReader(frames(t, proto.HelloFrame(), proto.Frame{Kind: proto.KindItem, ID: 1, Payload: big}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Ps(ctx); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("oversize item: %v", err)
+	}
+	c, _ = New(scripted{bytes.NewReader(frames(t, proto.HelloFrame(), jf(proto.KindFileInfo, 1, proto.FileInfo{Size: 2}),
+		proto.Frame{Kind: proto.KindData, ID: 1, Payload: []byte("abc")}))})
+	var out bytes.Buffer
+	if _, err := c.GetFile(ctx, "f", &out); err == nil || out.Len() != 0 {
+		t.Fatalf("more data than announced: %v, %q written", err, out.String())
+	}
+	// A connection that ends mid-answer ends the call.
+	c, _ = New(scripted{bytes.NewReader(frames(t, proto.HelloFrame(), jf(proto.KindItem, 1, proto.Process{PID: 1})))})
+	if _, err := c.Ps(ctx); err == nil {
+		t.Fatal("ps over a dropped connection succeeded")
+	}
+}
+
+// FuzzClient: whatever an agent sends after its hello, Ps, Ports, GetFile
+// and Exec return (with an error or not) and never panic.
+func FuzzClient(f *testing.F) {
+	f.Add(frames(f, jf(proto.KindItem, 1, proto.Process{PID: 1, Argv: []string{"a"}}), proto.Frame{Kind: proto.KindEnd, ID: 1}))
+	f.Add(frames(f, jf(proto.KindStarted, 1, proto.Started{PID: 3}), proto.Frame{Kind: proto.KindStdout, ID: 1, Payload: []byte("x")},
+		jf(proto.KindExit, 1, proto.Exit{Code: 1})))
+	f.Add(frames(f, jf(proto.KindFileInfo, 1, proto.FileInfo{Size: 1}), proto.Frame{Kind: proto.KindData, ID: 1, Payload: []byte("x")},
+		proto.Frame{Kind: proto.KindEnd, ID: 1}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		for op := range 4 {
+			c, err := New(scripted{io.MultiReader(bytes.NewReader(frames(t, proto.HelloFrame())), bytes.NewReader(b))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch op {
+			case 0:
+				c.Ps(ctx)
+			case 1:
+				c.Ports(ctx)
+			case 2:
+				c.GetFile(ctx, "f", io.Discard)
+			case 3:
+				if p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"x"}}); err == nil {
+					go io.Copy(io.Discard, p.Stderr)
+					io.Copy(io.Discard, p.Stdout)
+					p.Wait(ctx)
+				}
+			}
+			c.Close()
+		}
+	})
+}

@@ -1,0 +1,106 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+
+	"tine/guestagent/proto"
+)
+
+// PutFile writes r to path in the sandbox with mode's permission bits
+// (and setuid, setgid, sticky). The file appears whole or not at all.
+func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, r io.Reader) error {
+	s, err := c.open(proto.KindPut, proto.PutRequest{Path: path, Mode: proto.ModeBits(mode)})
+	if err != nil {
+		return fmt.Errorf("put %s: %w", path, err)
+	}
+	defer c.forget(s)
+	fail := func(err error) error {
+		c.send(proto.Frame{Kind: proto.KindCancel, ID: s.id})
+		return fmt.Errorf("put %s: %w", path, err)
+	}
+	buf := make([]byte, proto.ChunkSize)
+	for {
+		if ctx.Err() != nil {
+			return fail(ctx.Err())
+		}
+		select {
+		case f := <-s.ch: // the agent refused the file before its end
+			if f.Kind == proto.KindError {
+				return fmt.Errorf("put %s: %w", path, agentError(f))
+			}
+		default:
+		}
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			if err := c.send(proto.Frame{Kind: proto.KindData, ID: s.id, Payload: buf[:n]}); err != nil {
+				return fmt.Errorf("put %s: %w", path, err)
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return fail(fmt.Errorf("read the source: %w", rerr))
+		}
+	}
+	if err := c.send(proto.Frame{Kind: proto.KindEnd, ID: s.id}); err != nil {
+		return fmt.Errorf("put %s: %w", path, err)
+	}
+	for {
+		f, err := c.recv(ctx, s)
+		if err != nil {
+			return fmt.Errorf("put %s: %w", path, err)
+		}
+		if f.Kind == proto.KindEnd {
+			return nil
+		}
+	}
+}
+
+// GetFile copies the regular file at path in the sandbox to w and returns
+// its mode and size. It fails if the agent sends more or fewer bytes than
+// the size it announced.
+func (c *Client) GetFile(ctx context.Context, path string, w io.Writer) (proto.FileInfo, error) {
+	s, err := c.open(proto.KindGet, proto.GetRequest{Path: path})
+	if err != nil {
+		return proto.FileInfo{}, fmt.Errorf("get %s: %w", path, err)
+	}
+	defer c.forget(s)
+	var info proto.FileInfo
+	got, started := int64(0), false
+	for {
+		f, err := c.recv(ctx, s)
+		if err == nil {
+			switch {
+			case f.Kind == proto.KindFileInfo && !started:
+				started = true
+				if err = proto.Decode(f, &info); err == nil && info.Size < 0 {
+					err = fmt.Errorf("the agent announced size %d", info.Size)
+				}
+			case f.Kind == proto.KindData && started:
+				got += int64(len(f.Payload))
+				if got > info.Size {
+					// The file grew while it was read; what was announced is what is kept.
+					err = fmt.Errorf("more than the announced %d bytes (the file changed while it was read)", info.Size)
+				} else if _, werr := w.Write(f.Payload); werr != nil {
+					err = fmt.Errorf("write the copy: %w", werr)
+				}
+			case f.Kind == proto.KindEnd && started:
+				if got != info.Size {
+					return info, fmt.Errorf("get %s: %d of the announced %d bytes (the file changed while it was read)", path, got, info.Size)
+				}
+				return info, nil
+			default:
+				err = errors.New("the agent's answer is out of order: " + f.Kind.String())
+			}
+		}
+		if err != nil {
+			c.send(proto.Frame{Kind: proto.KindCancel, ID: s.id})
+			return info, fmt.Errorf("get %s: %w", path, err)
+		}
+	}
+}

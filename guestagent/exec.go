@@ -1,0 +1,330 @@
+package guestagent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"tine/guestagent/proto"
+)
+
+// defaultPath is the PATH of a process whose request sets no environment,
+// and where a command without a slash is looked up when the environment
+// has no PATH.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// execution is one process started by an exec request.
+type execution struct {
+	a   *Agent
+	c   *conn
+	id  uint32
+	pid int
+	tty *os.File // the terminal's master side, or nil
+
+	stdinW  *os.File
+	stdin   chan []byte // a nil slice closes stdin
+	outs    []*os.File
+	outDone chan struct{}
+
+	cancel     chan struct{}
+	cancelOnce sync.Once
+	finished   chan struct{} // closed once the process is reaped
+}
+
+// exec starts req's process and streams it until it exits.
+func (a *Agent) exec(c *conn, id uint32, req proto.ExecRequest) {
+	e := &execution{a: a, c: c, id: id, stdin: make(chan []byte, 2*proto.StdinWindow),
+		cancel: make(chan struct{}), finished: make(chan struct{})}
+	if err := c.register(id, e); err != nil {
+		c.fail(id, err)
+		return
+	}
+	done, err := e.start(req)
+	if err != nil {
+		c.unregister(id)
+		c.fail(id, fmt.Errorf("exec %q: %w", req.Argv, err))
+		return
+	}
+	go e.run(done, req.Timeout)
+}
+
+// start forks the process with its pipes or terminal.
+func (e *execution) start(req proto.ExecRequest) (<-chan exitStatus, error) {
+	if len(req.Argv) == 0 {
+		return nil, errors.New("empty argv")
+	}
+	env := req.Env
+	if len(env) == 0 {
+		env = []string{"PATH=" + defaultPath}
+	}
+	path, err := lookPath(req.Argv[0], env)
+	if err != nil {
+		return nil, err
+	}
+	dir := req.Dir
+	if dir == "" {
+		dir = "/"
+	}
+	sys := &syscall.SysProcAttr{Setpgid: true}
+	if req.UID != nil || req.GID != nil {
+		cred := &syscall.Credential{Groups: []uint32{}}
+		if req.UID != nil {
+			cred.Uid, cred.Gid = *req.UID, *req.UID
+		}
+		if req.GID != nil {
+			cred.Gid = *req.GID
+		}
+		sys.Credential = cred
+	}
+	var child [3]*os.File // closed in the agent once the child has them
+	if req.TTY {
+		master, slave, err := openPTY(req.Rows, req.Cols)
+		if err != nil {
+			return nil, err
+		}
+		child = [3]*os.File{slave, slave, slave}
+		e.tty, e.stdinW, e.outs = master, master, []*os.File{master}
+		sys.Setpgid, sys.Setsid, sys.Setctty, sys.Ctty = false, true, true, 0
+	} else {
+		var p [3][2]*os.File
+		for i := range p {
+			if p[i][0], p[i][1], err = os.Pipe(); err != nil {
+				closeAll(p[:i])
+				return nil, fmt.Errorf("make pipes: %w", err)
+			}
+		}
+		child = [3]*os.File{p[0][0], p[1][1], p[2][1]}
+		e.stdinW, e.outs = p[0][1], []*os.File{p[1][0], p[2][0]}
+	}
+	defer func() {
+		for _, f := range child {
+			f.Close()
+		}
+	}()
+	attr := &syscall.ProcAttr{Dir: dir, Env: env, Sys: sys,
+		Files: []uintptr{child[0].Fd(), child[1].Fd(), child[2].Fd()}}
+	pid, done, err := e.a.reaper.start(func() (int, error) {
+		return syscall.ForkExec(path, req.Argv, attr)
+	}, func(pid int) {
+		p, err := e.a.proc.Process(pid)
+		if err != nil || len(p.Argv) == 0 {
+			p = proto.Process{PID: pid, PPID: os.Getpid(), Argv: req.Argv, Start: time.Now()}
+		}
+		e.a.events.started(p)
+	})
+	if err != nil {
+		e.stdinW.Close()
+		if e.tty == nil {
+			closeAll([][2]*os.File{{e.outs[0], e.outs[1]}})
+		}
+		return nil, fmt.Errorf("start %s in %s: %w", path, dir, err)
+	}
+	e.pid = pid
+	e.a.mu.Lock()
+	e.a.execs[e] = struct{}{}
+	e.a.mu.Unlock()
+	e.c.sendJSON(proto.KindStarted, e.id, proto.Started{PID: pid})
+	go e.feedStdin()
+	e.outDone = make(chan struct{}, len(e.outs))
+	kinds := []proto.Kind{proto.KindStdout, proto.KindStderr}
+	for i, f := range e.outs {
+		go e.copyOut(f, kinds[i])
+	}
+	return done, nil
+}
+
+func closeAll(ps [][2]*os.File) {
+	for _, p := range ps {
+		p[0].Close()
+		p[1].Close()
+	}
+}
+
+// run waits for the process, kills its group on timeout or cancel, drains
+// its output and sends its exit.
+func (e *execution) run(done <-chan exitStatus, timeout time.Duration) {
+	var timer <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		timer = t.C
+	}
+	cancel, timedOut := e.cancel, false
+	var st exitStatus
+wait:
+	for {
+		select {
+		case st = <-done:
+			break wait
+		case <-timer:
+			timedOut, timer = true, nil
+			e.signal(unix.SIGKILL, true)
+		case <-cancel:
+			cancel = nil
+			e.signal(unix.SIGKILL, true)
+		}
+	}
+	close(e.finished)
+	// Output still in the pipes is read to its end; a background child
+	// that holds them open is cut off after the grace period.
+	grace := time.After(e.a.cfg.OutputGrace)
+	for range e.outs {
+		select {
+		case <-e.outDone:
+		case <-grace:
+			for _, f := range e.outs {
+				f.Close()
+			}
+			<-e.outDone
+		}
+	}
+	for _, f := range e.outs {
+		f.Close()
+	}
+	e.stdinW.Close()
+	e.c.sendJSON(proto.KindExit, e.id, exitOf(st, timedOut))
+	e.c.unregister(e.id)
+	e.a.mu.Lock()
+	delete(e.a.execs, e)
+	e.a.mu.Unlock()
+}
+
+// exitOf turns a wait status into an Exit.
+func exitOf(st exitStatus, timedOut bool) proto.Exit {
+	x := proto.Exit{PID: st.pid, Code: st.status.ExitStatus(), TimedOut: timedOut}
+	if st.status.Signaled() {
+		x.Code, x.Signal = -1, int(st.status.Signal())
+	}
+	return x
+}
+
+// copyOut streams one output of the process to the host. It keeps reading
+// after the host went away, so that the process never blocks on output.
+func (e *execution) copyOut(f *os.File, k proto.Kind) {
+	defer func() { e.outDone <- struct{}{} }()
+	buf := make([]byte, proto.ChunkSize)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			e.c.send(proto.Frame{Kind: k, ID: e.id, Payload: buf[:n]})
+			e.a.events.kick()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// feedStdin writes the host's stdin frames to the process, acknowledging
+// each one, until stdin is closed or the process is gone.
+func (e *execution) feedStdin() {
+	open := true
+	for {
+		select {
+		case b := <-e.stdin:
+			switch {
+			case b == nil && e.tty != nil && open:
+				e.tty.Write([]byte{4}) // VEOF: the terminal's end of input
+			case b == nil && open:
+				e.stdinW.Close()
+				open = false
+			case open:
+				if _, err := e.stdinW.Write(b); err != nil {
+					open = false // the process closed its input; discard the rest
+				}
+			}
+			if b != nil {
+				e.c.send(proto.Frame{Kind: proto.KindAck, ID: e.id})
+			}
+		case <-e.finished:
+			return
+		}
+	}
+}
+
+// frame handles the host's follow-up frames.
+func (e *execution) frame(f proto.Frame) {
+	switch f.Kind {
+	case proto.KindStdin, proto.KindCloseStdin:
+		var b []byte
+		if f.Kind == proto.KindStdin {
+			if len(f.Payload) == 0 {
+				return
+			}
+			b = f.Payload
+		}
+		select {
+		case e.stdin <- b:
+		case <-e.finished:
+		}
+	case proto.KindSignal:
+		var s proto.Signal
+		if err := proto.Decode(f, &s); err != nil || s.Signal <= 0 || s.Signal > 64 {
+			return
+		}
+		e.signal(unix.Signal(s.Signal), s.Group)
+	case proto.KindResize:
+		var r proto.Resize
+		if e.tty != nil && proto.Decode(f, &r) == nil {
+			setWinsize(e.tty, r.Rows, r.Cols)
+		}
+	case proto.KindCancel:
+		e.cancelOnce.Do(func() { close(e.cancel) })
+	}
+}
+
+// close closes the process's stdin when the host goes away; the process
+// keeps running.
+func (e *execution) close() {
+	select {
+	case e.stdin <- nil:
+	case <-e.finished:
+	}
+}
+
+// signal sends sig to the process, or to its whole process group, unless
+// it has been reaped (its pid may then belong to another process).
+func (e *execution) signal(sig unix.Signal, group bool) {
+	select {
+	case <-e.finished:
+		if !group {
+			return
+		}
+	default:
+	}
+	pid := e.pid
+	if group {
+		pid = -pid
+	}
+	unix.Kill(pid, sig)
+}
+
+// lookPath finds a command without a slash in env's PATH.
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	path := defaultPath
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s: not found in PATH %s", name, path)
+}

@@ -1,0 +1,206 @@
+package proto
+
+import (
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"time"
+)
+
+// Hello is the first frame of each side.
+type Hello struct {
+	Magic   string `json:"magic"`
+	Version int    `json:"version"`
+}
+
+// Error ends a stream that failed, or the connection (id 0).
+type Error struct {
+	Message string `json:"message"`
+}
+
+// ExecRequest asks the agent to run a command.
+type ExecRequest struct {
+	Argv []string `json:"argv"`
+	// Env is the whole environment of the process (KEY=value); when empty
+	// the process gets PATH only.
+	Env []string `json:"env,omitempty"`
+	// Dir is the working directory; empty means "/".
+	Dir string  `json:"dir,omitempty"`
+	UID *uint32 `json:"uid,omitempty"`
+	GID *uint32 `json:"gid,omitempty"`
+	// TTY runs the process on a new pseudo-terminal of Rows x Cols; its
+	// output then arrives as one stdout stream.
+	TTY  bool   `json:"tty,omitempty"`
+	Rows uint16 `json:"rows,omitempty"`
+	Cols uint16 `json:"cols,omitempty"`
+	// Timeout, when positive, kills the process group after that long.
+	Timeout time.Duration `json:"timeout,omitempty"`
+}
+
+// Started says the exec's process runs.
+type Started struct {
+	PID int `json:"pid"`
+}
+
+// Exit is how an exec's process ended.
+type Exit struct {
+	PID int `json:"pid"`
+	// Code is the exit status, or -1 when the process was killed by a signal.
+	Code int `json:"code"`
+	// Signal is the signal that killed the process, or 0.
+	Signal   int  `json:"signal,omitempty"`
+	TimedOut bool `json:"timed_out,omitempty"`
+}
+
+// Signal asks the agent to send a signal to an exec's process (or its whole
+// process group).
+type Signal struct {
+	Signal int  `json:"signal"`
+	Group  bool `json:"group,omitempty"`
+}
+
+// Resize changes the window size of an exec's terminal.
+type Resize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
+
+// PutRequest starts writing a file; Data frames and an End frame follow.
+type PutRequest struct {
+	Path string `json:"path"`
+	Mode uint32 `json:"mode"`
+}
+
+// ModeBits turns a FileMode into the 07777 bits of a Unix mode, the form
+// PutRequest and FileInfo carry.
+func ModeBits(m fs.FileMode) uint32 {
+	b := uint32(m.Perm())
+	if m&fs.ModeSetuid != 0 {
+		b |= 0o4000
+	}
+	if m&fs.ModeSetgid != 0 {
+		b |= 0o2000
+	}
+	if m&fs.ModeSticky != 0 {
+		b |= 0o1000
+	}
+	return b
+}
+
+// GetRequest asks for a regular file's content.
+type GetRequest struct {
+	Path string `json:"path"`
+}
+
+// FileInfo describes the file a Get streams.
+type FileInfo struct {
+	Mode uint32 `json:"mode"`
+	Size int64  `json:"size"`
+}
+
+// Process is one process as the agent's /proc shows it.
+type Process struct {
+	PID  int    `json:"pid"`
+	PPID int    `json:"ppid"`
+	UID  uint32 `json:"uid"`
+	// User is the name of UID, when /etc/passwd has it.
+	User string `json:"user,omitempty"`
+	// Argv is the command line, cut to MaxArgvBytes (ArgvTruncated then
+	// says so); for kernel threads it is empty and Comm names the thread.
+	Argv          []string `json:"argv"`
+	ArgvTruncated bool     `json:"argv_truncated,omitempty"`
+	Comm          string   `json:"comm"`
+	// State is the one-letter state of /proc/PID/stat (R, S, D, Z, T...).
+	State   string        `json:"state"`
+	CPUTime time.Duration `json:"cpu_time"`
+	RSS     uint64        `json:"rss"`
+	Start   time.Time     `json:"start"`
+}
+
+// MaxArgvBytes bounds the command line the agent reports for one process.
+const MaxArgvBytes = 4096
+
+// Port is one listening socket.
+type Port struct {
+	// Proto is tcp, tcp6, udp or udp6.
+	Proto   string `json:"proto"`
+	Address string `json:"address"`
+	Port    uint16 `json:"port"`
+	// PID owns the socket, or is 0 when no process the agent can see holds it.
+	PID   int    `json:"pid,omitempty"`
+	Inode uint64 `json:"inode"`
+}
+
+// Event types.
+const (
+	EventProcessStarted = "process-started"
+	EventProcessExited  = "process-exited"
+	EventPortOpened     = "port-opened"
+	EventPortClosed     = "port-closed"
+	// EventLost says Lost events were dropped because the host read too slowly.
+	EventLost = "lost"
+)
+
+// Event is one change the agent saw.
+type Event struct {
+	Type string    `json:"type"`
+	Time time.Time `json:"time"`
+	// Process is set for process events; for an exit the agent did not see
+	// start, only PID is known.
+	Process *Process `json:"process,omitempty"`
+	// Exit is set for process-exited when the agent reaped the process.
+	Exit *Exit `json:"exit,omitempty"`
+	Port *Port `json:"port,omitempty"`
+	Lost int   `json:"lost,omitempty"`
+}
+
+// JSONFrame encodes v as the payload of a frame.
+func JSONFrame(k Kind, id uint32, v any) (Frame, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return Frame{}, fmt.Errorf("encode %v frame %d: %w", k, id, err)
+	}
+	if len(b) > MaxPayload {
+		return Frame{}, fmt.Errorf("encode %v frame %d (%d bytes): %w", k, id, len(b), ErrFrameTooLarge)
+	}
+	return Frame{Kind: k, ID: id, Payload: b}, nil
+}
+
+// Decode decodes f's JSON payload into v, naming the frame in its error.
+func Decode(f Frame, v any) error {
+	if err := json.Unmarshal(f.Payload, v); err != nil {
+		return fmt.Errorf("decode %v frame %d: %w", f.Kind, f.ID, err)
+	}
+	return nil
+}
+
+// CheckHello checks a peer's Hello frame: it must be a Hello of this
+// protocol at Version.
+func CheckHello(f Frame) error {
+	if f.Kind == KindError {
+		var e Error
+		if Decode(f, &e) == nil {
+			return fmt.Errorf("guest agent refused the handshake: %s", e.Message)
+		}
+	}
+	if f.Kind != KindHello {
+		return fmt.Errorf("handshake: got a %v frame, want hello; the peer is not a guest agent endpoint", f.Kind)
+	}
+	var h Hello
+	if err := Decode(f, &h); err != nil {
+		return fmt.Errorf("handshake: %w", err)
+	}
+	if h.Magic != Magic {
+		return fmt.Errorf("handshake: magic %q, want %q; the peer speaks another protocol", h.Magic, Magic)
+	}
+	if h.Version != Version {
+		return fmt.Errorf("handshake: peer speaks protocol version %d, this side speaks %d; upgrade the older side", h.Version, Version)
+	}
+	return nil
+}
+
+// HelloFrame is this side's handshake frame.
+func HelloFrame() Frame {
+	f, _ := JSONFrame(KindHello, 0, Hello{Magic: Magic, Version: Version})
+	return f
+}

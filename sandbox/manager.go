@@ -1,0 +1,615 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"sync"
+	"time"
+
+	"tine/cowfs"
+	"tine/guestagent/client"
+	"tine/guestagent/proto"
+)
+
+// Options configures a Manager.
+type Options struct {
+	// Runtime runs the sandboxes (required).
+	Runtime Runtime
+	// MountPool, when positive, keeps that many cowfs mounts made ahead of
+	// time, so that creating or forking a sandbox does not wait for one.
+	MountPool int
+}
+
+// Manager owns the sandboxes under one state root: metadata in
+// root/sandboxes/NAME/sandbox.json, the runtime's state beside it,
+// snapshots in root/snapshots/ID. It is safe for concurrent use; one
+// process at a time may manage a state root.
+type Manager struct {
+	root string
+	fs   *cowfs.FS
+	rt   Runtime
+	pool *cowfs.MountPool
+	id   string // short hash of root, so cgroup names differ between roots
+
+	mu   sync.Mutex
+	live map[string]*live
+}
+
+// live is a running sandbox's host-side state.
+type live struct {
+	inst  Instance
+	mount *cowfs.Mount
+	mu    sync.Mutex
+	agent *client.Client
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// Open returns a manager for the sandboxes under root, using fs for the
+// projects. Sandboxes found there from an earlier run are Stopped.
+func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manager, error) {
+	if opts.Runtime == nil {
+		return nil, errors.New("sandbox manager: no runtime given")
+	}
+	root, err := filepath.Abs(root)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range []string{"sandboxes", "snapshots"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o700); err != nil {
+			return nil, fmt.Errorf("sandbox manager: create %s: %w", d, err)
+		}
+	}
+	sum := sha256.Sum256([]byte(root))
+	m := &Manager{root: root, fs: fs, rt: opts.Runtime, id: hex.EncodeToString(sum[:4]), live: map[string]*live{}}
+	if opts.MountPool > 0 {
+		p, err := fs.NewMountPool(ctx, filepath.Join(root, "mounts"), opts.MountPool, nil)
+		if err != nil {
+			return nil, fmt.Errorf("sandbox manager: %w", err)
+		}
+		m.pool = p
+	}
+	infos, err := m.List()
+	if err != nil {
+		m.Close(ctx)
+		return nil, err
+	}
+	for _, in := range infos {
+		if in.State != Stopped {
+			in.State = Stopped
+			if err := m.save(in); err != nil {
+				m.Close(ctx)
+				return nil, err
+			}
+		}
+	}
+	return m, nil
+}
+
+// Close stops every running sandbox (they stay, Stopped) and the mount pool.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	names := make([]string, 0, len(m.live))
+	for n := range m.live {
+		names = append(names, n)
+	}
+	m.mu.Unlock()
+	var errs []error
+	for _, n := range names {
+		errs = append(errs, m.Stop(ctx, n))
+	}
+	if m.pool != nil {
+		errs = append(errs, m.pool.Close())
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Manager) dir(name string) string      { return filepath.Join(m.root, "sandboxes", name) }
+func (m *Manager) rtDir(name string) string    { return filepath.Join(m.dir(name), "runtime") }
+func (m *Manager) snapDir(id string) string    { return filepath.Join(m.root, "snapshots", id) }
+func (m *Manager) mountDir(name string) string { return filepath.Join(m.dir(name), "project") }
+
+// branchName is the cowfs branch of a sandbox.
+func branchName(name string) string { return "sandbox." + name }
+
+// CreateOptions says what a new sandbox starts from.
+type CreateOptions struct {
+	// Name is the sandbox's name: 1-63 of [A-Za-z0-9._-].
+	Name string
+	// Dir is a host project directory: it is imported, and appears at the
+	// same path inside the sandbox. Give Dir or Snapshot.
+	Dir string
+	// Snapshot is a sandbox snapshot id to start from (project and OS layer).
+	Snapshot string
+	// Env is the environment of commands that give none (default: PATH).
+	Env    []string
+	Limits Limits
+}
+
+// Create makes a sandbox and starts it.
+func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
+	if !nameRE.MatchString(o.Name) {
+		return nil, fmt.Errorf("create sandbox %q: bad name (want 1-63 of [A-Za-z0-9._-])", o.Name)
+	}
+	if (o.Dir == "") == (o.Snapshot == "") {
+		return nil, fmt.Errorf("create sandbox %q: give exactly one of Dir and Snapshot", o.Name)
+	}
+	if err := os.Mkdir(m.dir(o.Name), 0o700); errors.Is(err, os.ErrExist) {
+		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, ErrExists)
+	} else if err != nil {
+		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, err)
+	}
+	info := &Info{Name: o.Name, Runtime: m.rt.Name(), State: Stopped, Branch: branchName(o.Name),
+		Created: time.Now().UTC(), Limits: o.Limits, Env: o.Env}
+	err := m.prepare(ctx, info, o)
+	if err == nil {
+		err = m.save(info)
+	}
+	if err == nil {
+		err = m.Start(ctx, o.Name)
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("create sandbox %q: %w", o.Name, err), m.Remove(ctx, o.Name))
+	}
+	info.State = Running
+	return info, nil
+}
+
+// prepare makes the sandbox's branch and runtime state.
+func (m *Manager) prepare(ctx context.Context, info *Info, o CreateOptions) error {
+	var snap cowfs.SnapshotID
+	if o.Dir != "" {
+		dir, err := filepath.Abs(o.Dir)
+		if err != nil {
+			return err
+		}
+		if snap, err = m.fs.Import(ctx, dir, ""); err != nil {
+			return err
+		}
+		info.ProjectPath, info.From = dir, dir
+	} else {
+		s, err := m.GetSnapshot(o.Snapshot)
+		if err != nil {
+			return err
+		}
+		if snap, err = m.fs.Resolve(ctx, s.FS); err != nil {
+			return err
+		}
+		if err := m.rt.CopyState(ctx, filepath.Join(m.snapDir(s.ID), "runtime"), m.rtDir(info.Name)); err != nil {
+			return err
+		}
+		info.ProjectPath, info.From = s.ProjectPath, s.ID
+		if info.Env == nil {
+			info.Env = s.Env
+		}
+		if info.Limits == (Limits{}) {
+			info.Limits = s.Limits
+		}
+	}
+	info.Origin = snap.String()
+	if err := m.fs.Branch(ctx, snap, info.Branch); err != nil {
+		return err
+	}
+	return m.fs.SetQuota(ctx, info.Branch, info.Limits.ProjectBytes)
+}
+
+// Start runs a stopped sandbox: it mounts the project and starts the
+// runtime.
+func (m *Manager) Start(ctx context.Context, name string) error {
+	info, err := m.Get(name)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if _, ok := m.live[name]; ok {
+		m.mu.Unlock()
+		return nil
+	}
+	l := &live{}
+	m.live[name] = l
+	m.mu.Unlock()
+	fail := func(err error) error {
+		if l.mount != nil {
+			err = errors.Join(err, l.mount.Unmount())
+		}
+		m.mu.Lock()
+		delete(m.live, name)
+		m.mu.Unlock()
+		return fmt.Errorf("start sandbox %q: %w", name, err)
+	}
+	if m.pool != nil {
+		l.mount, err = m.pool.Mount(ctx, info.Branch)
+	} else {
+		if err = os.MkdirAll(m.mountDir(name), 0o700); err == nil {
+			l.mount, err = m.fs.Mount(ctx, info.Branch, m.mountDir(name), nil)
+		}
+	}
+	if err != nil {
+		return fail(err)
+	}
+	spec := Spec{ID: "tine-" + m.id + "-" + name, Hostname: name, Dir: m.rtDir(name),
+		ProjectPath: info.ProjectPath, ProjectSource: l.mount.Dir(),
+		Hide: []string{m.root, m.fs.Root()}, Limits: info.Limits}
+	if l.inst, err = m.rt.Start(ctx, spec); err != nil {
+		return fail(err)
+	}
+	info.State = Running
+	if err := m.save(info); err != nil {
+		return errors.Join(err, m.Stop(ctx, name))
+	}
+	return nil
+}
+
+// Stop ends every process of the sandbox and unmounts its project; its
+// files stay.
+func (m *Manager) Stop(ctx context.Context, name string) error {
+	m.mu.Lock()
+	l, ok := m.live[name]
+	delete(m.live, name)
+	m.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	var errs []error
+	l.mu.Lock()
+	if l.agent != nil {
+		l.agent.Close()
+	}
+	l.mu.Unlock()
+	if l.inst != nil {
+		errs = append(errs, l.inst.Stop(ctx))
+	}
+	if l.mount != nil {
+		errs = append(errs, l.mount.Unmount())
+	}
+	if info, err := m.Get(name); err == nil {
+		info.State = Stopped
+		errs = append(errs, m.save(info))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("stop sandbox %q: %w", name, err)
+	}
+	return nil
+}
+
+// Remove stops the sandbox and deletes it: its processes, cgroups,
+// mounts, branch and files.
+func (m *Manager) Remove(ctx context.Context, name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("remove sandbox %q: %w", name, ErrNotFound)
+	}
+	errs := []error{m.Stop(ctx, name)}
+	if err := m.fs.DeleteBranch(ctx, branchName(name)); err != nil && !errors.Is(err, cowfs.ErrNoBranch) {
+		errs = append(errs, err)
+	}
+	if err := os.RemoveAll(m.dir(name)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("remove sandbox %q: %w", name, err)
+	}
+	return nil
+}
+
+// Get returns a sandbox's metadata.
+func (m *Manager) Get(name string) (*Info, error) {
+	if !nameRE.MatchString(name) {
+		return nil, fmt.Errorf("sandbox %q: %w", name, ErrNotFound)
+	}
+	var info Info
+	if err := readJSON(filepath.Join(m.dir(name), "sandbox.json"), &info); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			err = ErrNotFound
+		}
+		return nil, fmt.Errorf("sandbox %q: %w", name, err)
+	}
+	return &info, nil
+}
+
+// List returns every sandbox's metadata, sorted by name.
+func (m *Manager) List() ([]*Info, error) {
+	ents, err := os.ReadDir(filepath.Join(m.root, "sandboxes"))
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	var out []*Info
+	for _, e := range ents {
+		info, err := m.Get(e.Name())
+		if errors.Is(err, ErrNotFound) {
+			continue // being created or removed
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, info)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+func (m *Manager) save(info *Info) error {
+	return writeJSON(filepath.Join(m.dir(info.Name), "sandbox.json"), info)
+}
+
+// running returns the live state of a running sandbox.
+func (m *Manager) running(name string) (*live, error) {
+	m.mu.Lock()
+	l, ok := m.live[name]
+	m.mu.Unlock()
+	if !ok || l.inst == nil {
+		return nil, fmt.Errorf("sandbox %q: %w", name, ErrNotRunning)
+	}
+	return l, nil
+}
+
+// Agent returns a connection to the sandbox's guest agent (one per
+// sandbox, made on first use).
+func (m *Manager) Agent(ctx context.Context, name string) (*client.Client, error) {
+	l, err := m.running(name)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.agent != nil {
+		return l.agent, nil
+	}
+	// The socket exists before the agent listens on it: retry briefly.
+	for delay := 50 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
+		c, err := client.Dial(ctx, l.inst.AgentSocket())
+		if err == nil {
+			l.agent = c
+			return c, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("sandbox %q: %w", name, err)
+		case <-l.inst.Done():
+			return nil, fmt.Errorf("sandbox %q: %w (its pid 1 ended)", name, ErrNotRunning)
+		case <-time.After(delay):
+		}
+	}
+}
+
+// Exec starts a command in the sandbox. An empty req.Env takes the
+// sandbox's Env.
+func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) (*client.Process, error) {
+	c, err := m.Agent(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.Env) == 0 {
+		info, err := m.Get(name)
+		if err != nil {
+			return nil, err
+		}
+		req.Env = info.Env
+	}
+	return c.Exec(ctx, req)
+}
+
+// Snapshot fixes the sandbox at one instant: with its processes frozen it
+// snapshots the project branch and copies the runtime's state, then thaws
+// them. A stopped sandbox is snapshotted as it is.
+func (m *Manager) Snapshot(ctx context.Context, name string) (*SnapshotInfo, error) {
+	info, err := m.Get(name)
+	if err != nil {
+		return nil, err
+	}
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	s := &SnapshotInfo{ID: "snap-" + hex.EncodeToString(rnd[:]), Sandbox: name, Runtime: info.Runtime,
+		ProjectPath: info.ProjectPath, Created: time.Now().UTC(), Limits: info.Limits, Env: info.Env}
+	dir := m.snapDir(s.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)
+	}
+	err = m.freezeWhile(ctx, name, func() error {
+		id, err := m.fs.Snapshot(ctx, info.Branch)
+		if err != nil {
+			return err
+		}
+		s.FS = id.String()
+		return m.rt.CopyState(ctx, m.rtDir(name), filepath.Join(dir, "runtime"))
+	})
+	if err == nil {
+		err = writeJSON(filepath.Join(dir, "snapshot.json"), s)
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)
+	}
+	return s, nil
+}
+
+// freezeWhile runs fn with the sandbox's processes frozen, if it runs.
+func (m *Manager) freezeWhile(ctx context.Context, name string, fn func() error) error {
+	l, err := m.running(name)
+	if errors.Is(err, ErrNotRunning) {
+		return fn()
+	}
+	if err := l.inst.Freeze(ctx); err != nil {
+		return errors.Join(err, l.inst.Thaw(context.Background()))
+	}
+	err = fn()
+	return errors.Join(err, l.inst.Thaw(context.Background()))
+}
+
+// GetSnapshot returns a sandbox snapshot's metadata.
+func (m *Manager) GetSnapshot(id string) (*SnapshotInfo, error) {
+	var s SnapshotInfo
+	if !nameRE.MatchString(id) {
+		return nil, fmt.Errorf("sandbox snapshot %q: %w", id, ErrNotFound)
+	}
+	if err := readJSON(filepath.Join(m.snapDir(id), "snapshot.json"), &s); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			err = ErrNotFound
+		}
+		return nil, fmt.Errorf("sandbox snapshot %q: %w", id, err)
+	}
+	return &s, nil
+}
+
+// RemoveSnapshot deletes a sandbox snapshot's files (the cowfs snapshot
+// stays in the store).
+func (m *Manager) RemoveSnapshot(id string) error {
+	if _, err := m.GetSnapshot(id); err != nil {
+		return err
+	}
+	return os.RemoveAll(m.snapDir(id))
+}
+
+// Fork makes n new running sandboxes, NAME-1 .. NAME-n, from one snapshot
+// of sandbox name taken now. Each starts with the parent's files at that
+// instant and fresh processes (the agent); the parent runs on.
+func (m *Manager) Fork(ctx context.Context, name string, n int) ([]*Info, error) {
+	s, err := m.Snapshot(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Info
+	for i := 1; i <= n; i++ {
+		info, err := m.Create(ctx, CreateOptions{Name: fmt.Sprintf("%s-%d", name, i), Snapshot: s.ID})
+		if err != nil {
+			for _, c := range out {
+				err = errors.Join(err, m.Remove(ctx, c.Name))
+			}
+			return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
+		}
+		info.ForkedFrom = name
+		if err := m.save(info); err != nil {
+			return nil, err
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// Rollback returns the sandbox to snapshot id, which must be one of its
+// own: the project and OS layer become the snapshot's and its processes
+// start again.
+func (m *Manager) Rollback(ctx context.Context, name, id string) error {
+	s, err := m.GetSnapshot(id)
+	if err != nil {
+		return err
+	}
+	if s.Sandbox != name {
+		return fmt.Errorf("rollback sandbox %q: snapshot %s belongs to %q", name, id, s.Sandbox)
+	}
+	info, err := m.Get(name)
+	if err != nil {
+		return err
+	}
+	snap, err := m.fs.Resolve(ctx, s.FS)
+	if err != nil {
+		return err
+	}
+	wasRunning := false
+	if _, err := m.running(name); err == nil {
+		wasRunning = true
+	}
+	if err := m.Stop(ctx, name); err != nil {
+		return err
+	}
+	old := m.rtDir(name) + ".old"
+	if err := os.Rename(m.rtDir(name), old); err != nil {
+		return fmt.Errorf("rollback sandbox %q: %w", name, err)
+	}
+	if err := m.rt.CopyState(ctx, filepath.Join(m.snapDir(id), "runtime"), m.rtDir(name)); err != nil {
+		os.RemoveAll(m.rtDir(name))
+		return errors.Join(fmt.Errorf("rollback sandbox %q: %w", name, err), os.Rename(old, m.rtDir(name)))
+	}
+	if err := os.RemoveAll(old); err != nil {
+		return fmt.Errorf("rollback sandbox %q: remove the old layer: %w", name, err)
+	}
+	if err := m.fs.Rollback(ctx, info.Branch, snap); err != nil {
+		return fmt.Errorf("rollback sandbox %q: %w", name, err)
+	}
+	if wasRunning {
+		return m.Start(ctx, name)
+	}
+	return nil
+}
+
+// Diff lists the project's changes since the sandbox's origin.
+func (m *Manager) Diff(ctx context.Context, name string) ([]cowfs.Change, error) {
+	info, err := m.Get(name)
+	if err != nil {
+		return nil, err
+	}
+	origin, err := m.fs.Resolve(ctx, info.Origin)
+	if err != nil {
+		return nil, fmt.Errorf("diff sandbox %q: %w", name, err)
+	}
+	head, err := m.fs.Head(ctx, info.Branch)
+	if err != nil {
+		return nil, fmt.Errorf("diff sandbox %q: %w", name, err)
+	}
+	return m.fs.Diff(ctx, origin, head)
+}
+
+// writeJSON writes v to path atomically: a temporary file, fsync, rename,
+// fsync of the directory.
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, ".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("write %s: sync %s: %w", path, dir, err)
+	}
+	return nil
+}
+
+// readJSON decodes the JSON file at path (at most 1 MiB) into v.
+func readJSON(path string, v any) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if st.Size() > 1<<20 {
+		return fmt.Errorf("%s: %d bytes, more than metadata can be", path, st.Size())
+	}
+	if err := json.NewDecoder(f).Decode(v); err != nil {
+		return fmt.Errorf("decode %s: %w", path, err)
+	}
+	return nil
+}

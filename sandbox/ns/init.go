@@ -1,0 +1,326 @@
+package ns
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// initEnv marks a process started by Start as the sandbox's init step.
+const initEnv = "TINE_SANDBOX_INIT"
+
+// Paths inside the sandbox.
+const (
+	agentDir    = "/run/tine"
+	agentSocket = "agent.sock"
+	agentBin    = "/run/tine-agent"
+)
+
+// initConfig is what Start hands the init step over its fd 3.
+type initConfig struct {
+	Root          string   // host path the overlay is mounted at
+	Upper, Work   string   // the sandbox's overlay layer
+	ProjectPath   string   // path of the project inside the sandbox
+	ProjectSource string   // host directory serving it (a cowfs mount)
+	RunDir        string   // host directory bound at agentDir
+	Hide          []string // host paths covered by an empty read-only tmpfs
+	Hostname      string
+	Agent         string // host path of the agent binary
+}
+
+// Init runs the sandbox's init step when the process was started as one by
+// Start, and never returns then; otherwise it returns at once. Programs
+// that start sandboxes call it first thing in main (tests: in TestMain),
+// because Start re-executes the program itself (/proc/self/exe) to set the
+// sandbox up before it executes the agent.
+func Init() {
+	if os.Getenv(initEnv) != "1" {
+		return
+	}
+	runtime.LockOSThread() // namespaces and exec belong to this thread
+	err := runInit()
+	fmt.Fprintf(os.Stderr, "sandbox init: %v\n", err)
+	os.Exit(125)
+}
+
+// runInit builds the sandbox's root, locks the process down and executes
+// the agent. It returns only on failure.
+func runInit() error {
+	f := os.NewFile(3, "init config")
+	var c initConfig
+	err := json.NewDecoder(f).Decode(&c)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("read config from fd 3: %w", err)
+	}
+	if err := buildRoot(&c); err != nil {
+		return err
+	}
+	if err := unix.Sethostname([]byte(c.Hostname)); err != nil {
+		return fmt.Errorf("set hostname: %w", err)
+	}
+	if err := loopbackUp(); err != nil {
+		return err
+	}
+	// The cgroup namespace starts at the sandbox's group, which Start put
+	// this process in before sending the config.
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("new cgroup namespace: %w", err)
+	}
+	if err := dropCapabilities(); err != nil {
+		return err
+	}
+	if err := installFilter(); err != nil {
+		return err
+	}
+	argv := []string{"tine-agent", "--listen", agentDir + "/" + agentSocket, "--root", "/"}
+	env := []string{"PATH=" + DefaultPath}
+	err = unix.Exec(agentBin, argv, env)
+	return fmt.Errorf("execute the agent: %w", err)
+}
+
+// DefaultPath is the PATH the agent runs with.
+const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// root is the sandbox root being built, as a directory descriptor.
+type root struct{ fd int }
+
+// open resolves rel (slash-separated, relative to the root) without
+// following any symlink, so nothing the sandbox wrote into its layer can
+// send a mount elsewhere. Missing directories are made when mkdir is set;
+// with file set the last component is made as an empty file.
+func (r root) open(rel string, mkdir, file bool) (int, error) {
+	parts := strings.FieldsFunc(rel, func(c rune) bool { return c == '/' })
+	fd, err := unix.Dup(r.fd)
+	if err != nil {
+		return -1, err
+	}
+	for i, p := range parts {
+		if p == "." || p == ".." {
+			unix.Close(fd)
+			return -1, fmt.Errorf("path %q: %q is not allowed", rel, p)
+		}
+		last := i == len(parts)-1
+		how := &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+			Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_BENEATH}
+		next, err := unix.Openat2(fd, p, how)
+		if errors.Is(err, unix.ENOENT) && mkdir {
+			if last && file {
+				var c int
+				if c, err = unix.Openat(fd, p, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o644); err == nil {
+					unix.Close(c)
+				}
+			} else {
+				err = unix.Mkdirat(fd, p, 0o755)
+			}
+			if err == nil || errors.Is(err, unix.EEXIST) {
+				next, err = unix.Openat2(fd, p, how)
+			}
+		}
+		unix.Close(fd)
+		if err != nil {
+			return -1, fmt.Errorf("path %q at %q: %w", rel, p, err)
+		}
+		fd = next
+	}
+	return fd, nil
+}
+
+// mount mounts src on rel inside the root (see open for how rel resolves).
+func (r root) mount(src, rel, fstype string, flags uintptr, data string, file bool) error {
+	fd, err := r.open(rel, true, file)
+	if err != nil {
+		return fmt.Errorf("mount %s: %w", rel, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Mount(src, fmt.Sprintf("/proc/self/fd/%d", fd), fstype, flags, data); err != nil {
+		return fmt.Errorf("mount %s (%s) on %s: %w", src, fstype, rel, err)
+	}
+	return nil
+}
+
+// readOnly makes the mount at rel read-only (and noexec unless exec),
+// binding rel onto itself first.
+func (r root) readOnly(rel string, exec bool) error {
+	fd, err := r.open(rel, false, false)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	p := fmt.Sprintf("/proc/self/fd/%d", fd)
+	if err := unix.Mount(p, p, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", rel, err)
+	}
+	// fd still names the mount below the new bind: open the bind itself.
+	bound, err := r.open(rel, false, false)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(bound)
+	p = fmt.Sprintf("/proc/self/fd/%d", bound)
+	flags := uintptr(unix.MS_BIND | unix.MS_REMOUNT | unix.MS_RDONLY | nosuidNodev)
+	if !exec {
+		flags |= unix.MS_NOEXEC
+	}
+	if err := unix.Mount("", p, "", flags, ""); err != nil {
+		return fmt.Errorf("make %s read-only: %w", rel, err)
+	}
+	return nil
+}
+
+const (
+	nosuidNodev = unix.MS_NOSUID | unix.MS_NODEV
+	noexec      = nosuidNodev | unix.MS_NOEXEC
+)
+
+// buildRoot mounts the overlay of the host root, the sandbox's own /proc,
+// /sys, /dev, /tmp and /run, the project and the agent's directory, covers
+// the hidden paths and makes the result the root.
+func buildRoot(c *initConfig) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	opts := "lowerdir=/,upperdir=" + c.Upper + ",workdir=" + c.Work
+	if err := unix.Mount("overlay", c.Root, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount the root overlay at %s (%s): %w", c.Root, opts, err)
+	}
+	fd, err := unix.Open(c.Root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", c.Root, err)
+	}
+	r := root{fd}
+	steps := []func() error{
+		func() error { return r.mount("proc", "proc", "proc", noexec, "", false) },
+		func() error { return r.mount("sysfs", "sys", "sysfs", noexec|unix.MS_RDONLY, "", false) },
+		func() error {
+			return r.mount("tmpfs", "dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755", false)
+		},
+		func() error { return r.mount("tmpfs", "tmp", "tmpfs", nosuidNodev, "mode=1777", false) },
+		func() error { return r.mount("tmpfs", "run", "tmpfs", nosuidNodev, "mode=755", false) },
+	}
+	for _, p := range []string{"sys", "sysrq-trigger", "irq", "bus", "fs"} {
+		steps = append(steps, func() error { return r.readOnly("proc/"+p, false) })
+	}
+	for _, p := range []string{"kcore", "keys", "timer_list"} {
+		steps = append(steps, func() error {
+			if _, err := os.Stat("/proc/" + p); err != nil {
+				return nil
+			}
+			return r.mount("/dev/null", "proc/"+p, "", unix.MS_BIND, "", true)
+		})
+	}
+	for _, d := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
+		steps = append(steps, func() error { return r.mount("/dev/"+d, "dev/"+d, "", unix.MS_BIND, "", true) })
+	}
+	steps = append(steps,
+		func() error {
+			return r.mount("devpts", "dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620", false)
+		},
+		func() error { return r.mount("tmpfs", "dev/shm", "tmpfs", noexec, "mode=1777", false) },
+		func() error { return devLinks(c.Root) },
+		func() error { return r.mount(c.RunDir, strings.TrimPrefix(agentDir, "/"), "", unix.MS_BIND, "", false) },
+		// The agent binary, read-only, so that ps names it and no one in
+		// the sandbox can write the host's copy.
+		func() error { return r.mount(c.Agent, strings.TrimPrefix(agentBin, "/"), "", unix.MS_BIND, "", true) },
+		func() error { return r.readOnly(strings.TrimPrefix(agentBin, "/"), true) },
+		func() error { return r.mount(c.ProjectSource, c.ProjectPath, "", unix.MS_BIND, "", false) },
+	)
+	for _, h := range c.Hide {
+		steps = append(steps, func() error {
+			fd, err := r.open(h, false, false)
+			if errors.Is(err, unix.ENOENT) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("hide %s: %w", h, err)
+			}
+			unix.Close(fd)
+			return r.mount("tmpfs", h, "tmpfs", noexec|unix.MS_RDONLY, "mode=000,size=4k", false)
+		})
+	}
+	for _, s := range steps {
+		if err := s(); err != nil {
+			return err
+		}
+	}
+	unix.Close(fd)
+	if err := unix.Chdir(c.Root); err != nil {
+		return fmt.Errorf("enter %s: %w", c.Root, err)
+	}
+	// The old root ends up under the new one and is detached at once.
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root to %s: %w", c.Root, err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach the host root: %w", err)
+	}
+	return unix.Chdir("/")
+}
+
+// devLinks adds the usual symlinks of /dev (a fresh tmpfs, so no one
+// else wrote in it).
+func devLinks(rootDir string) error {
+	for name, target := range map[string]string{"ptmx": "pts/ptmx", "fd": "/proc/self/fd",
+		"stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
+		if err := os.Symlink(target, filepath.Join(rootDir, "dev", name)); err != nil {
+			return fmt.Errorf("make /dev/%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// loopbackUp brings up lo, the only interface of the new network namespace.
+func loopbackUp() error {
+	s, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("loopback: %w", err)
+	}
+	defer unix.Close(s)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	ifr.SetUint16(unix.IFF_UP | unix.IFF_LOOPBACK | unix.IFF_RUNNING)
+	if err := unix.IoctlIfreq(s, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("bring up lo: %w", err)
+	}
+	return nil
+}
+
+// kept are the capabilities the agent and the sandbox's root keep: enough
+// to own files, switch users and signal its own processes; no mounts,
+// tracing, raw sockets, devices, modules, clock or administration.
+var kept = map[uintptr]bool{
+	unix.CAP_CHOWN: true, unix.CAP_DAC_OVERRIDE: true, unix.CAP_FOWNER: true, unix.CAP_FSETID: true,
+	unix.CAP_KILL: true, unix.CAP_SETGID: true, unix.CAP_SETUID: true, unix.CAP_SETPCAP: true,
+	unix.CAP_NET_BIND_SERVICE: true,
+}
+
+// dropCapabilities removes every other capability from the bounding set,
+// which bounds what root gets at the next exec, and clears the ambient set.
+func dropCapabilities() error {
+	for c := uintptr(0); c <= 63; c++ {
+		if kept[c] {
+			continue
+		}
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, c, 0, 0, 0); err != nil {
+			if errors.Is(err, unix.EINVAL) {
+				break // past the kernel's last capability
+			}
+			return fmt.Errorf("drop capability %d: %w", c, err)
+		}
+	}
+	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
+		return fmt.Errorf("clear ambient capabilities: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,123 @@
+// Package sandbox is tine's sandbox layer: a sandbox is a writable view of
+// the environment (a cowfs branch for the project directory plus a
+// private layer over the rest of the host OS), an isolated set of
+// processes whose pid 1 is the guest agent, and metadata persisted under
+// a state root. A Manager creates, forks, snapshots, rolls back and
+// removes sandboxes; a Runtime (package sandbox/ns: namespaces) runs them.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Errors callers may test for with errors.Is.
+var (
+	// ErrNotFound reports an unknown sandbox or snapshot.
+	ErrNotFound = errors.New("not found")
+	// ErrExists reports a sandbox name already taken.
+	ErrExists = errors.New("already exists")
+	// ErrNotRunning reports a sandbox whose processes are not running.
+	ErrNotRunning = errors.New("not running")
+)
+
+// State says whether a sandbox's processes run.
+type State string
+
+// The states of a sandbox.
+const (
+	Running State = "running"
+	Stopped State = "stopped" // its files are kept; Start runs it again
+)
+
+// Limits bound what a sandbox may use. Zero means no limit.
+type Limits struct {
+	// Pids is the most processes and threads at once.
+	Pids int64 `json:"pids,omitempty"`
+	// ProjectBytes is the most bytes written into the project branch.
+	ProjectBytes int64 `json:"project_bytes,omitempty"`
+}
+
+// Info is a sandbox's persisted metadata.
+type Info struct {
+	Name    string `json:"name"`
+	Runtime string `json:"runtime"`
+	State   State  `json:"state"`
+	// ProjectPath is the project directory's path inside the sandbox: the
+	// host directory it was created from, at the same path.
+	ProjectPath string `json:"project_path"`
+	// Branch is the cowfs branch holding the project.
+	Branch string `json:"branch"`
+	// Origin is the cowfs snapshot the project started from; Diff compares
+	// against it.
+	Origin string `json:"origin"`
+	// From is the host directory or sandbox snapshot it was created from.
+	From string `json:"from"`
+	// ForkedFrom names the sandbox it was forked from, if any.
+	ForkedFrom string    `json:"forked_from,omitempty"`
+	Created    time.Time `json:"created"`
+	Limits     Limits    `json:"limits"`
+	// Env is the environment of commands that give none.
+	Env []string `json:"env,omitempty"`
+}
+
+// SnapshotInfo is a sandbox snapshot's persisted metadata: the project at
+// one instant (a cowfs snapshot) and a copy of the runtime's state taken
+// at the same instant, with the sandbox frozen.
+type SnapshotInfo struct {
+	ID          string    `json:"id"`
+	Sandbox     string    `json:"sandbox"`
+	Runtime     string    `json:"runtime"`
+	ProjectPath string    `json:"project_path"`
+	FS          string    `json:"fs"` // cowfs snapshot id
+	Created     time.Time `json:"created"`
+	Limits      Limits    `json:"limits"`
+	Env         []string  `json:"env,omitempty"`
+}
+
+// Spec is what a Runtime needs to start a sandbox.
+type Spec struct {
+	// ID is unique on the host among running sandboxes (names cgroups).
+	ID string
+	// Hostname is the sandbox's host name.
+	Hostname string
+	// Dir is the runtime's own state directory for the sandbox; it lives as
+	// long as the sandbox and is what CopyState copies.
+	Dir string
+	// ProjectPath is where the project appears inside the sandbox.
+	ProjectPath string
+	// ProjectSource is the host directory serving the project (the mounted
+	// cowfs branch).
+	ProjectSource string
+	// Hide lists host paths the sandbox must not see (state roots).
+	Hide   []string
+	Limits Limits
+}
+
+// Instance is one running sandbox's processes.
+type Instance interface {
+	// AgentSocket is the host path of the agent's Unix socket.
+	AgentSocket() string
+	// Freeze stops every process of the sandbox; Thaw resumes them.
+	Freeze(ctx context.Context) error
+	Thaw(ctx context.Context) error
+	// Stop kills every process of the sandbox and releases what Start took
+	// on the host (cgroups, mounts). Dir stays.
+	Stop(ctx context.Context) error
+	// Done is closed when the sandbox's pid 1 has ended.
+	Done() <-chan struct{}
+}
+
+// Runtime runs sandboxes: ns (namespaces) now, a vm runtime later.
+type Runtime interface {
+	// Name names the runtime in metadata ("ns").
+	Name() string
+	// Start runs a sandbox whose agent answers on AgentSocket once Start
+	// returns (connections may need a retry while it starts listening).
+	Start(ctx context.Context, spec Spec) (Instance, error)
+	// CopyState copies a sandbox's runtime state (Spec.Dir) from one
+	// directory to another that does not exist yet. The sandbox owning
+	// from is stopped or frozen.
+	CopyState(ctx context.Context, from, to string) error
+}

@@ -1,0 +1,253 @@
+package sandbox_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"tine/cowfs"
+	"tine/guestagent/proto"
+	"tine/sandbox"
+	"tine/sandbox/ns"
+)
+
+var agentPath string
+
+func TestMain(m *testing.M) {
+	ns.Init()
+	dir, err := os.MkdirTemp("", "sandbox-agent")
+	if err != nil {
+		panic(err)
+	}
+	agentPath = filepath.Join(dir, "tine-agent")
+	cmd := exec.Command("go", "build", "-o", agentPath, "tine/cmd/tine-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build agent: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// env is one test's manager over a fresh cowfs root and project directory.
+type env struct {
+	t       testing.TB
+	m       *sandbox.Manager
+	fs      *cowfs.FS
+	root    string
+	project string
+}
+
+func newEnv(t testing.TB, pool int) *env {
+	t.Helper()
+	base := t.TempDir()
+	project := filepath.Join(base, "project")
+	if err := os.MkdirAll(filepath.Join(project, "src"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(project, "src", "main.txt"), []byte("v1\n"), 0o644)
+	fs, err := cowfs.Open(filepath.Join(base, "cowfs"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := ns.New(agentPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, fs: fs, root: filepath.Join(base, "state"), project: project}
+	e.m, err = sandbox.Open(context.Background(), e.root, fs, sandbox.Options{Runtime: rt, MountPool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := e.m.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+		if err := fs.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return e
+}
+
+func (e *env) create(name string, lim sandbox.Limits) *sandbox.Info {
+	e.t.Helper()
+	info, err := e.m.Create(context.Background(), sandbox.CreateOptions{Name: name, Dir: e.project, Limits: lim})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return info
+}
+
+// sh runs a shell command in sandbox name and returns stdout+stderr and
+// the exit code.
+func (e *env) sh(name, script string) (string, int) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := e.m.Exec(ctx, name, proto.ExecRequest{Argv: []string{"sh", "-c", script}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var errb bytes.Buffer
+	done := make(chan struct{})
+	go func() { io.Copy(&errb, p.Stderr); close(done) }()
+	out, _ := io.ReadAll(p.Stdout)
+	<-done
+	ex, err := p.Wait(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return string(out) + errb.String(), ex.Code
+}
+
+func (e *env) mustSh(name, script string) string {
+	e.t.Helper()
+	out, code := e.sh(name, script)
+	if code != 0 {
+		e.t.Fatalf("%s: %q exited %d: %s", name, script, code, out)
+	}
+	return out
+}
+
+// TestCreateExecIsolateDiffRemove: a command answers; writes to /etc and
+// to the project land in the sandbox only; Diff lists the project change;
+// Remove leaves no mount, cgroup or directory behind.
+func TestCreateExecIsolateDiffRemove(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	e.create("one", sandbox.Limits{Pids: 100})
+	if out := e.mustSh("one", "echo hi"); out != "hi\n" {
+		t.Fatalf("echo hi: %q", out)
+	}
+	hostEtc := "/etc/tine-sandbox-test-x"
+	os.Remove(hostEtc)
+	e.mustSh("one", fmt.Sprintf("echo sandbox > %s && echo changed > %s/src/main.txt && echo new > %s/added.txt",
+		hostEtc, e.project, e.project))
+	if out := e.mustSh("one", "cat "+hostEtc+" "+e.project+"/src/main.txt"); out != "sandbox\nchanged\n" {
+		t.Fatalf("inside: %q", out)
+	}
+	if _, err := os.Stat(hostEtc); err == nil {
+		os.Remove(hostEtc)
+		t.Fatal("a write to /etc in the sandbox reached the host")
+	}
+	if b, _ := os.ReadFile(filepath.Join(e.project, "src", "main.txt")); string(b) != "v1\n" {
+		t.Fatalf("host project changed: %q", b)
+	}
+	if _, err := os.Stat(filepath.Join(e.project, "added.txt")); err == nil {
+		t.Fatal("a file added in the sandbox's project reached the host")
+	}
+	changes, err := e.m.Diff(ctx, "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range changes {
+		got = append(got, c.Kind.String()+" "+c.Path)
+	}
+	if want := "added added.txt,modified src/main.txt"; strings.Join(got, ",") != want {
+		t.Fatalf("diff = %q, want %q", got, want)
+	}
+	if err := e.m.Remove(ctx, "one"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.Get("one"); err == nil {
+		t.Fatal("Get after Remove succeeded")
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), e.root) {
+		t.Fatalf("a mount under the state root is left:\n%s", mi)
+	}
+	cg, _ := filepath.Glob("/sys/fs/cgroup/*/tine/tine-*-one")
+	if len(cg) > 0 {
+		t.Fatalf("cgroups left: %v", cg)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.root, "sandboxes")); len(ents) != 0 {
+		t.Fatalf("sandbox directories left: %v", ents)
+	}
+}
+
+// TestForkDiverges: three forks of a running sandbox each see its files
+// as they were at the fork, in the project and in the OS layer, and then
+// change independently of it and of each other.
+func TestForkDiverges(t *testing.T) {
+	e := newEnv(t, 2)
+	ctx := context.Background()
+	e.create("p", sandbox.Limits{})
+	e.mustSh("p", fmt.Sprintf("echo parent > %s/state.txt; echo parent > /etc/tine-fork-state; sleep 1000 & true", e.project))
+	kids, err := e.m.Fork(ctx, "p", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mustSh("p", fmt.Sprintf("echo later > %s/state.txt; echo later > /etc/tine-fork-state", e.project))
+	for i, k := range kids {
+		if k.ForkedFrom != "p" {
+			t.Fatalf("%s: ForkedFrom %q", k.Name, k.ForkedFrom)
+		}
+		if out := e.mustSh(k.Name, fmt.Sprintf("cat %s/state.txt /etc/tine-fork-state", e.project)); out != "parent\nparent\n" {
+			t.Fatalf("%s sees %q, want the parent's files at the fork", k.Name, out)
+		}
+		e.mustSh(k.Name, fmt.Sprintf("echo kid%d > %s/state.txt; echo kid%d > /etc/tine-fork-state", i, e.project, i))
+	}
+	for i, k := range kids {
+		want := fmt.Sprintf("kid%d\nkid%d\n", i, i)
+		if out := e.mustSh(k.Name, fmt.Sprintf("cat %s/state.txt /etc/tine-fork-state", e.project)); out != want {
+			t.Fatalf("%s: %q, want %q", k.Name, out, want)
+		}
+		if out := e.mustSh(k.Name, "ps -e -o comm= | grep -c sleep || true"); strings.TrimSpace(out) != "0" {
+			t.Fatalf("%s runs the parent's processes: %q", k.Name, out)
+		}
+	}
+	if out := e.mustSh("p", fmt.Sprintf("cat %s/state.txt /etc/tine-fork-state", e.project)); out != "later\nlater\n" {
+		t.Fatalf("parent: %q", out)
+	}
+}
+
+// TestRollbackAndRestart: Rollback restores the project and the OS layer
+// of a snapshot; a new manager on the same state root finds the sandbox
+// stopped, and Start runs it with its files.
+func TestRollbackAndRestart(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	e.create("r", sandbox.Limits{})
+	e.mustSh("r", fmt.Sprintf("echo one > %s/f; echo one > /etc/tine-rb", e.project))
+	s, err := e.m.Snapshot(ctx, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.mustSh("r", fmt.Sprintf("echo two > %s/f; echo two > /etc/tine-rb", e.project))
+	if err := e.m.Rollback(ctx, "r", s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.mustSh("r", fmt.Sprintf("cat %s/f /etc/tine-rb", e.project)); out != "one\none\n" {
+		t.Fatalf("after rollback: %q", out)
+	}
+	if err := e.m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rt, _ := ns.New(agentPath)
+	m2, err := sandbox.Open(ctx, e.root, e.fs, sandbox.Options{Runtime: rt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m = m2
+	info, err := m2.Get("r")
+	if err != nil || info.State != sandbox.Stopped {
+		t.Fatalf("after reopen: %+v, %v", info, err)
+	}
+	if err := m2.Start(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.mustSh("r", fmt.Sprintf("cat %s/f /etc/tine-rb", e.project)); out != "one\none\n" {
+		t.Fatalf("after restart: %q", out)
+	}
+}

@@ -1,0 +1,66 @@
+package nested
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestVMMUnderKVM runs package vmm's tests (bare guests: forks, limits,
+// snapshots, userfaultfd, fault containment) in L1 on a real KVM. The test
+// binary is built here, and run here once first so that it builds its
+// guests with this machine's gcc into a directory shipped to L1, which has
+// no compiler. TINE_VMM_RUN, when set, is passed as -test.run.
+func TestVMMUnderKVM(t *testing.T) {
+	if os.Getenv(EnvEnable) == "" {
+		t.Skipf("nested QEMU runs take minutes: set %s=1 (make nested-test) to run them", EnvEnable)
+	}
+	p, err := prerequisites(nil)
+	if err != nil {
+		t.Skipf("%v", err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "vmm.test")
+	build := exec.Command(p.goTool, "test", "-c", "-o", bin, "tine/vmm")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go test -c tine/vmm: %v\n%s", err, out)
+	}
+	guests := filepath.Join(dir, "guests")
+	if err := os.Mkdir(guests, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run := os.Getenv("TINE_VMM_RUN")
+	args := []string{"-test.count=1"}
+	if run != "" {
+		args = append(args, "-test.run", run)
+	}
+	host := exec.Command(bin, args...)
+	host.Env = append(os.Environ(), "TINE_VMM_GUESTS="+guests)
+	if out, err := host.CombinedOutput(); err != nil {
+		t.Fatalf("vmm tests on this host (to build the guests): %v\n%s", err, out)
+	}
+	files := []File{{Path: "vmm.test", HostPath: bin, Mode: 0o755}}
+	built, err := os.ReadDir(guests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range built {
+		files = append(files, File{Path: "guests/" + e.Name(), HostPath: filepath.Join(guests, e.Name())})
+	}
+	script := "TINE_VMM_GUESTS=/work/guests ./vmm.test -test.v -test.timeout 7m -test.count=1"
+	if run != "" {
+		script += " -test.run '" + run + "'"
+	}
+	out := RunTest(context.Background(), t, Options{Script: script, Files: files, Timeout: 9 * time.Minute})
+	passed := regexp.MustCompile(`(?m)^--- PASS: \S+`).FindAllString(out, -1)
+	t.Logf("%d tests passed in L1:\n%s", len(passed), strings.Join(passed, "\n"))
+	if len(passed) == 0 || strings.Contains(out, "--- FAIL") || strings.Contains(out, "--- SKIP") {
+		t.Fatalf("vmm tests in L1 did not all pass and run:\n%s", out)
+	}
+}
