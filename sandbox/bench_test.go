@@ -35,7 +35,7 @@ func BenchmarkFork10(b *testing.B) {
 	e.create("p", sandbox.Limits{})
 	e.mustSh("p", "echo x > /etc/tine-bench; mkdir -p /root/.cache && head -c 1000000 /dev/urandom > /root/.cache/blob")
 	for b.Loop() {
-		kids, err := e.m.Fork(ctx, "p", 10)
+		kids, err := e.m.Fork(ctx, "p", sandbox.ForkOptions{N: 10})
 		if err != nil {
 			b.Fatal(err)
 		}

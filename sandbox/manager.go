@@ -133,6 +133,9 @@ type CreateOptions struct {
 	// Env is the environment of commands that give none (default: PATH).
 	Env    []string
 	Limits Limits
+	// Services are shell commands (sh -c) started now and at every later
+	// start, fork and rollback.
+	Services []string
 }
 
 // Create makes a sandbox and starts it.
@@ -400,7 +403,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 // Snapshot fixes the sandbox at one instant: with its processes frozen it
 // snapshots the project branch and copies the runtime's state, then thaws
 // them. A stopped sandbox is snapshotted as it is.
-func (m *Manager) Snapshot(ctx context.Context, name string) (*SnapshotInfo, error) {
+func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) (*SnapshotInfo, error) {
 	info, err := m.Get(name)
 	if err != nil {
 		return nil, err
@@ -471,8 +474,9 @@ func (m *Manager) RemoveSnapshot(id string) error {
 // Fork makes n new running sandboxes, NAME-1 .. NAME-n, from one snapshot
 // of sandbox name taken now. Each starts with the parent's files at that
 // instant and fresh processes (the agent); the parent runs on.
-func (m *Manager) Fork(ctx context.Context, name string, n int) ([]*Info, error) {
-	s, err := m.Snapshot(ctx, name)
+func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info, error) {
+	n := o.N
+	s, err := m.Snapshot(ctx, name, SnapshotOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -540,8 +544,9 @@ func (m *Manager) Rollback(ctx context.Context, name, id string) error {
 	return nil
 }
 
-// Diff lists the project's changes since the sandbox's origin.
-func (m *Manager) Diff(ctx context.Context, name string) ([]cowfs.Change, error) {
+// Diff lists the project's changes since snapshot snap of the sandbox, or
+// since its origin when snap is "".
+func (m *Manager) Diff(ctx context.Context, name, snap string) ([]cowfs.Change, error) {
 	info, err := m.Get(name)
 	if err != nil {
 		return nil, err

@@ -60,6 +60,9 @@ type Info struct {
 	Limits     Limits    `json:"limits"`
 	// Env is the environment of commands that give none.
 	Env []string `json:"env,omitempty"`
+	// Services are shell commands started at every start of the sandbox
+	// (create, fork, rollback, restart), their output kept as its logs.
+	Services []string `json:"services,omitempty"`
 }
 
 // SnapshotInfo is a sandbox snapshot's persisted metadata: the project at
@@ -67,6 +70,7 @@ type Info struct {
 // at the same instant, with the sandbox frozen.
 type SnapshotInfo struct {
 	ID          string    `json:"id"`
+	Name        string    `json:"name,omitempty"` // label given at snapshot time
 	Sandbox     string    `json:"sandbox"`
 	Runtime     string    `json:"runtime"`
 	ProjectPath string    `json:"project_path"`
@@ -74,6 +78,7 @@ type SnapshotInfo struct {
 	Created     time.Time `json:"created"`
 	Limits      Limits    `json:"limits"`
 	Env         []string  `json:"env,omitempty"`
+	Services    []string  `json:"services,omitempty"`
 }
 
 // Spec is what a Runtime needs to start a sandbox.
@@ -120,4 +125,46 @@ type Runtime interface {
 	// directory to another that does not exist yet. The sandbox owning
 	// from is stopped or frozen.
 	CopyState(ctx context.Context, from, to string) error
+}
+
+// ForkOptions says how many forks to make and what to call them.
+type ForkOptions struct {
+	// N is the number of forks (at least 1).
+	N int
+	// Names, when given, names the forks (len(Names) == N); the default
+	// is PARENT-1 .. PARENT-N.
+	Names []string
+}
+
+// SnapshotOptions labels a snapshot.
+type SnapshotOptions struct {
+	// Name, when given, is a label unique among the sandbox's snapshots
+	// that Rollback and Diff accept in place of the id.
+	Name string
+}
+
+// Staleness says how far the host directory a sandbox was created from
+// has moved on since: files changed, added or removed there since the
+// import, found by comparing metadata (no file is read).
+type Staleness struct {
+	Changed int `json:"changed"`
+	Added   int `json:"added"`
+	Removed int `json:"removed"`
+	// Examples names up to 10 of the paths counted.
+	Examples []string `json:"examples,omitempty"`
+	// Unknown says why staleness could not be told (origin not a host
+	// directory, or gone), when it could not.
+	Unknown string `json:"unknown,omitempty"`
+}
+
+// Status is a sandbox's metadata with what is live about it now.
+type Status struct {
+	Info
+	// Processes is the number of processes running in it (0 when stopped).
+	Processes int `json:"processes"`
+	// Ports is the number of listening sockets in it.
+	Ports int `json:"ports"`
+	// ProjectBytes is the bytes written to its project branch.
+	ProjectBytes int64     `json:"project_bytes"`
+	Stale        Staleness `json:"stale"`
 }

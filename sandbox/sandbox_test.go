@@ -146,7 +146,7 @@ func TestCreateExecIsolateDiffRemove(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(e.project, "added.txt")); err == nil {
 		t.Fatal("a file added in the sandbox's project reached the host")
 	}
-	changes, err := e.m.Diff(ctx, "one")
+	changes, err := e.m.Diff(ctx, "one", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func TestForkDiverges(t *testing.T) {
 	ctx := context.Background()
 	e.create("p", sandbox.Limits{})
 	e.mustSh("p", fmt.Sprintf("echo parent > %s/state.txt; echo parent > /etc/tine-fork-state; sleep 1000 & true", e.project))
-	kids, err := e.m.Fork(ctx, "p", 3)
+	kids, err := e.m.Fork(ctx, "p", sandbox.ForkOptions{N: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestRollbackAndRestart(t *testing.T) {
 	ctx := context.Background()
 	e.create("r", sandbox.Limits{})
 	e.mustSh("r", fmt.Sprintf("echo one > %s/f; echo one > /etc/tine-rb", e.project))
-	s, err := e.m.Snapshot(ctx, "r")
+	s, err := e.m.Snapshot(ctx, "r", sandbox.SnapshotOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

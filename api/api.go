@@ -1,0 +1,140 @@
+// Package api is tine's HTTP/JSON API: the typed requests and responses
+// that the daemon (tine serve) answers on a Unix socket in the state root,
+// and the server that answers them over a sandbox.Manager. Package
+// api/client is its Go client. docs/api/openapi.yaml describes it.
+package api
+
+import (
+	"time"
+
+	"tine/cowfs"
+	"tine/guestagent/proto"
+	"tine/sandbox"
+)
+
+// Version is the API's version: the first element of every path (/v1/...).
+const Version = "v1"
+
+// SocketName is the daemon's socket file in the state root.
+const SocketName = "tine.sock"
+
+// Error is the body of every response with a status of 400 or more.
+type Error struct {
+	// Code is a stable machine-readable word: not_found, exists,
+	// not_running, bad_request, conflict, internal.
+	Code string `json:"code"`
+	// Message names the thing and says what to do.
+	Message string `json:"message"`
+}
+
+// CreateRequest is the body of POST /v1/sandboxes.
+type CreateRequest struct {
+	Name string `json:"name,omitempty"` // default: a generated name
+	// From is a host directory (absolute) or a sandbox snapshot id or
+	// SANDBOX:LABEL.
+	From     string         `json:"from"`
+	Services []string       `json:"services,omitempty"`
+	Env      []string       `json:"env,omitempty"`
+	Limits   sandbox.Limits `json:"limits,omitempty"`
+}
+
+// Sandbox is a sandbox as the API reports it.
+type Sandbox = sandbox.Status
+
+// ForkRequest is the body of POST /v1/sandboxes/{name}/fork.
+type ForkRequest struct {
+	N     int      `json:"n"`
+	Names []string `json:"names,omitempty"`
+}
+
+// SnapshotRequest is the body of POST /v1/sandboxes/{name}/snapshots.
+type SnapshotRequest struct {
+	Name string `json:"name,omitempty"`
+}
+
+// RollbackRequest is the body of POST /v1/sandboxes/{name}/rollback.
+type RollbackRequest struct {
+	Snapshot string `json:"snapshot"` // id or label
+}
+
+// Change is one entry of GET /v1/sandboxes/{name}/diff.
+type Change struct {
+	Path string `json:"path"`
+	// PathB64 holds the path's bytes in base64 when they are not UTF-8.
+	PathB64 string `json:"path_b64,omitempty"`
+	Kind    string `json:"kind"` // added, deleted, modified, type
+	Size    int64  `json:"size,omitempty"`
+	Mode    uint32 `json:"mode,omitempty"`
+}
+
+// PromoteRequest is the body of POST /v1/sandboxes/{name}/promote.
+type PromoteRequest struct {
+	DryRun      bool `json:"dry_run,omitempty"`
+	AllowSetid  bool `json:"allow_setid,omitempty"`
+	AllowDevice bool `json:"allow_devices,omitempty"`
+	KeepOwners  bool `json:"keep_owners,omitempty"`
+}
+
+// PromoteResponse reports what a promote did or would do.
+type PromoteResponse struct {
+	Changes   []Change         `json:"changes"`
+	Conflicts []cowfs.Conflict `json:"conflicts,omitempty"`
+	Refused   []cowfs.Refusal  `json:"refused,omitempty"`
+	Applied   bool             `json:"applied"`
+}
+
+// ExecRequest starts a command: the body of POST /v1/sandboxes/{name}/exec
+// (output streamed back as ExecEvent lines), or the first message of the
+// WebSocket at GET /v1/sandboxes/{name}/exec/ws (interactive: stdin,
+// resize and signals go the other way as ExecInput).
+type ExecRequest struct {
+	proto.ExecRequest
+	// Timeout, when positive, kills the command after this long.
+	Timeout time.Duration `json:"timeout,omitempty"`
+}
+
+// ExecEvent is one message of an exec's output stream: exactly one field
+// is set. Data is raw bytes (base64 in JSON).
+type ExecEvent struct {
+	Started *proto.Started `json:"started,omitempty"`
+	Stdout  []byte         `json:"stdout,omitempty"`
+	Stderr  []byte         `json:"stderr,omitempty"`
+	Exit    *proto.Exit    `json:"exit,omitempty"`
+	Error   *Error         `json:"error,omitempty"`
+}
+
+// ExecInput is one message from the client of an interactive exec.
+type ExecInput struct {
+	Stdin      []byte        `json:"stdin,omitempty"`
+	CloseStdin bool          `json:"close_stdin,omitempty"`
+	Resize     *proto.Resize `json:"resize,omitempty"`
+	Signal     *proto.Signal `json:"signal,omitempty"`
+}
+
+// Info is the body of GET /v1/info: what this host can run.
+type Info struct {
+	Version  string        `json:"version"`
+	Root     string        `json:"root"`
+	Runtimes []RuntimeInfo `json:"runtimes"`
+}
+
+// RuntimeInfo says whether a runtime and mode can run here, and why not.
+type RuntimeInfo struct {
+	Name      string `json:"name"` // ns, vm
+	Mode      string `json:"mode"` // root, rootless
+	Available bool   `json:"available"`
+	Reason    string `json:"reason,omitempty"`
+}
+
+// FSRequest runs one "tine fs" command in the daemon, which owns the
+// store and the mounts: the body of POST /v1/fs/{command}.
+type FSRequest struct {
+	Args []string          `json:"args"`            // positional arguments, host paths absolute
+	Opts map[string]string `json:"opts,omitempty"` // flag name → value, as on the command line
+	JSON bool              `json:"json,omitempty"`
+}
+
+// FSResponse is what an fs command printed.
+type FSResponse struct {
+	Output string `json:"output"`
+}
