@@ -1,22 +1,26 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
+	"bytes"
+	"context"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
+
+	"tine/api"
+	"tine/api/client"
 )
 
-// TestControlSocketPrivate: the control socket is 0600 from the moment
-// it has its name, and a connection from another user is refused by the
+// TestDaemonSocketPrivate: the daemon's socket (which replaced the
+// mounting process's control socket) is 0600 from the moment it has its
+// name, and a connection from another user is refused by the
 // peer-credential check even when the file mode would let it in.
-func TestControlSocketPrivate(t *testing.T) {
+func TestDaemonSocketPrivate(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to connect as another user")
 	}
@@ -24,39 +28,21 @@ func TestControlSocketPrivate(t *testing.T) {
 		return // this process is the dialing child
 	}
 	root := newRoot(t)
-	f, err := openRoot(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	srv, err := serveControl(t.Context(), f, root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		srv.close()
-		srv.wg.Wait()
-	}()
-	p := controlPath(root)
+	stop := serveInProcess(t, root)
+	defer stop()
+	p := filepath.Join(root, api.SocketName)
 	fi, err := os.Stat(p)
 	if err != nil || fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
-		t.Fatalf("control socket %s: %v, mode %v; want a 0600 socket", p, err, fi.Mode())
+		t.Fatalf("daemon socket %s: %v, mode %v; want a 0600 socket", p, err, fi.Mode())
 	}
-	if ents, _ := filepath.Glob(p + ".*"); len(ents) != 0 {
+	if ents, _ := filepath.Glob(p + ".*tmp*"); len(ents) != 0 {
 		t.Errorf("temporary socket names left behind: %q", ents)
 	}
 
 	// Same user: answered.
-	conn, err := net.Dial("unix", p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	json.NewEncoder(conn).Encode(controlReq{Args: []string{"ls"}})
-	var resp controlResp
-	json.NewDecoder(bufio.NewReader(conn)).Decode(&resp)
-	conn.Close()
-	if resp.Err != "" || !strings.Contains(resp.Out, "branches:") {
-		t.Fatalf("own user's ls: %+v", resp)
+	out, errOut, code := tine(t, "fs", "ls", "--root", root)
+	if code != 0 || !strings.Contains(out, "branches:") {
+		t.Fatalf("own user's fs ls: exit %d, %q, %q", code, out, errOut)
 	}
 
 	// Another user, with the modes loosened as a careless admin might.
@@ -67,32 +53,63 @@ func TestControlSocketPrivate(t *testing.T) {
 	exe := filepath.Join(t.TempDir(), "tine.test")
 	copyFile(t, os.Args[0], exe)
 	os.Chmod(filepath.Dir(exe), 0o755)
-	cmd := exec.Command(exe, "-test.v", "-test.run=^TestControlSocketDial$")
+	cmd := exec.Command(exe, "-test.v", "-test.run=^TestDaemonSocketDial$")
 	cmd.Env = append(os.Environ(), "TINE_TEST_DIAL="+p)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	out, _ := cmd.CombinedOutput()
-	if !strings.Contains(string(out), "DIAL-RESULT: control socket: uid 65534 may not use the control socket") {
-		t.Fatalf("another user's request was not refused:\n%s", out)
+	dial, _ := cmd.CombinedOutput()
+	if !strings.Contains(string(dial), "DIAL-RESULT: refused") {
+		t.Fatalf("another user's request was not refused:\n%s", dial)
 	}
 }
 
-// TestControlSocketDial is the other user's side of
-// TestControlSocketPrivate; it does nothing unless that test starts it.
-func TestControlSocketDial(t *testing.T) {
+// TestDaemonSocketDial is the other user's side of
+// TestDaemonSocketPrivate; it does nothing unless that test starts it.
+func TestDaemonSocketDial(t *testing.T) {
 	p := os.Getenv("TINE_TEST_DIAL")
 	if p == "" {
 		return
 	}
-	conn, err := net.Dial("unix", p)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := client.New(p).FS(ctx, "ls", api.FSRequest{})
 	if err != nil {
-		t.Logf("DIAL-RESULT: dial: %v", err)
+		t.Logf("DIAL-RESULT: refused: %v", err)
 		return
 	}
-	defer conn.Close()
-	json.NewEncoder(conn).Encode(controlReq{Args: []string{"ls"}})
-	var resp controlResp
-	json.NewDecoder(bufio.NewReader(conn)).Decode(&resp)
-	t.Logf("DIAL-RESULT: %s%s", resp.Err, resp.Out)
+	t.Logf("DIAL-RESULT: answered: %s", resp.Output)
+}
+
+// serveInProcess runs "tine serve" for root in this process until the
+// returned function is called, which waits for it to end and checks that
+// it removed its socket.
+func serveInProcess(t *testing.T, root string) func() {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var errOut bytes.Buffer
+	go func() {
+		defer close(done)
+		var out bytes.Buffer
+		if code := runContext(ctx, []string{"serve", "--root", root}, &out, &errOut); code != 0 {
+			t.Errorf("serve: exit %d: %s", code, errOut.String())
+		}
+	}()
+	cl := client.New(filepath.Join(root, api.SocketName))
+	for deadline := time.Now().Add(20 * time.Second); cl.Ping(ctx) != nil; {
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			t.Fatalf("the daemon did not answer: %s", errOut.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return func() {
+		cancel()
+		<-done
+		if _, err := os.Stat(filepath.Join(root, api.SocketName)); !os.IsNotExist(err) {
+			t.Errorf("daemon socket left behind (%v)", err)
+		}
+	}
 }
 
 func copyFile(t *testing.T, from, to string) {

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"tine/cowfs"
 )
 
@@ -44,20 +46,25 @@ var demoIdeas = []demoIdea{
 	}},
 }
 
-func init() {
-	register(command{name: "demo", summary: "sandboxes created, forked, diffed and promoted, on embedded defaults", run: runDemo})
+// demoCommand is "tine demo": the README's main job on embedded defaults.
+func (a *app) demoCommand() *cobra.Command {
+	var keep bool
+	var dir string
+	c := &cobra.Command{
+		Use:   "demo",
+		Short: "sandboxes created, forked, diffed and promoted, on embedded defaults",
+		Args:  nArgs(),
+		RunE: func(c *cobra.Command, args []string) error {
+			return runDemo(c.Context(), keep, dir, a.stdout)
+		},
+	}
+	c.Flags().BoolVar(&keep, "keep", false, "keep the demo's directory afterwards")
+	c.Flags().StringVar(&dir, "dir", "", "work in this directory (default: a new temporary one)")
+	return c
 }
 
-func runDemo(ctx context.Context, args []string, stdout io.Writer) error {
-	flags := newFlags("demo")
-	keep := flags.Bool("keep", false, "keep the demo's directory afterwards")
-	dir := flags.String("dir", "", "work in this directory (default: a new temporary one)")
-	if err := flags.Parse(args); err != nil {
-		return err
-	}
-	if flags.NArg() != 0 {
-		return usageErr("demo takes no arguments")
-	}
+func runDemo(ctx context.Context, keepDir bool, workDir string, stdout io.Writer) error {
+	keep, dir := &keepDir, &workDir
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		return fmt.Errorf("the demo's agents run `go test`: %w", err)

@@ -1,23 +1,22 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
+	"tine/api"
 	"tine/chunkstore"
 	"tine/cowfs"
 )
@@ -29,7 +28,7 @@ type fsCmd struct {
 	summary string
 	args    []string // names of the positional arguments
 	paths   []int    // positions that are host paths (made absolute when forwarded)
-	flags   func(*flag.FlagSet, *fsOpts)
+	flags   func(*pflag.FlagSet, *fsOpts)
 	do      func(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Writer) error
 }
 
@@ -61,22 +60,22 @@ func (o *fsOpts) errOut() io.Writer {
 
 var fsCmds = []fsCmd{
 	{name: "import", summary: "store a host directory as a snapshot (--name N)", args: []string{"DIR"}, paths: []int{0},
-		flags: func(fs *flag.FlagSet, o *fsOpts) { fs.StringVar(&o.name, "name", "", "also name the snapshot") },
+		flags: func(fs *pflag.FlagSet, o *fsOpts) { fs.StringVar(&o.name, "name", "", "also name the snapshot") },
 		do:    fsImport},
 	{name: "mount", summary: "serve a branch at a directory until unmounted or signalled", args: []string{"BRANCH", "MOUNTPOINT"}, paths: []int{1},
-		flags: func(fs *flag.FlagSet, o *fsOpts) {
+		flags: func(fs *pflag.FlagSet, o *fsOpts) {
 			fs.BoolVar(&o.noPT, "no-passthrough", false, "serve every read through FUSE")
 			fs.BoolVar(&o.others, "allow-other", false, "let users other than the mounting one enter the mount (off: only its owner can)")
 			fs.BoolVar(&o.debug, "debug", false, "log FUSE requests")
 			fs.DurationVar(&o.timeout, "timeout", 0, "kernel entry/attr cache time (default 1s, negative: none)")
 		}},
 	{name: "branch", summary: "fork a new branch from a snapshot (--quota BYTES)", args: []string{"SNAP", "NEWBRANCH"},
-		flags: func(fs *flag.FlagSet, o *fsOpts) {
+		flags: func(fs *pflag.FlagSet, o *fsOpts) {
 			fs.Int64Var(&o.quota, "quota", 0, "bytes the branch may write (0: no limit)")
 		},
 		do: fsBranch},
 	{name: "snapshot", summary: "snapshot a branch's current state (--name N)", args: []string{"BRANCH"},
-		flags: func(fs *flag.FlagSet, o *fsOpts) { fs.StringVar(&o.name, "name", "", "also name the snapshot") },
+		flags: func(fs *pflag.FlagSet, o *fsOpts) { fs.StringVar(&o.name, "name", "", "also name the snapshot") },
 		do:    fsSnapshot},
 	{name: "rollback", summary: "return a branch to a snapshot", args: []string{"BRANCH", "SNAP"}, do: fsRollback},
 	{name: "diff", summary: "list changes from A to B (snapshot id, snapshot name or branch)", args: []string{"A", "B"}, flags: diffFlags, do: fsDiff},
@@ -90,88 +89,65 @@ var fsCmds = []fsCmd{
 	{name: "rm", summary: "delete an unmounted branch (its snapshots stay)", args: []string{"BRANCH"}, do: fsRemove},
 }
 
-func init() {
+// fsCommand is the "tine fs" family: the cowfs filesystem of the state
+// root, one command per fsCmd.
+func (a *app) fsCommand() *cobra.Command {
+	g := group("fs", "the state root's filesystem: import, branch, mount, snapshot, diff, promote")
 	for _, c := range fsCmds {
-		register(command{name: "fs " + c.name, summary: c.summary, run: func(ctx context.Context, args []string, w io.Writer) error {
-			return runFS(ctx, c, args, w)
-		}})
+		o := &fsOpts{}
+		use := strings.Join(append([]string{c.name}, c.args...), " ")
+		cc := &cobra.Command{
+			Use:   use,
+			Short: c.summary,
+			Args:  nArgs(c.args...),
+			RunE: func(cmd *cobra.Command, pos []string) error {
+				o.root, o.json = a.root, a.json
+				return a.runFS(cmd.Context(), c, o, pos, flagsSet(cmd.Flags()))
+			},
+		}
+		if c.flags != nil {
+			c.flags(cc.Flags(), o)
+		}
+		g.AddCommand(cc)
 	}
+	return g
 }
 
-// parseFS parses flags placed anywhere among the positional arguments.
-func parseFS(c fsCmd, args []string) (*fsOpts, []string, error) {
-	o, pos, _, err := parseFSFlags(c, args)
-	return o, pos, err
+// lookupFS returns the fs command called name.
+func lookupFS(name string) (fsCmd, bool) {
+	for _, c := range fsCmds {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return fsCmd{}, false
 }
 
-// parseFSFlags is parseFS that also returns the flags that were set, as
-// "-name=value" arguments.
-func parseFSFlags(c fsCmd, args []string) (*fsOpts, []string, []string, error) {
-	o := &fsOpts{}
-	fs := newFlags("fs " + c.name)
-	fs.StringVar(&o.root, "root", defaultRoot(), "state root (store, branches); default $TINE_ROOT or /var/lib/tine")
-	fs.BoolVar(&o.json, "json", false, "print JSON")
-	if c.flags != nil {
-		c.flags(fs, o)
-	}
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: tine fs %s [flags] %s\n", c.name, strings.Join(c.args, " "))
-		fs.PrintDefaults()
-	}
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, nil, nil, err
+// runFS runs an fs command: in the daemon when one answers (it owns the
+// store then), else on the state root directly.
+func (a *app) runFS(ctx context.Context, c fsCmd, o *fsOpts, pos []string, set map[string]string) error {
+	w := a.stdout
+	cl := a.client()
+	if cl.Ping(ctx) == nil {
+		abs := append([]string(nil), pos...)
+		for _, j := range c.paths {
+			if p, err := filepath.Abs(abs[j]); err == nil {
+				abs[j] = p
 			}
-			return nil, nil, nil, usageErr("%v", err)
 		}
-		if fs.NArg() == 0 {
-			break
+		resp, err := cl.FS(ctx, c.name, api.FSRequest{Args: abs, Opts: set, JSON: o.json})
+		if err != nil {
+			return apiError(err)
 		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-	if len(pos) != len(c.args) {
-		return nil, nil, nil, usageErr("want %d arguments (%s), got %d", len(c.args), strings.Join(c.args, " "), len(pos))
-	}
-	var set []string
-	fs.Visit(func(fl *flag.Flag) {
-		if fl.Name != "root" {
-			set = append(set, "-"+fl.Name+"="+fl.Value.String())
+		io.WriteString(w, resp.Output)
+		if c.name == "mount" {
+			return holdMount(ctx, abs[1])
 		}
-	})
-	return o, pos, set, nil
-}
-
-func controlPath(root string) string { return filepath.Join(root, "control.sock") }
-
-// runFS runs an fs command: through the control socket of a running
-// "tine fs mount" when there is one (it owns the store then), else on the
-// state root directly.
-func runFS(ctx context.Context, c fsCmd, args []string, w io.Writer) error {
-	o, pos, set, err := parseFSFlags(c, args)
-	if err != nil {
-		return err
-	}
-	if conn, err := net.Dial("unix", controlPath(o.root)); err == nil {
-		defer conn.Close()
-		fwd := append([]string{c.name}, set...)
-		for i, p := range pos {
-			for _, j := range c.paths {
-				if i == j {
-					if abs, err := filepath.Abs(p); err == nil {
-						p = abs
-					}
-				}
-			}
-			fwd = append(fwd, p)
-		}
-		return forward(ctx, conn, fwd, w)
+		return nil
 	}
 	f, err := openRoot(o.root)
 	if errors.Is(err, chunkstore.ErrLocked) {
-		return fmt.Errorf("%w (a running tine process owns %s; its control socket %s does not answer)", err, o.root, controlPath(o.root))
+		return fmt.Errorf("%w (a running tine process owns %s and its daemon socket %s does not answer; stop that process or wait for it)", err, o.root, a.socket())
 	}
 	if err != nil {
 		return err
@@ -186,213 +162,63 @@ func runFS(ctx context.Context, c fsCmd, args []string, w io.Writer) error {
 	return err
 }
 
-// controlReq and controlResp are the newline-delimited JSON messages of
-// the control socket.
-type controlReq struct {
-	Args []string `json:"args"` // fs subcommand and its arguments
-}
-
-type controlResp struct {
-	Out   string `json:"out,omitempty"`
-	Notes string `json:"notes,omitempty"` // for the client's stderr
-	Err   string `json:"err,omitempty"`
-	Usage bool   `json:"usage,omitempty"` // Err is a usage error
-	Held  bool   `json:"held,omitempty"`  // a mount: it lasts as long as the connection
-}
-
-func forward(ctx context.Context, conn net.Conn, args []string, w io.Writer) error {
-	if err := json.NewEncoder(conn).Encode(controlReq{Args: args}); err != nil {
-		return fmt.Errorf("send to control socket: %w", err)
-	}
-	var resp controlResp
-	dec := json.NewDecoder(bufio.NewReader(conn))
-	if err := dec.Decode(&resp); err != nil {
-		return fmt.Errorf("read from control socket: %w", err)
-	}
-	io.WriteString(w, resp.Out)
-	io.WriteString(os.Stderr, resp.Notes)
-	if resp.Err != "" {
-		if resp.Usage {
-			return usageErr("%s", resp.Err)
-		}
-		return errors.New(resp.Err)
-	}
-	if resp.Held {
-		// The mount lives in the serving process until we hang up, or
-		// until it is unmounted from outside and the server hangs up.
-		gone := make(chan struct{})
-		go func() {
-			var b [1]byte
-			conn.Read(b[:])
-			close(gone)
-		}()
+// holdMount waits while the daemon serves a mount at dir that "tine fs
+// mount" asked for: until it is unmounted from outside, or, on a signal,
+// unmounts it.
+func holdMount(ctx context.Context, dir string) error {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
 		select {
 		case <-ctx.Done():
-		case <-gone:
-		}
-	}
-	return nil
-}
-
-// server answers the control socket of a mounting process.
-type server struct {
-	f      *cowfs.FS
-	ln     net.Listener
-	path   string
-	wg     sync.WaitGroup
-	ctx    context.Context
-	mounts sync.WaitGroup
-}
-
-func serveControl(ctx context.Context, f *cowfs.FS, root string) (*server, error) {
-	p := controlPath(root)
-	if conn, err := net.Dial("unix", p); err == nil {
-		conn.Close()
-		return nil, fmt.Errorf("control socket %s is already served", p)
-	}
-	ln, err := listenPrivate(p)
-	if err != nil {
-		return nil, err
-	}
-	s := &server{f: f, ln: ln, path: p, ctx: ctx}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
+			err := unix.Unmount(dir, 0)
+			if err == unix.EBUSY {
+				err = unix.Unmount(dir, unix.MNT_DETACH)
 			}
-			s.wg.Add(1)
-			go func() {
-				defer s.wg.Done()
-				if err := checkPeer(conn); err != nil {
-					json.NewEncoder(conn).Encode(controlResp{Err: err.Error()})
-					conn.Close()
-					return
-				}
-				s.handle(conn)
-			}()
+			if err != nil && err != unix.EINVAL {
+				return fmt.Errorf("unmount %s: %w", dir, err)
+			}
+			return nil
+		case <-t.C:
+			if !mounted(dir) {
+				return nil
+			}
 		}
-	}()
-	return s, nil
+	}
 }
 
-// listenPrivate listens on a Unix socket at p that only this user can
-// connect to. The socket is bound under a temporary name, made 0600, and
-// only then renamed to p, so it is never reachable with looser modes.
-func listenPrivate(p string) (*net.UnixListener, error) {
-	tmp := fmt.Sprintf("%s.%d.tmp", p, os.Getpid())
-	os.Remove(tmp)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+// mounted reports whether dir is a mount point (of this mount namespace).
+func mounted(dir string) bool {
+	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return nil, fmt.Errorf("listen on control socket %s: %w", tmp, err)
+		return false
 	}
-	ln.SetUnlinkOnClose(false)
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		ln.Close()
-		os.Remove(tmp)
-		return nil, fmt.Errorf("control socket %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, p); err != nil {
-		ln.Close()
-		os.Remove(tmp)
-		return nil, fmt.Errorf("control socket %s: %w", p, err)
-	}
-	return ln, nil
-}
-
-// checkPeer admits a connection only from this process's user or root:
-// the socket offers mounts, imports and promotions anywhere this user can
-// write, so no one else may use it, whatever its file mode says.
-func checkPeer(conn net.Conn) error {
-	uc, ok := conn.(*net.UnixConn)
-	if !ok {
-		return errors.New("control socket: not a Unix connection")
-	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return err
-	}
-	if cerr != nil {
-		return fmt.Errorf("control socket: peer credentials: %w", cerr)
-	}
-	if me := uint32(os.Geteuid()); cred.Uid != me && cred.Uid != 0 {
-		return fmt.Errorf("control socket: uid %d may not use the control socket of uid %d", cred.Uid, me)
-	}
-	return nil
-}
-
-func (s *server) close() {
-	s.ln.Close()
-	os.Remove(s.path)
-}
-
-func (s *server) handle(conn net.Conn) {
-	defer conn.Close()
-	var req controlReq
-	if err := json.NewDecoder(bufio.NewReader(io.LimitReader(conn, 1<<20))).Decode(&req); err != nil || len(req.Args) == 0 {
-		json.NewEncoder(conn).Encode(controlResp{Err: "bad control request", Usage: true})
-		return
-	}
-	var c *fsCmd
-	for i := range fsCmds {
-		if fsCmds[i].name == req.Args[0] {
-			c = &fsCmds[i]
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && unescapeMountPath(f[4]) == dir {
+			return true
 		}
 	}
-	if c == nil {
-		json.NewEncoder(conn).Encode(controlResp{Err: fmt.Sprintf("unknown fs command %q", req.Args[0]), Usage: true})
-		return
+	return false
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
 	}
-	o, pos, err := parseFS(*c, req.Args[1:])
-	var out strings.Builder
-	var resp controlResp
-	if err == nil && c.name == "mount" {
-		m, merr := s.f.Mount(s.ctx, pos[0], pos[1], o.mountOptions())
-		if merr != nil {
-			json.NewEncoder(conn).Encode(controlResp{Err: merr.Error()})
-			return
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
 		}
-		json.NewEncoder(conn).Encode(controlResp{Out: fmt.Sprintf("mounted %s at %s\n", pos[0], pos[1]), Held: true})
-		// Unmount when the client hangs up or this process stops.
-		done := make(chan struct{})
-		go func() {
-			var b [1]byte
-			conn.Read(b[:])
-			close(done)
-		}()
-		unmounted := make(chan struct{})
-		go func() {
-			m.Wait()
-			close(unmounted)
-		}()
-		select {
-		case <-done:
-		case <-unmounted:
-		case <-s.ctx.Done():
-		}
-		m.Unmount()
-		return
+		b.WriteByte(s[i])
 	}
-	var notes strings.Builder
-	if err == nil {
-		o.stderr = &notes
-		err = c.do(s.ctx, s.f, o, pos, &out)
-	}
-	resp.Out, resp.Notes = out.String(), notes.String()
-	if err != nil {
-		resp.Err = err.Error()
-		resp.Usage = errors.Is(err, errUsage)
-	}
-	json.NewEncoder(conn).Encode(resp)
+	return b.String()
 }
 
 func fsMount(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Writer) (err error) {
@@ -401,20 +227,6 @@ func fsMount(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Wri
 			err = cerr
 		}
 	}()
-	sctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	srv, err := serveControl(sctx, f, o.root)
-	if err != nil {
-		// The mount still works; other commands cannot reach the store
-		// while it runs.
-		fmt.Fprintf(os.Stderr, "tine fs mount: no control socket: %v\n", err)
-	} else {
-		defer func() {
-			srv.close()
-			cancel()
-			srv.wg.Wait()
-		}()
-	}
 	m, err := f.Mount(ctx, pos[0], pos[1], o.mountOptions())
 	if err != nil {
 		return err

@@ -3,12 +3,13 @@ package main
 import (
 	"context"
 	"encoding/base64"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/spf13/pflag"
 
 	"tine/cowfs"
 )
@@ -24,17 +25,17 @@ func resolvePair(ctx context.Context, f *cowfs.FS, pos []string) (cowfs.Snapshot
 
 // diffFlags registers the flags that choose which changes a diff, patch
 // or export carries.
-func diffFlags(fs *flag.FlagSet, o *fsOpts) {
+func diffFlags(fs *pflag.FlagSet, o *fsOpts) {
 	fs.BoolVar(&o.diff.GitInternals, "include-git-internals", false, "include paths under .git (left out by default)")
 	fs.BoolVar(&o.diff.GitIgnore, "gitignore", false, "leave out paths the new snapshot's .gitignore files ignore")
 }
 
-func patchFlags(fs *flag.FlagSet, o *fsOpts) {
+func patchFlags(fs *pflag.FlagSet, o *fsOpts) {
 	diffFlags(fs, o)
 	fs.Int64Var(&o.maxFile, "max-file", cowfs.DefaultMaxPatchFile, "largest file (bytes) the patch carries; bigger ones fail the patch (use export-tar)")
 }
 
-func exportFlags(fs *flag.FlagSet, o *fsOpts) {
+func exportFlags(fs *pflag.FlagSet, o *fsOpts) {
 	diffFlags(fs, o)
 	privilegeFlags(fs, o)
 }
@@ -42,7 +43,7 @@ func exportFlags(fs *flag.FlagSet, o *fsOpts) {
 // privilegeFlags registers the opt-ins for privilege that promote and
 // export-tar may carry to the host (docs/trust.md), named for what they
 // allow.
-func privilegeFlags(fs *flag.FlagSet, o *fsOpts) {
+func privilegeFlags(fs *pflag.FlagSet, o *fsOpts) {
 	fs.BoolVar(&o.priv.SetID, "allow-setid", false, "keep setuid and setgid bits")
 	fs.BoolVar(&o.priv.Devices, "allow-devices", false, "create (or include) character and block device nodes")
 	fs.BoolVar(&o.priv.Owners, "keep-owners", false, "keep the snapshot's uid and gid (default: the running user's)")

@@ -2,16 +2,17 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
+
+	"github.com/spf13/pflag"
 
 	"tine/cowfs"
 )
 
 // promoteFlags registers the flags of fs promote: --dry-run, the diff
 // filters, and one opt-in for each privilege a promotion may carry.
-func promoteFlags(fs *flag.FlagSet, o *fsOpts) {
+func promoteFlags(fs *pflag.FlagSet, o *fsOpts) {
 	fs.BoolVar(&o.dryRun, "dry-run", false, "list the changes and check for conflicts; write nothing")
 	diffFlags(fs, o)
 	privilegeFlags(fs, o)

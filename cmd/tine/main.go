@@ -1,35 +1,28 @@
 // Command tine is the command-line interface to tine: sandboxes that are
 // created, forked, diffed and promoted in milliseconds.
+//
+// Every command takes the persistent flags --root (the state root) and
+// --json (machine-readable output). Sandbox commands talk to the daemon
+// (tine serve) over its socket in the state root and start it when it
+// does not answer; the fs, store, vm and init families are lower-level
+// commands that work on a state root or a store directly.
 package main
 
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"sort"
+	"strings"
 	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"tine/sandbox/ns"
 )
-
-// command is one subcommand of tine. Each file of this package registers
-// its own commands with register, so subcommands stay apart.
-type command struct {
-	name    string // e.g. "demo" or "fs snapshot"
-	summary string // one line for the usage listing
-	run     func(ctx context.Context, args []string, stdout io.Writer) error
-}
-
-var commands = map[string]command{}
-
-func register(c command) {
-	if _, dup := commands[c.name]; dup {
-		panic("tine: command registered twice: " + c.name)
-	}
-	commands[c.name] = c
-}
 
 // errUsage marks an error caused by bad command-line input (exit code 2).
 var errUsage = errors.New("usage")
@@ -38,68 +31,158 @@ func usageErr(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, a...))
 }
 
-func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: tine <command> [flags] [args]")
-	fmt.Fprintln(w, "\ncommands:")
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(w, "  %-22s %s\n", n, commands[n].summary)
-	}
-}
+// exitCode is an error that only carries an exit code: that of a command
+// run in a sandbox, which becomes tine's.
+type exitCode int
 
-// lookup finds the longest registered command name that prefixes args
-// ("fs snapshot" before "fs") and returns it with the remaining args.
-func lookup(args []string) (command, []string, bool) {
-	for n := len(args); n > 0; n-- {
-		name := args[0]
-		for _, a := range args[1:n] {
-			name += " " + a
-		}
-		if c, ok := commands[name]; ok {
-			return c, args[n:], true
-		}
-	}
-	return command{}, nil, false
+func (e exitCode) Error() string { return fmt.Sprintf("exit code %d", int(e)) }
+
+// app holds what every command shares: the persistent flags and the
+// process's streams.
+type app struct {
+	root   string
+	json   bool
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
 }
 
 func main() {
+	ns.Init() // a sandbox's init step re-executes this program
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// run runs one command line and returns the exit code: 0, 1 for a
+// failure, 2 for a usage error, or the code of a command run in a sandbox.
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		usage(stdout)
-		return 0
-	}
-	c, rest, ok := lookup(args)
-	if !ok {
-		fmt.Fprintf(stderr, "tine: unknown command %q\n\n", args[0])
-		usage(stderr)
-		return 2
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := c.run(ctx, rest, stdout); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintf(stderr, "tine %s: %v\n", c.name, err)
-		if errors.Is(err, errUsage) {
-			return 2
-		}
-		return 1
-	}
-	return 0
+	return runContext(ctx, args, stdout, stderr)
 }
 
-// newFlags returns a flag set for a subcommand whose errors are returned,
-// not printed and exited on.
-func newFlags(name string) *flag.FlagSet {
-	fs := flag.NewFlagSet("tine "+name, flag.ContinueOnError)
-	fs.SetOutput(os.Stderr)
-	return fs
+// runContext is run with the caller's context.
+func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a := &app{stdin: os.Stdin, stdout: stdout, stderr: stderr}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return 0
+	}
+	var code exitCode
+	if errors.As(err, &code) {
+		return int(code)
+	}
+	name := "tine"
+	if cmd != nil {
+		name = cmd.CommandPath()
+	}
+	if strings.HasPrefix(err.Error(), "unknown command") {
+		// cobra's own error for an unknown first word.
+		fmt.Fprintf(stderr, "tine: %v\n\n", err)
+		root.SetOut(stderr)
+		root.Usage()
+		return 2
+	}
+	fmt.Fprintf(stderr, "%s: %v\n", name, err)
+	if errors.Is(err, errUsage) {
+		return 2
+	}
+	return 1
+}
+
+// rootCommand builds the command tree. A fresh tree per run keeps flag
+// values of one run out of the next.
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "tine",
+		Short: "sandboxes for AI agents: created, forked, diffed and promoted in milliseconds",
+		Long: "tine gives a program an exact, isolated copy of a project and its environment,\n" +
+			"forks it N ways, snapshots and rolls back, and promotes the winning changes back.",
+		SilenceUsage:      true,
+		SilenceErrors:     true,
+		CompletionOptions: cobra.CompletionOptions{HiddenDefaultCmd: true},
+	}
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
+	root.SetIn(a.stdin)
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageErr("%v", err) })
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.root, "root", defaultRoot(), "state root (store, sandboxes, daemon socket); default $TINE_ROOT or "+builtinRoot)
+	pf.BoolVar(&a.json, "json", false, "print JSON")
+	root.AddGroup(&cobra.Group{ID: "sandbox", Title: "Sandboxes:"}, &cobra.Group{ID: "host", Title: "Host and daemon:"},
+		&cobra.Group{ID: "low", Title: "Lower-level commands:"})
+	for _, c := range a.sandboxCommands() {
+		c.GroupID = "sandbox"
+		root.AddCommand(c)
+	}
+	for _, c := range []*cobra.Command{a.infoCommand(), a.serveCommand(), a.completionCommand(), a.initCommand(), a.demoCommand()} {
+		c.GroupID = "host"
+		root.AddCommand(c)
+	}
+	for _, c := range []*cobra.Command{a.fsCommand(), a.storeCommand(), a.vmCommand()} {
+		c.GroupID = "low"
+		root.AddCommand(c)
+	}
+	root.SetHelpCommandGroupID("host")
+	return root
+}
+
+// group returns a command that only holds subcommands: an unknown
+// subcommand is a usage error naming it.
+func group(use, short string) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(c *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return c.Help()
+			}
+			return usageErr("unknown command %q; see %q", args[0], c.CommandPath()+" --help")
+		},
+	}
+}
+
+// nArgs checks the number of positional arguments, naming them in the
+// usage error.
+func nArgs(names ...string) cobra.PositionalArgs {
+	return func(c *cobra.Command, args []string) error {
+		if len(args) != len(names) {
+			return usageErr("want %d arguments (%s), got %d", len(names), strings.Join(names, " "), len(args))
+		}
+		return nil
+	}
+}
+
+// rangeArgs checks that there are between lo and hi positional arguments.
+func rangeArgs(lo, hi int, what string) cobra.PositionalArgs {
+	return func(c *cobra.Command, args []string) error {
+		if len(args) < lo || len(args) > hi {
+			return usageErr("want %s, got %d arguments", what, len(args))
+		}
+		return nil
+	}
+}
+
+// minArgs checks that there are at least lo positional arguments.
+func minArgs(lo int, what string) cobra.PositionalArgs {
+	return func(c *cobra.Command, args []string) error {
+		if len(args) < lo {
+			return usageErr("want %s", what)
+		}
+		return nil
+	}
+}
+
+// flagsSet returns the flags set on the command line other than the
+// persistent ones, as name → value.
+func flagsSet(fs *pflag.FlagSet) map[string]string {
+	set := map[string]string{}
+	fs.Visit(func(fl *pflag.Flag) {
+		if fl.Name != "root" && fl.Name != "json" {
+			set[fl.Name] = fl.Value.String()
+		}
+	})
+	return set
 }

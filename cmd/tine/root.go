@@ -1,13 +1,12 @@
 package main
 
 import (
-	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/spf13/cobra"
 
 	"tine/chunkstore"
 	"tine/cowfs"
@@ -17,10 +16,6 @@ import (
 // names one. It is the only root a command other than "tine init" may
 // create, on its first use.
 const builtinRoot = "/var/lib/tine"
-
-func init() {
-	register(command{name: "init", summary: "create a state root (--root DIR; default $TINE_ROOT or " + builtinRoot + ")", run: runInit})
-}
 
 func defaultRoot() string {
 	if r := os.Getenv("TINE_ROOT"); r != "" {
@@ -85,20 +80,21 @@ func initRoot(dir string) error {
 	return f.Close()
 }
 
-func runInit(ctx context.Context, args []string, w io.Writer) error {
-	fs := newFlags("init")
-	root := fs.String("root", defaultRoot(), "directory to make a state root")
-	jsonOut := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return usageErr("%v", err)
+// initCommand is "tine init": make the --root directory a state root.
+func (a *app) initCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "init",
+		Short: "create a state root (--root DIR; default $TINE_ROOT or " + builtinRoot + ")",
+		Args:  nArgs(),
+		RunE: func(c *cobra.Command, args []string) error {
+			return a.runInit()
+		},
 	}
-	if fs.NArg() != 0 {
-		return usageErr("init takes no arguments (use --root DIR)")
-	}
-	dir, err := filepath.Abs(*root)
+}
+
+func (a *app) runInit() error {
+	w := a.stdout
+	dir, err := filepath.Abs(a.root)
 	if err != nil {
 		return err
 	}
@@ -109,7 +105,7 @@ func runInit(ctx context.Context, args []string, w io.Writer) error {
 	if err := initRoot(dir); err != nil {
 		return err
 	}
-	if *jsonOut {
+	if a.json {
 		return writeJSON(w, map[string]any{"root": dir, "created": !existed})
 	}
 	if existed {

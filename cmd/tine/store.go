@@ -2,22 +2,50 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"sort"
 
+	"github.com/spf13/cobra"
+
 	"tine/chunkstore"
 )
 
-func init() {
-	register(command{name: "store stats", summary: "show a chunk store's sizes and ratios (--json)", run: runStoreStats})
-	register(command{name: "store verify", summary: "read and check every object of a chunk store", run: runStoreVerify})
-	register(command{name: "store gc", summary: "remove objects no ref reaches from a chunk store", run: runStoreGC})
-	register(command{name: "store refs", summary: "list a chunk store's refs (optionally under a prefix)", run: runStoreRefs})
-	register(command{name: "store recover", summary: "bring back refs and index a damaged chunk store lost (--json)", run: runStoreRecover})
-	register(command{name: "store rebuild-index", summary: "rebuild a chunk store's index from its packs (--json)", run: runStoreRebuildIndex})
+// storeCommand is the "tine store" family: commands on a chunk store
+// directory (the state root's is ROOT/store).
+func (a *app) storeCommand() *cobra.Command {
+	g := group("store", "a chunk store directory: stats, verify, gc, refs, recover, rebuild-index")
+	one := func(name, short string, run func(ctx context.Context, dir string, asJSON bool, stdout io.Writer) error) *cobra.Command {
+		return &cobra.Command{
+			Use:   name + " DIR",
+			Short: short,
+			Args:  nArgs("DIR"),
+			RunE: func(c *cobra.Command, args []string) error {
+				return run(c.Context(), args[0], a.json, a.stdout)
+			},
+		}
+	}
+	g.AddCommand(
+		one("stats", "show a chunk store's sizes and ratios", runStoreStats),
+		one("verify", "read and check every object of a chunk store", runStoreVerify),
+		one("gc", "remove objects no ref reaches from a chunk store", runStoreGC),
+		one("recover", "bring back refs and index a damaged chunk store lost", runStoreRecover),
+		one("rebuild-index", "rebuild a chunk store's index from its packs", runStoreRebuildIndex),
+		&cobra.Command{
+			Use:   "refs DIR [PREFIX]",
+			Short: "list a chunk store's refs (optionally under a prefix)",
+			Args:  rangeArgs(1, 2, "a store directory and an optional prefix"),
+			RunE: func(c *cobra.Command, args []string) error {
+				prefix := ""
+				if len(args) == 2 {
+					prefix = args[1]
+				}
+				return runStoreRefs(c.Context(), args[0], prefix, a.json, a.stdout)
+			},
+		},
+	)
+	return g
 }
 
 // openStore opens the store in dir, which must already be one: unlike
@@ -48,12 +76,7 @@ func progress(phase string, done, total int64) {
 	}
 }
 
-func runStoreRecover(ctx context.Context, args []string, stdout io.Writer) error {
-	var asJSON bool
-	dir, err := storeArgs("store recover", args, func(fs *flag.FlagSet) { fs.BoolVar(&asJSON, "json", false, "print JSON") })
-	if err != nil {
-		return err
-	}
+func runStoreRecover(ctx context.Context, dir string, asJSON bool, stdout io.Writer) error {
 	rep, err := chunkstore.Recover(ctx, dir, progress)
 	if err != nil {
 		return err
@@ -78,12 +101,7 @@ func runStoreRecover(ctx context.Context, args []string, stdout io.Writer) error
 	return nil
 }
 
-func runStoreRebuildIndex(ctx context.Context, args []string, stdout io.Writer) error {
-	var asJSON bool
-	dir, err := storeArgs("store rebuild-index", args, func(fs *flag.FlagSet) { fs.BoolVar(&asJSON, "json", false, "print JSON") })
-	if err != nil {
-		return err
-	}
+func runStoreRebuildIndex(ctx context.Context, dir string, asJSON bool, stdout io.Writer) error {
 	rep, err := chunkstore.RebuildIndex(ctx, dir, progress)
 	if err != nil {
 		return err
@@ -101,36 +119,7 @@ func runStoreRebuildIndex(ctx context.Context, args []string, stdout io.Writer) 
 	return nil
 }
 
-// storeArgs parses flags (before or after the directory) and the one
-// store directory argument.
-func storeArgs(name string, args []string, setup func(*flag.FlagSet)) (string, error) {
-	fs := newFlags(name)
-	if setup != nil {
-		setup(fs)
-	}
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return "", err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-	if len(pos) != 1 {
-		return "", usageErr("%s: want one store directory, got %d arguments", name, len(pos))
-	}
-	return pos[0], nil
-}
-
-func runStoreStats(ctx context.Context, args []string, stdout io.Writer) error {
-	var asJSON bool
-	dir, err := storeArgs("store stats", args, func(fs *flag.FlagSet) { fs.BoolVar(&asJSON, "json", false, "print JSON") })
-	if err != nil {
-		return err
-	}
+func runStoreStats(ctx context.Context, dir string, asJSON bool, stdout io.Writer) error {
 	s, err := openStore(dir, nil)
 	if err != nil {
 		return err
@@ -151,11 +140,7 @@ func runStoreStats(ctx context.Context, args []string, stdout io.Writer) error {
 	return nil
 }
 
-func runStoreVerify(ctx context.Context, args []string, stdout io.Writer) error {
-	dir, err := storeArgs("store verify", args, nil)
-	if err != nil {
-		return err
-	}
+func runStoreVerify(ctx context.Context, dir string, asJSON bool, stdout io.Writer) error {
 	// Open even a damaged store, so that every problem gets reported.
 	s, err := openStore(dir, &chunkstore.Options{AllowDamaged: true})
 	if err != nil {
@@ -166,21 +151,25 @@ func runStoreVerify(ctx context.Context, args []string, stdout io.Writer) error 
 	if err != nil {
 		return err
 	}
-	for _, d := range rep.Damaged {
-		fmt.Fprintln(stdout, "damaged:", d)
+	if asJSON {
+		if err := writeJSON(stdout, rep); err != nil {
+			return err
+		}
+	} else {
+		for _, d := range rep.Damaged {
+			fmt.Fprintln(stdout, "damaged:", d)
+		}
 	}
-	fmt.Fprintf(stdout, "checked %d objects (%s) and %d refs: %d problems\n", rep.Objects, humanBytes(rep.Bytes), rep.Refs, len(rep.Damaged))
+	if !asJSON {
+		fmt.Fprintf(stdout, "checked %d objects (%s) and %d refs: %d problems\n", rep.Objects, humanBytes(rep.Bytes), rep.Refs, len(rep.Damaged))
+	}
 	if !rep.OK() {
 		return fmt.Errorf("store %s: %d problems found", dir, len(rep.Damaged))
 	}
 	return nil
 }
 
-func runStoreGC(ctx context.Context, args []string, stdout io.Writer) error {
-	dir, err := storeArgs("store gc", args, nil)
-	if err != nil {
-		return err
-	}
+func runStoreGC(ctx context.Context, dir string, asJSON bool, stdout io.Writer) error {
 	// A fresh process holds no ids in memory: no grace period is needed.
 	s, err := openStore(dir, &chunkstore.Options{GCGrace: -1})
 	if err != nil {
@@ -193,27 +182,30 @@ func runStoreGC(ctx context.Context, args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if asJSON {
+		return writeJSON(stdout, st)
+	}
 	fmt.Fprintf(stdout, "kept %d objects, deleted %d (%s); packs: %d deleted, %d rewritten (%d objects copied); %d reachable objects missing; %s\n",
 		st.Live, st.Deleted, humanBytes(st.DeletedBytes), st.PacksDeleted, st.PacksRepacked, st.RepackedObjects, st.Missing, st.Duration.Round(1e6))
 	return nil
 }
 
-func runStoreRefs(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := newFlags("store refs")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() < 1 || fs.NArg() > 2 {
-		return usageErr("store refs: want a store directory and an optional prefix")
-	}
-	s, err := openStore(fs.Arg(0), nil)
+func runStoreRefs(ctx context.Context, dir, prefix string, asJSON bool, stdout io.Writer) error {
+	s, err := openStore(dir, nil)
 	if err != nil {
 		return err
 	}
 	defer s.Close()
-	refs, err := s.ListRefs(fs.Arg(1))
+	refs, err := s.ListRefs(prefix)
 	if err != nil {
 		return err
+	}
+	if asJSON {
+		m := make(map[string]string, len(refs))
+		for n, id := range refs {
+			m[n] = fmt.Sprint(id)
+		}
+		return writeJSON(stdout, m)
 	}
 	names := make([]string, 0, len(refs))
 	for n := range refs {

@@ -6,20 +6,67 @@ import (
 	"io"
 	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
 
 	"tine/chunkstore"
 	"tine/vmm"
 )
 
-func init() {
-	register(command{name: "vm run", summary: "run a bare guest program (built-in demo when none is given)", run: runVMRun})
-	register(command{name: "vm restore", summary: "resume a VM snapshot from a store and run it to the end", run: runVMRestore})
-	register(command{name: "vm forkbench", summary: "measure fork to first guest instruction", run: runVMForkBench})
+// vmOpts holds the flags of the vm commands.
+type vmOpts struct {
+	mem, storeDir, ref      string
+	lazy, pool              bool
+	n                       int
+	kernel, initrd, cmdline string
+	cpus                    int
+	input                   bool
+}
+
+// vmCommand is the "tine vm" family: the virtual machine monitor on its own.
+func (a *app) vmCommand() *cobra.Command {
+	g := group("vm", "the virtual machine monitor on its own: bare guests, snapshots, Linux boots")
+	cmd := func(use, short string, args cobra.PositionalArgs, run func(context.Context, *vmOpts, []string, io.Writer) error, flags func(*pflag.FlagSet, *vmOpts)) *cobra.Command {
+		o := &vmOpts{}
+		c := &cobra.Command{Use: use, Short: short, Args: args, RunE: func(c *cobra.Command, args []string) error {
+			return run(c.Context(), o, args, a.stdout)
+		}}
+		flags(c.Flags(), o)
+		return c
+	}
+	g.AddCommand(
+		cmd("run [PROGRAM]", "run a bare guest program (built-in demo when none is given)", rangeArgs(0, 1, "at most one program file"), runVMRun,
+			func(fs *pflag.FlagSet, o *vmOpts) {
+				fs.StringVar(&o.mem, "mem", "64M", "guest RAM size")
+				fs.StringVar(&o.storeDir, "store", "", "chunk store for the guest's snapshot requests")
+				fs.StringVar(&o.ref, "ref", "", "ref to point at the latest snapshot")
+			}),
+		cmd("restore [ROOTID]", "resume a VM snapshot from a store and run it to the end", rangeArgs(0, 1, "--ref or one root id"), runVMRestore,
+			func(fs *pflag.FlagSet, o *vmOpts) {
+				fs.StringVar(&o.storeDir, "store", "", "chunk store holding the snapshot (required)")
+				fs.StringVar(&o.ref, "ref", "", "ref naming the snapshot (instead of a root id argument)")
+				fs.BoolVar(&o.lazy, "lazy", false, "fill guest pages from the store on first touch (userfaultfd)")
+			}),
+		cmd("forkbench", "measure fork to first guest instruction", nArgs(), runVMForkBench,
+			func(fs *pflag.FlagSet, o *vmOpts) {
+				fs.StringVar(&o.mem, "mem", "256M", "guest RAM size")
+				fs.IntVarP(&o.n, "forks", "n", 200, "forks to time")
+				fs.BoolVar(&o.pool, "pool", true, "fork into empty VMs made ahead")
+			}),
+		cmd("boot", "boot a Linux kernel with its serial console on stdout", nArgs(), runVMBoot,
+			func(fs *pflag.FlagSet, o *vmOpts) {
+				fs.StringVar(&o.kernel, "kernel", "", "kernel: a bzImage, or an uncompressed vmlinux booted through PVH (required)")
+				fs.StringVar(&o.initrd, "initrd", "", "initial ramdisk")
+				fs.StringVar(&o.cmdline, "cmdline", "console=ttyS0 panic=-1", "kernel command line")
+				fs.StringVar(&o.mem, "mem", "512M", "guest RAM, with an optional K, M or G suffix (at most 3G)")
+				fs.IntVar(&o.cpus, "cpus", 1, "number of vCPUs")
+				fs.BoolVar(&o.input, "input", false, "forward standard input to the guest's serial port")
+			}),
+	)
+	return g
 }
 
 // demoGuest is a hand-assembled bare guest: it prints a greeting, asks
@@ -44,20 +91,11 @@ var demoGuest = append([]byte{
 
 // parseMemSize parses guest RAM sizes like 256M, 1G, 4096.
 func parseMemSize(s string) (uint64, error) {
-	mult := uint64(1)
-	switch {
-	case strings.HasSuffix(s, "G"):
-		mult, s = 1<<30, strings.TrimSuffix(s, "G")
-	case strings.HasSuffix(s, "M"):
-		mult, s = 1<<20, strings.TrimSuffix(s, "M")
-	case strings.HasSuffix(s, "K"):
-		mult, s = 1<<10, strings.TrimSuffix(s, "K")
-	}
-	n, err := strconv.ParseUint(s, 10, 64)
+	n, err := parseSize(s)
 	if err != nil || n == 0 {
 		return 0, usageErr("bad size %q", s)
 	}
-	return n * mult, nil
+	return uint64(n), nil
 }
 
 // vmSession runs VMs, handling snapshot and fork requests: snapshots go
@@ -157,15 +195,8 @@ func openSessionStore(dir string) (*chunkstore.Store, error) {
 	return chunkstore.Open(dir, nil)
 }
 
-func runVMRun(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := newFlags("vm run")
-	mem := fs.String("mem", "64M", "guest RAM size")
-	storeDir := fs.String("store", "", "chunk store for the guest's snapshot requests")
-	ref := fs.String("ref", "", "ref to point at the latest snapshot")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	size, err := parseMemSize(*mem)
+func runVMRun(ctx context.Context, o *vmOpts, args []string, stdout io.Writer) error {
+	size, err := parseMemSize(o.mem)
 	if err != nil {
 		return err
 	}
@@ -173,23 +204,20 @@ func runVMRun(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	prog := demoGuest
-	if fs.NArg() > 1 {
-		return usageErr("vm run takes at most one program file")
-	}
-	if fs.NArg() == 1 {
-		prog, err = os.ReadFile(fs.Arg(0))
+	if len(args) == 1 {
+		prog, err = os.ReadFile(args[0])
 		if err != nil {
 			return err
 		}
 	}
-	store, err := openSessionStore(*storeDir)
+	store, err := openSessionStore(o.storeDir)
 	if err != nil {
 		return err
 	}
 	if store != nil {
 		defer store.Close()
 	}
-	s := &vmSession{stdout: stdout, store: store, ref: *ref}
+	s := &vmSession{stdout: stdout, store: store, ref: o.ref}
 	cfg := s.config()
 	cfg.MemSize = size
 	vm, err := vmm.New(ctx, cfg)
@@ -203,33 +231,26 @@ func runVMRun(ctx context.Context, args []string, stdout io.Writer) error {
 	return s.runAll(ctx, vm)
 }
 
-func runVMRestore(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := newFlags("vm restore")
-	storeDir := fs.String("store", "", "chunk store holding the snapshot (required)")
-	ref := fs.String("ref", "", "ref naming the snapshot (instead of a root id argument)")
-	lazy := fs.Bool("lazy", false, "fill guest pages from the store on first touch (userfaultfd)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *storeDir == "" {
-		return usageErr("vm restore needs -store")
+func runVMRestore(ctx context.Context, o *vmOpts, args []string, stdout io.Writer) error {
+	if o.storeDir == "" {
+		return usageErr("vm restore needs --store")
 	}
 	if err := noNewPrivs(); err != nil {
 		return err
 	}
-	store, err := openStore(*storeDir, nil)
+	store, err := openStore(o.storeDir, nil)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
 	var root chunkstore.ID
 	switch {
-	case *ref != "" && fs.NArg() == 0:
-		root, err = store.GetRef(*ref)
-	case *ref == "" && fs.NArg() == 1:
-		root, err = chunkstore.ParseID(fs.Arg(0))
+	case o.ref != "" && len(args) == 0:
+		root, err = store.GetRef(o.ref)
+	case o.ref == "" && len(args) == 1:
+		root, err = chunkstore.ParseID(args[0])
 	default:
-		return usageErr("vm restore takes either -ref or one root id")
+		return usageErr("vm restore takes either --ref or one root id")
 	}
 	if err != nil {
 		return err
@@ -238,7 +259,7 @@ func runVMRestore(ctx context.Context, args []string, stdout io.Writer) error {
 	cfg := s.config()
 	var img *vmm.Image
 	opts := vmm.ForkOptions{Config: &cfg}
-	if *lazy {
+	if o.lazy {
 		img, err = vmm.OpenSnapshotLazy(store, root, cfg)
 		opts.Mode = vmm.ForkUserfault
 	} else {
@@ -255,20 +276,14 @@ func runVMRestore(ctx context.Context, args []string, stdout io.Writer) error {
 	return s.runAll(ctx, kids[0])
 }
 
-func runVMForkBench(ctx context.Context, args []string, stdout io.Writer) error {
-	fs := newFlags("vm forkbench")
-	mem := fs.String("mem", "256M", "guest RAM size")
-	n := fs.Int("n", 200, "forks to time")
-	pool := fs.Bool("pool", true, "fork into empty VMs made ahead")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
+func runVMForkBench(ctx context.Context, o *vmOpts, args []string, stdout io.Writer) error {
+	mem, n, pool := &o.mem, &o.n, &o.pool
 	size, err := parseMemSize(*mem)
 	if err != nil {
 		return err
 	}
 	if *n < 1 {
-		return usageErr("-n must be at least 1")
+		return usageErr("--forks (-n) must be at least 1")
 	}
 	// The guest reports on its first instruction, then exits.
 	guest := []byte{0x66, 0xba, 0x01, 0x05, 0xef, 0x66, 0xba, 0x04, 0x05, 0x31, 0xc0, 0xef, 0xeb, 0xfe}

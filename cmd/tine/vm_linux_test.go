@@ -8,7 +8,9 @@ import (
 	"testing"
 )
 
-func TestParseSize(t *testing.T) {
+// TestParseMemSize: guest RAM sizes go through the one size parser and
+// must not be zero.
+func TestParseMemSize(t *testing.T) {
 	tests := []struct {
 		in   string
 		want uint64
@@ -25,9 +27,9 @@ func TestParseSize(t *testing.T) {
 		{"99999999999G", 0, true},
 	}
 	for _, tc := range tests {
-		got, err := parseSize(tc.in)
+		got, err := parseMemSize(tc.in)
 		if (err != nil) != tc.bad || got != tc.want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d, error %v", tc.in, got, err, tc.want, tc.bad)
+			t.Errorf("parseMemSize(%q) = %d, %v; want %d, error %v", tc.in, got, err, tc.want, tc.bad)
 		}
 	}
 }

@@ -21,9 +21,9 @@ func TestVMRunSnapshotRestore(t *testing.T) {
 		out  []string
 	}{
 		{[]string{"vm", "run"}, []string{want, "0\n1\n2\n3\n"}},
-		{[]string{"vm", "run", "-store", store, "-ref", "vm/demo"}, []string{want, "snapshot ", "0\n1\n2\n3\n"}},
-		{[]string{"vm", "restore", "-store", store, "-ref", "vm/demo"}, []string{"0\n1\n2\n3\n"}},
-		{[]string{"vm", "restore", "-lazy", "-store", store, "-ref", "vm/demo"}, []string{"0\n1\n2\n3\n"}},
+		{[]string{"vm", "run", "--store", store, "--ref", "vm/demo"}, []string{want, "snapshot ", "0\n1\n2\n3\n"}},
+		{[]string{"vm", "restore", "--store", store, "--ref", "vm/demo"}, []string{"0\n1\n2\n3\n"}},
+		{[]string{"vm", "restore", "--lazy", "--store", store, "--ref", "vm/demo"}, []string{"0\n1\n2\n3\n"}},
 	}
 	for _, c := range cases {
 		var out, errOut bytes.Buffer

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"os/user"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"tine/api"
+	"tine/api/client"
+	"tine/guestagent/proto"
+)
+
+// execOpts are the flags of exec.
+type execOpts struct {
+	stdin, tty bool
+	cwd        string
+	env        []string
+	timeout    time.Duration
+	user       string
+}
+
+func (a *app) execCommand() *cobra.Command {
+	o := &execOpts{}
+	c := &cobra.Command{
+		Use:   "exec [flags] SB -- CMD [ARG...]",
+		Short: "run a command in a sandbox; its exit code becomes tine's",
+		Args:  minArgs(2, "a sandbox and a command: tine exec SB -- CMD [ARG...]"),
+		RunE: func(c *cobra.Command, args []string) error {
+			if d := c.ArgsLenAtDash(); d >= 0 && d != 1 {
+				return usageErr("want exactly one sandbox before --, got %d arguments", d)
+			}
+			return a.exec(c.Context(), args[0], args[1:], o)
+		},
+	}
+	f := c.Flags()
+	f.BoolVarP(&o.stdin, "interactive", "i", false, "pass standard input to the command")
+	f.BoolVarP(&o.tty, "tty", "t", false, "run the command on a terminal (raw mode, window size followed)")
+	f.StringVar(&o.cwd, "cwd", "", "working directory (default: the project directory)")
+	f.StringArrayVar(&o.env, "env", nil, "KEY=VALUE added to the sandbox's environment (repeatable)")
+	f.DurationVar(&o.timeout, "timeout", 0, "kill the command after this long, such as 30s (0: never)")
+	f.StringVar(&o.user, "user", "", "run as USER or UID[:GID] (default: root)")
+	return c
+}
+
+func (a *app) shellCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "shell SB",
+		Short: "an interactive shell in a sandbox ($SHELL, else /bin/sh)",
+		Args:  nArgs("SB"),
+		RunE: func(c *cobra.Command, args []string) error {
+			sh := os.Getenv("SHELL")
+			if sh == "" {
+				sh = "/bin/sh"
+			}
+			return a.exec(c.Context(), args[0], []string{sh}, &execOpts{stdin: true, tty: true})
+		},
+	}
+}
+
+// forwarded are the signals tine passes on to a command it runs.
+var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
+
+// exec runs argv in sandbox sb and returns its exit code as an exitCode.
+func (a *app) exec(ctx context.Context, sb string, argv []string, o *execOpts) error {
+	req := api.ExecRequest{ExecRequest: proto.ExecRequest{Argv: argv, Dir: o.cwd, TTY: o.tty}, Timeout: o.timeout}
+	for _, e := range o.env {
+		if !strings.Contains(e, "=") {
+			return usageErr("--env %q: want KEY=VALUE", e)
+		}
+	}
+	if o.user != "" {
+		uid, gid, err := lookupUser(o.user)
+		if err != nil {
+			return usageErr("--user: %v", err)
+		}
+		req.UID, req.GID = &uid, gid
+	}
+	cl, err := a.daemon(ctx)
+	if err != nil {
+		return err
+	}
+	if len(o.env) > 0 {
+		// The request's environment replaces the sandbox's: start from it.
+		s, err := cl.Get(ctx, sb)
+		if err != nil {
+			return sbErr(sb, err)
+		}
+		req.Env = append(append([]string(nil), s.Env...), o.env...)
+	}
+	// Signals go to the command, not to tine: the stream ends when the
+	// command does.
+	ctx = context.WithoutCancel(ctx)
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
+	sigOut := make(chan proto.Signal, 8)
+	// Without -i the command's stdin is empty, and closed at once.
+	io := client.ExecIO{Stdin: strings.NewReader(""), Stdout: a.stdout, Stderr: a.stderr, Signals: sigOut}
+	if o.stdin {
+		io.Stdin = a.stdin
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	if o.tty {
+		restore, resize := a.terminal(stop)
+		defer restore()
+		io.Resize = resize
+		if r, ok := <-resize; ok {
+			req.Rows, req.Cols = r.Rows, r.Cols
+		}
+	}
+	go func() {
+		for {
+			select {
+			case s := <-sigs:
+				select {
+				case sigOut <- proto.Signal{Signal: int(s.(syscall.Signal))}:
+				default:
+				}
+			case <-stop:
+				return
+			}
+		}
+	}()
+	exit, err := cl.Exec(ctx, sb, req, io)
+	if err != nil {
+		return sbErr(sb, err)
+	}
+	if exit.TimedOut {
+		fmt.Fprintf(a.stderr, "tine exec: %s in sandbox %s was killed after --timeout %s\n", argv[0], sb, o.timeout)
+	}
+	if exit.Signal != 0 {
+		return exitCode(128 + exit.Signal)
+	}
+	if exit.Code != 0 {
+		return exitCode(exit.Code)
+	}
+	return nil
+}
+
+// terminal puts standard input in raw mode when it is a terminal and
+// reports the window size now and at every change, until stop closes.
+// The first size is in the channel when it returns.
+func (a *app) terminal(stop <-chan struct{}) (restore func(), sizes <-chan proto.Resize) {
+	ch := make(chan proto.Resize, 4)
+	restore = func() {}
+	in := int(os.Stdin.Fd())
+	if f, ok := a.stdin.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		in = int(f.Fd())
+		if st, err := term.MakeRaw(in); err == nil {
+			restore = func() { term.Restore(in, st) }
+		}
+	}
+	size := func() (proto.Resize, bool) {
+		for _, fd := range []int{in, int(os.Stdout.Fd()), int(os.Stderr.Fd())} {
+			if w, h, err := term.GetSize(fd); err == nil {
+				return proto.Resize{Rows: uint16(h), Cols: uint16(w)}, true
+			}
+		}
+		return proto.Resize{}, false
+	}
+	if s, ok := size(); ok {
+		ch <- s
+	} else {
+		ch <- proto.Resize{Rows: 24, Cols: 80}
+	}
+	winch := make(chan os.Signal, 1)
+	signal.Notify(winch, syscall.SIGWINCH)
+	go func() {
+		defer signal.Stop(winch)
+		for {
+			select {
+			case <-winch:
+				if s, ok := size(); ok {
+					select {
+					case ch <- s:
+					default:
+					}
+				}
+			case <-stop:
+				return
+			}
+		}
+	}()
+	return restore, ch
+}
+
+// lookupUser turns USER, UID or UID:GID into ids; a name is looked up in
+// the host's user database, which the sandbox's OS layer starts from.
+func lookupUser(s string) (uint32, *uint32, error) {
+	name, group, hasGroup := strings.Cut(s, ":")
+	var uid uint32
+	var gid *uint32
+	if n, err := strconv.ParseUint(name, 10, 32); err == nil {
+		uid = uint32(n)
+	} else {
+		u, err := user.Lookup(name)
+		if err != nil {
+			return 0, nil, fmt.Errorf("user %q: %v (give a numeric UID[:GID])", name, err)
+		}
+		n, _ := strconv.ParseUint(u.Uid, 10, 32)
+		g, _ := strconv.ParseUint(u.Gid, 10, 32)
+		uid = uint32(n)
+		g32 := uint32(g)
+		gid = &g32
+	}
+	if hasGroup {
+		g, err := strconv.ParseUint(group, 10, 32)
+		if err != nil {
+			return 0, nil, fmt.Errorf("group %q: want a numeric GID", group)
+		}
+		g32 := uint32(g)
+		gid = &g32
+	}
+	return uid, gid, nil
+}

@@ -1,0 +1,621 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"tine/api"
+	"tine/api/client"
+	"tine/sandbox"
+)
+
+// sandboxCommands are the commands on sandboxes; each talks to the daemon
+// and starts it when it does not answer.
+func (a *app) sandboxCommands() []*cobra.Command {
+	return []*cobra.Command{
+		a.createCommand(), a.execCommand(), a.shellCommand(), a.forkCommand(),
+		a.snapshotCommand(), a.rollbackCommand(), a.snapshotsCommand(), a.diffCommand(),
+		a.psCommand(), a.portsCommand(), a.logsCommand(), a.statusCommand(), a.lsCommand(),
+		a.rmCommand(), a.startCommand(), a.stopCommand(), a.promoteCommand(),
+	}
+}
+
+// sbErr turns an API error about sandbox name into one that names it and
+// says what to do.
+func sbErr(name string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, sandbox.ErrNotFound):
+		var ce *client.Error
+		if errors.As(err, &ce) && !strings.Contains(ce.Message, "snapshot") {
+			return fmt.Errorf("sandbox %q not found; list sandboxes with \"tine ls\"", name)
+		}
+		return fmt.Errorf("%v; list its snapshots with \"tine snapshots %s\"", err, name)
+	case errors.Is(err, sandbox.ErrNotRunning):
+		return fmt.Errorf("sandbox %q is stopped; start it with \"tine start %s\"", name, name)
+	case errors.Is(err, sandbox.ErrExists):
+		return fmt.Errorf("sandbox %q already exists; choose another --name or remove it with \"tine rm %s\"", name, name)
+	}
+	return apiError(err)
+}
+
+// apiError maps the API's bad_request to a usage error (exit code 2).
+func apiError(err error) error {
+	var ce *client.Error
+	if errors.As(err, &ce) && ce.Code == "bad_request" {
+		return usageErr("%s", ce.Message)
+	}
+	return err
+}
+
+// table writes aligned columns.
+func table(w io.Writer, header string, rows func(tw io.Writer)) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, header)
+	rows(tw)
+	return tw.Flush()
+}
+
+func (a *app) createCommand() *cobra.Command {
+	var req api.CreateRequest
+	var from, disk string
+	c := &cobra.Command{
+		Use:   "create",
+		Short: "create and start a sandbox from a directory (default: the current one) or a snapshot",
+		Args:  nArgs(),
+		RunE: func(c *cobra.Command, args []string) error {
+			ctx := c.Context()
+			if from == "" {
+				from = "."
+			}
+			if st, err := os.Stat(from); err == nil && st.IsDir() {
+				abs, err := filepath.Abs(from)
+				if err != nil {
+					return err
+				}
+				req.From = abs
+			} else if strings.ContainsRune(from, '/') || from == "." {
+				return usageErr("--from %s: not a directory (give a directory or a snapshot id)", from)
+			} else {
+				req.From = from
+			}
+			if disk != "" {
+				n, err := parseSize(disk)
+				if err != nil {
+					return usageErr("--disk: %v", err)
+				}
+				req.Limits.ProjectBytes = n
+			}
+			for _, e := range req.Env {
+				if !strings.Contains(e, "=") {
+					return usageErr("--env %q: want KEY=VALUE", e)
+				}
+			}
+			cl, err := a.daemon(ctx)
+			if err != nil {
+				return err
+			}
+			sb, err := cl.Create(ctx, req)
+			if err != nil {
+				return sbErr(req.Name, err)
+			}
+			if a.json {
+				return writeJSON(a.stdout, sb)
+			}
+			fmt.Fprintf(a.stdout, "%s\n", sb.Name)
+			fmt.Fprintf(a.stderr, "created sandbox %s from %s (project at %s); run commands with \"tine exec %s -- CMD\"\n",
+				sb.Name, sb.From, sb.ProjectPath, sb.Name)
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&from, "from", "", "host directory or sandbox snapshot to start from (default: the current directory)")
+	f.StringVar(&req.Name, "name", "", "the sandbox's name (default: a generated one)")
+	f.StringArrayVar(&req.Services, "service", nil, "shell command started at every start of the sandbox (repeatable)")
+	f.StringArrayVar(&req.Env, "env", nil, "KEY=VALUE in the environment of its commands (repeatable)")
+	f.Int64Var(&req.Limits.Pids, "pids", 0, "most processes at once (0: no limit)")
+	f.StringVar(&disk, "disk", "", "most bytes written to the project, such as 512M or 1G (default: no limit)")
+	return c
+}
+
+func (a *app) forkCommand() *cobra.Command {
+	var req api.ForkRequest
+	var names string
+	c := &cobra.Command{
+		Use:   "fork SB",
+		Short: "make N sandboxes from a snapshot of SB taken now",
+		Args:  nArgs("SB"),
+		RunE: func(c *cobra.Command, args []string) error {
+			if names != "" {
+				req.Names = strings.Split(names, ",")
+				if !c.Flags().Changed("n") {
+					req.N = len(req.Names)
+				}
+			}
+			if req.N < 1 {
+				return usageErr("-n must be at least 1")
+			}
+			if req.Names != nil && len(req.Names) != req.N {
+				return usageErr("--names gives %d names for -n %d", len(req.Names), req.N)
+			}
+			cl, err := a.daemon(c.Context())
+			if err != nil {
+				return err
+			}
+			kids, err := cl.Fork(c.Context(), args[0], req)
+			if err != nil {
+				return sbErr(args[0], err)
+			}
+			if a.json {
+				return writeJSON(a.stdout, kids)
+			}
+			for _, k := range kids {
+				fmt.Fprintln(a.stdout, k.Name)
+			}
+			return nil
+		},
+	}
+	c.Flags().IntVarP(&req.N, "n", "n", 1, "number of forks")
+	c.Flags().StringVar(&names, "names", "", "comma-separated names of the forks (default: SB-1 .. SB-N)")
+	return c
+}
+
+func (a *app) snapshotCommand() *cobra.Command {
+	var req api.SnapshotRequest
+	c := &cobra.Command{
+		Use:   "snapshot SB",
+		Short: "fix the sandbox's files and state at this instant",
+		Args:  nArgs("SB"),
+		RunE: func(c *cobra.Command, args []string) error {
+			cl, err := a.daemon(c.Context())
+			if err != nil {
+				return err
+			}
+			s, err := cl.Snapshot(c.Context(), args[0], req)
+			if err != nil {
+				return sbErr(args[0], err)
+			}
+			if a.json {
+				return writeJSON(a.stdout, s)
+			}
+			fmt.Fprintln(a.stdout, s.ID)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&req.Name, "name", "", "label for the snapshot, unique in the sandbox")
+	return c
+}
+
+func (a *app) rollbackCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "rollback SB SNAP",
+		Short: "return the sandbox to one of its snapshots (id or label)",
+		Args:  nArgs("SB", "SNAP"),
+		RunE: func(c *cobra.Command, args []string) error {
+			cl, err := a.daemon(c.Context())
+			if err != nil {
+				return err
+			}
+			if err := cl.Rollback(c.Context(), args[0], api.RollbackRequest{Snapshot: args[1]}); err != nil {
+				return sbErr(args[0], err)
+			}
+			if a.json {
+				return writeJSON(a.stdout, map[string]string{"sandbox": args[0], "snapshot": args[1]})
+			}
+			fmt.Fprintf(a.stdout, "sandbox %s is at snapshot %s\n", args[0], args[1])
+			return nil
+		},
+	}
+}
+
+func (a *app) snapshotsCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "snapshots SB",
+		Short: "list the sandbox's snapshots, oldest first",
+		Args:  nArgs("SB"),
+		RunE: func(c *cobra.Command, args []string) error {
+			cl, err := a.daemon(c.Context())
+			if err != nil {
+				return err
+			}
+			ss, err := cl.Snapshots(c.Context(), args[0])
+			if err != nil {
+				return sbErr(args[0], err)
+			}
+			if a.json {
+				if ss == nil {
+					ss = []sandbox.SnapshotInfo{}
+				}
+				return writeJSON(a.stdout, ss)
+			}
+			return table(a.stdout, "ID\tNAME\tCREATED", func(w io.Writer) {
+				for _, s := range ss {
+					fmt.Fprintf(w, "%s\t%s\t%s\n", s.ID, s.Name, s.Created.Local().Format(time.DateTime))
+				}
+			})
+		},
+	}
+}
+
+func (a *app) diffCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "diff SB [SNAP]",
+		Short: "list every change to the project since its origin (or since SNAP), deletions included",
+		Args:  rangeArgs(1, 2, "a sandbox and an optional snapshot"),
+		RunE: func(c *cobra.Command, args []string) error {
+			snap := ""
+			if len(args) == 2 {
+				snap = args[1]
+			}
+			cl, err := a.daemon(c.Context())
+			if err != nil {
+				return err
+			}
+			changes, err := cl.Diff(c.Context(), args[0], snap)
+			if err != nil {
+				return sbErr(args[0], err)
+			}
+			if a.json {
+				if changes == nil {
+					changes = []api.Change{}
+				}
+				return writeJSON(a.stdout, changes)
+			}
+			for _, ch := range changes {
+				fmt.Fprintf(a.stdout, "%s %s\n", changeLetter(ch.Kind), changePath(ch))
+			}
+			return nil
+		},
+	}
+}
+
+// changeLetter is the one-letter form of a change kind, as "tine fs diff"
+// prints it.
+func changeLetter(kind string) string {
+	switch kind {
+	case "added":
+		return "A"
+	case "deleted":
+		return "D"
+	case "modified":
+		return "M"
+	case "mode-changed":
+		return "P"
+	}
+	return "T"
+}
+
+// changePath is a change's path for a terminal: quoted when it is not
+// plain printable text.
+func changePath(ch api.Change) string {
+	if ch.PathB64 != "" {
+		return "base64:" + ch.PathB64
+	}
+	for _, r := range ch.Path {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Sprintf("%q", ch.Path)
+		}
+	}
+	return ch.Path
+}
+
+func (a *app) psCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "ps SB",
+		Short: "list the sandbox's processes",
+		Args:  nArgs("SB"),
+		RunE: func(c *cobra.Command, args []string) error {
+			cl, err := a.daemon(c.Context())
+			if err != nil {
+				return err
+			}
+			ps, err := cl.Ps(c.Context(), args[0])
+			if err != nil {
+				return sbErr(args[0], err)
+			}
+			if a.json {
+				return writeJSON(a.stdout, ps)
+			}
+			return table(a.stdout, "PID\tPPID\tUSER\tSTATE\tRSS\tCOMMAND", func(w io.Writer) {
+				for _, p := range ps {
+					cmd := strings.Join(p.Argv, " ")
+					if cmd == "" {
+						cmd = "[" + p.Comm + "]"
+					}
+					user := p.User
+					if user == "" {
+						user = fmt.Sprint(p.UID)
+					}
+					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s\n", p.PID, p.PPID, user, p.State, humanBytes(int64(p.RSS)), cmd)
+				}
+			})
+		},
+	}
+}
+
+func (a *app) portsCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "ports SB",
+		Short: "list the sandbox's listening sockets",
+		Args:  nArgs("SB"),
+		RunE: func(c *cobra.Command, args []string) error {
+			cl, err := a.daemon(c.Context())
+			if err != nil {
+				return err
+			}
+			ports, err := cl.Ports(c.Context(), args[0])
+			if err != nil {
+				return sbErr(args[0], err)
+			}
+			if a.json {
+				return writeJSON(a.stdout, ports)
+			}
+			return table(a.stdout, "PROTO\tADDRESS\tPORT\tPID", func(w io.Writer) {
+				for _, p := range ports {
+					fmt.Fprintf(w, "%s\t%s\t%d\t%d\n", p.Proto, p.Address, p.Port, p.PID)
+				}
+			})
+		},
+	}
+}
+
+func (a *app) logsCommand() *cobra.Command {
+	var o sandbox.LogOptions
+	c := &cobra.Command{
+		Use:   "logs SB",
+		Short: "print the output of the sandbox's services",
+		Args:  nArgs("SB"),
+		RunE: func(c *cobra.Command, args []string) error {
+			cl, err := a.daemon(c.Context())
+			if err != nil {
+				return err
+			}
+			r, err := cl.Logs(c.Context(), args[0], o)
+			if err != nil {
+				return sbErr(args[0], err)
+			}
+			defer r.Close()
+			if a.json {
+				b, err := io.ReadAll(io.LimitReader(r, 64<<20))
+				if err != nil && c.Context().Err() == nil {
+					return err
+				}
+				return writeJSON(a.stdout, map[string]string{"sandbox": args[0], "logs": string(b)})
+			}
+			if _, err := io.Copy(a.stdout, r); err != nil && c.Context().Err() == nil {
+				return err
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVarP(&o.Follow, "follow", "f", false, "keep printing output as it is written")
+	c.Flags().IntVar(&o.Tail, "tail", 0, "start this many lines before the end (0: from the start)")
+	return c
+}
+
+func (a *app) statusCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "status SB",
+		Short: "show a sandbox: state, origin, usage, and how far its origin directory moved on",
+		Args:  nArgs("SB"),
+		RunE: func(c *cobra.Command, args []string) error {
+			cl, err := a.daemon(c.Context())
+			if err != nil {
+				return err
+			}
+			s, err := cl.Get(c.Context(), args[0])
+			if err != nil {
+				return sbErr(args[0], err)
+			}
+			if a.json {
+				return writeJSON(a.stdout, s)
+			}
+			w := a.stdout
+			fmt.Fprintf(w, "sandbox    %s (%s, runtime %s)\n", s.Name, s.State, s.Runtime)
+			fmt.Fprintf(w, "project    %s\n", s.ProjectPath)
+			from := s.From
+			if s.ForkedFrom != "" {
+				from += " (forked from " + s.ForkedFrom + ")"
+			}
+			fmt.Fprintf(w, "from       %s\n", from)
+			fmt.Fprintf(w, "created    %s\n", s.Created.Local().Format(time.DateTime))
+			fmt.Fprintf(w, "processes  %d, listening sockets %d\n", s.Processes, s.Ports)
+			written := humanBytes(s.ProjectBytes)
+			if s.Limits.ProjectBytes > 0 {
+				written += " of " + humanBytes(s.Limits.ProjectBytes)
+			}
+			fmt.Fprintf(w, "written    %s\n", written)
+			if s.Limits.Pids > 0 {
+				fmt.Fprintf(w, "pids limit %d\n", s.Limits.Pids)
+			}
+			st := s.Stale
+			switch {
+			case st.Unknown != "":
+				fmt.Fprintf(w, "stale      unknown: %s\n", st.Unknown)
+			case st.Changed+st.Added+st.Removed == 0:
+				fmt.Fprintf(w, "stale      no: %s has not changed since the sandbox was made\n", s.From)
+			default:
+				fmt.Fprintf(w, "stale      yes: since the sandbox was made, %s has %d files changed, %d added, %d removed\n",
+					s.From, st.Changed, st.Added, st.Removed)
+				for _, e := range st.Examples {
+					fmt.Fprintf(w, "             %s\n", e)
+				}
+			}
+			return nil
+		},
+	}
+}
+
+func (a *app) lsCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "list sandboxes",
+		Args:    nArgs(),
+		RunE: func(c *cobra.Command, args []string) error {
+			cl, err := a.daemon(c.Context())
+			if err != nil {
+				return err
+			}
+			list, err := cl.List(c.Context())
+			if err != nil {
+				return apiError(err)
+			}
+			if a.json {
+				if list == nil {
+					list = []api.Sandbox{}
+				}
+				return writeJSON(a.stdout, list)
+			}
+			return table(a.stdout, "NAME\tSTATE\tPROJECT\tFROM\tCREATED", func(w io.Writer) {
+				for _, s := range list {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, s.ProjectPath, s.From, s.Created.Local().Format(time.DateTime))
+				}
+			})
+		},
+	}
+}
+
+// eachSandbox runs op on every named sandbox, reporting each result, and
+// fails when one failed.
+func (a *app) eachSandbox(ctx context.Context, names []string, verb string, op func(*client.Client, string) error) error {
+	cl, err := a.daemon(ctx)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	done := []string{}
+	for _, n := range names {
+		if err := op(cl, n); err != nil {
+			errs = append(errs, sbErr(n, err))
+			continue
+		}
+		done = append(done, n)
+		if !a.json {
+			fmt.Fprintf(a.stdout, "%s %s\n", verb, n)
+		}
+	}
+	if a.json {
+		if err := writeJSON(a.stdout, map[string][]string{verb: done}); err != nil {
+			return err
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (a *app) rmCommand() *cobra.Command {
+	var force bool
+	c := &cobra.Command{
+		Use:   "rm SB...",
+		Short: "stop and delete sandboxes (a running one needs -f)",
+		Args:  minArgs(1, "one or more sandboxes"),
+		RunE: func(c *cobra.Command, args []string) error {
+			ctx := c.Context()
+			return a.eachSandbox(ctx, args, "removed", func(cl *client.Client, n string) error {
+				if !force {
+					s, err := cl.Get(ctx, n)
+					if err != nil {
+						return err
+					}
+					if s.State == sandbox.Running {
+						return fmt.Errorf("sandbox %q is running; stop it with \"tine stop %s\" or remove it anyway with \"tine rm -f %s\"", n, n, n)
+					}
+				}
+				return cl.Remove(ctx, n)
+			})
+		},
+	}
+	c.Flags().BoolVarP(&force, "force", "f", false, "remove running sandboxes too")
+	return c
+}
+
+func (a *app) startCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "start SB...",
+		Short: "start stopped sandboxes",
+		Args:  minArgs(1, "one or more sandboxes"),
+		RunE: func(c *cobra.Command, args []string) error {
+			return a.eachSandbox(c.Context(), args, "started", func(cl *client.Client, n string) error {
+				return cl.Start(c.Context(), n)
+			})
+		},
+	}
+}
+
+func (a *app) stopCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "stop SB...",
+		Short: "stop sandboxes: their processes end, their files stay",
+		Args:  minArgs(1, "one or more sandboxes"),
+		RunE: func(c *cobra.Command, args []string) error {
+			return a.eachSandbox(c.Context(), args, "stopped", func(cl *client.Client, n string) error {
+				return cl.Stop(c.Context(), n)
+			})
+		},
+	}
+}
+
+func (a *app) promoteCommand() *cobra.Command {
+	var req api.PromoteRequest
+	c := &cobra.Command{
+		Use:   "promote SB",
+		Short: "apply the sandbox's changes to the directory it came from, after a conflict check",
+		Args:  nArgs("SB"),
+		RunE: func(c *cobra.Command, args []string) error {
+			cl, err := a.daemon(c.Context())
+			if err != nil {
+				return err
+			}
+			res, err := cl.Promote(c.Context(), args[0], req)
+			if err != nil && res == nil {
+				return sbErr(args[0], err)
+			}
+			if a.json {
+				if werr := writeJSON(a.stdout, res); werr != nil {
+					return werr
+				}
+			} else {
+				for _, ch := range res.Changes {
+					fmt.Fprintf(a.stdout, "%s %s\n", changeLetter(ch.Kind), changePath(ch))
+				}
+				for _, cf := range res.Conflicts {
+					fmt.Fprintf(a.stdout, "conflict: %v\n", cf)
+				}
+				for _, r := range res.Refused {
+					fmt.Fprintf(a.stdout, "refused: %v\n", r)
+				}
+				switch {
+				case res.Applied:
+					fmt.Fprintf(a.stdout, "applied %d changes\n", len(res.Changes))
+				case req.DryRun && len(res.Conflicts)+len(res.Refused) == 0:
+					fmt.Fprintf(a.stdout, "dry run: %d changes would apply; nothing written\n", len(res.Changes))
+				default:
+					fmt.Fprintln(a.stdout, "nothing written")
+				}
+			}
+			if err != nil {
+				return sbErr(args[0], err)
+			}
+			if !res.Applied && !req.DryRun {
+				return fmt.Errorf("sandbox %q: not promoted: %d conflicts, %d refused; see the list above", args[0], len(res.Conflicts), len(res.Refused))
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.BoolVar(&req.DryRun, "dry-run", false, "list the changes and check for conflicts; write nothing")
+	f.BoolVar(&req.AllowSetid, "allow-setid", false, "keep setuid and setgid bits")
+	f.BoolVar(&req.AllowDevice, "allow-devices", false, "create character and block device nodes")
+	f.BoolVar(&req.KeepOwners, "keep-owners", false, "keep the sandbox's uid and gid (default: the running user's)")
+	return c
+}

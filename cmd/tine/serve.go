@@ -1,0 +1,229 @@
+package main
+
+import (
+	"context"
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"tine/api"
+	"tine/sandbox"
+	"tine/sandbox/ns"
+)
+
+// version is set at link time (-ldflags "-X main.version=...").
+var version = "dev"
+
+func (a *app) serveCommand() *cobra.Command {
+	var group string
+	c := &cobra.Command{
+		Use:   "serve",
+		Short: "run the daemon: owns the state root's store, mounts and sandboxes; answers the API on ROOT/" + api.SocketName,
+		Long: "serve runs the daemon in the foreground until SIGTERM or SIGINT, which stop the\n" +
+			"sandboxes (their files stay; \"tine start SB\" runs them again). Sandbox commands\n" +
+			"start it on their own when it does not answer; dist/systemd/tine.service runs it\n" +
+			"as a service.",
+		Args: nArgs(),
+		RunE: func(c *cobra.Command, args []string) error {
+			return a.serve(c.Context(), group)
+		},
+	}
+	c.Flags().StringVar(&group, "group", "", "also let members of this group use the socket (default: root only)")
+	return c
+}
+
+// serve runs the daemon until ctx ends.
+func (a *app) serve(ctx context.Context, group string) (err error) {
+	root, err := filepath.Abs(a.root)
+	if err != nil {
+		return err
+	}
+	f, err := openRoot(root)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, f.Close()) }()
+	rt, rtErr := nsRuntime()
+	var runtime sandbox.Runtime = rt
+	if rtErr != nil {
+		fmt.Fprintf(a.stderr, "tine serve: sandboxes cannot start: %v\n", rtErr)
+		runtime = unavailable{err: rtErr}
+	}
+	m, err := sandbox.Open(ctx, root, f, sandbox.Options{Runtime: runtime})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Stopping sandboxes must not be cut short by the signal that
+		// ended ctx.
+		cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err = errors.Join(err, m.Close(cctx))
+	}()
+	fsSvc := newFSService(f)
+	defer fsSvc.close()
+	ln, err := api.Listen(root, group)
+	if err != nil {
+		return err
+	}
+	srv := api.NewServer(m, api.ServerOptions{
+		Info: func(ctx context.Context) (*api.Info, error) { return hostInfo(root), nil },
+		FS:   fsSvc.run,
+	})
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	fmt.Fprintf(a.stderr, "tine serve: %s: listening on %s (pid %d)\n", time.Now().Format(time.RFC3339), filepath.Join(root, api.SocketName), os.Getpid())
+	select {
+	case <-ctx.Done():
+		fmt.Fprintf(a.stderr, "tine serve: %s: stopping: sandboxes stop, their files stay\n", time.Now().Format(time.RFC3339))
+	case err = <-served:
+		err = fmt.Errorf("serving %s: %w", filepath.Join(root, api.SocketName), err)
+	}
+	return errors.Join(err, srv.Close())
+}
+
+// unavailable is the runtime of a daemon that cannot start sandboxes:
+// every start fails with the reason, while the rest (listing, diffs,
+// snapshots of stopped sandboxes, fs commands) still works.
+type unavailable struct{ err error }
+
+func (u unavailable) Name() string { return "ns" }
+
+func (u unavailable) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
+	return nil, u.err
+}
+
+func (u unavailable) CopyState(ctx context.Context, from, to string) error {
+	return (&ns.Runtime{}).CopyState(ctx, from, to)
+}
+
+// nsRuntime returns the namespace runtime with the guest agent found next
+// to this program or on PATH.
+func nsRuntime() (*ns.Runtime, error) {
+	p, err := findAgent()
+	if err != nil {
+		return nil, err
+	}
+	return ns.New(p)
+}
+
+// findAgent finds the static tine-agent binary: next to this program
+// first, then on PATH.
+func findAgent() (string, error) {
+	var tried []string
+	if exe, err := os.Executable(); err == nil {
+		if exe, err := filepath.EvalSymlinks(exe); err == nil {
+			p := filepath.Join(filepath.Dir(exe), "tine-agent")
+			if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
+				return p, staticCheck(p)
+			}
+			tried = append(tried, p)
+		}
+	}
+	if p, err := exec.LookPath("tine-agent"); err == nil {
+		return p, staticCheck(p)
+	}
+	tried = append(tried, "tine-agent on $PATH")
+	return "", fmt.Errorf("no guest agent: looked for %s; build it with CGO_ENABLED=0 go build -o DIR/tine-agent ./cmd/tine-agent next to tine",
+		strings.Join(tried, ", "))
+}
+
+// staticCheck reports an agent binary that needs a dynamic loader: it runs
+// as pid 1 inside sandboxes, where the host's libraries may differ.
+func staticCheck(p string) error {
+	f, err := elf.Open(p)
+	if err != nil {
+		return fmt.Errorf("guest agent %s: %w", p, err)
+	}
+	defer f.Close()
+	for _, prog := range f.Progs {
+		if prog.Type == elf.PT_INTERP {
+			return fmt.Errorf("guest agent %s is dynamically linked; rebuild it with CGO_ENABLED=0", p)
+		}
+	}
+	return nil
+}
+
+// hostInfo says what this host can run, and why not.
+func hostInfo(root string) *api.Info {
+	info := &api.Info{Version: version, Root: root}
+	nsRoot := api.RuntimeInfo{Name: "ns", Mode: "root", Available: true}
+	var why []string
+	if os.Geteuid() != 0 {
+		why = append(why, "needs root (namespaces, cgroups and overlay mounts)")
+	}
+	if _, err := findAgent(); err != nil {
+		why = append(why, err.Error())
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		why = append(why, "no /dev/fuse (projects are FUSE mounts)")
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/pids"); err != nil {
+		if _, err2 := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err2 != nil {
+			why = append(why, "no pids cgroup under /sys/fs/cgroup")
+		}
+	}
+	if len(why) > 0 {
+		nsRoot.Available, nsRoot.Reason = false, strings.Join(why, "; ")
+	}
+	vmInfo := api.RuntimeInfo{Name: "vm", Mode: "root", Available: false}
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		vmInfo.Reason = "no /dev/kvm on this host (no hardware virtualization exposed); besides, sandboxes in VMs are not built yet"
+	} else {
+		vmInfo.Reason = "sandboxes in VMs are not built yet (tine vm runs bare guests and Linux boots on their own)"
+	}
+	info.Runtimes = []api.RuntimeInfo{
+		nsRoot,
+		{Name: "ns", Mode: "rootless", Available: false, Reason: "rootless sandboxes are not built yet; run as root"},
+		vmInfo,
+	}
+	return info
+}
+
+func (a *app) infoCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "info",
+		Short: "the runtimes and modes this host can run, and why not; whether a daemon answers",
+		Args:  nArgs(),
+		RunE: func(c *cobra.Command, args []string) error {
+			root, err := filepath.Abs(a.root)
+			if err != nil {
+				return err
+			}
+			daemon := true
+			info, err := a.client().Info(c.Context())
+			if err != nil {
+				// No daemon: say what this process can tell.
+				daemon, info = false, hostInfo(root)
+			}
+			if a.json {
+				return writeJSON(a.stdout, struct {
+					*api.Info
+					Daemon bool `json:"daemon"`
+				}{info, daemon})
+			}
+			w := a.stdout
+			fmt.Fprintf(w, "tine %s, state root %s\n", info.Version, info.Root)
+			if daemon {
+				fmt.Fprintf(w, "daemon     answering on %s\n", a.socket())
+			} else {
+				fmt.Fprintf(w, "daemon     not running (sandbox commands start it; or run \"tine serve\")\n")
+			}
+			for _, r := range info.Runtimes {
+				state := "yes"
+				if !r.Available {
+					state = "no: " + r.Reason
+				}
+				fmt.Fprintf(w, "%-10s %s\n", r.Name+" "+r.Mode, state)
+			}
+			return nil
+		},
+	}
+}
