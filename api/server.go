@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -82,10 +83,28 @@ func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
 	for _, rt := range s.routes {
 		s.mux.HandleFunc(rt.method+" "+rt.path, rt.h)
 	}
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &Error{Code: "not_found", Message: fmt.Sprintf("no route %s %s: this daemon serves API %s (see docs/api.md)", r.Method, r.URL.Path, Version)})
-	})
+	s.mux.HandleFunc("/", s.noRoute)
 	return s
+}
+
+// noRoute answers a request no route takes: 405 naming the methods the
+// path has, or 404.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range []string{"GET", "POST", "PUT", "DELETE"} {
+		rr := r.Clone(r.Context())
+		rr.Method = m
+		if _, pat := s.mux.Handler(rr); pat != "/" && pat != "" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		writeJSON(w, http.StatusMethodNotAllowed, &Error{Code: "bad_request",
+			Message: fmt.Sprintf("%s %s: the path takes %s", r.Method, r.URL.Path, strings.Join(allow, ", "))})
+		return
+	}
+	writeError(w, &Error{Code: "not_found", Message: fmt.Sprintf("no route %s %s: this daemon serves API %s (see docs/api.md)", r.Method, r.URL.Path, Version)})
 }
 
 // ServeHTTP answers one request.
