@@ -224,7 +224,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestExecInteractive(t *testing.T) {
 	e := newEnv(t)
 	e.create("tty")
-	req := shReq(`stty size; read x; stty size; echo "got $x"; trap 'echo term; exit 7' TERM; echo ready; while :; do sleep 0.05; done`)
+	req := shReq(`stty size; read x; while [ "$(stty size)" = "24 80" ]; do sleep 0.02; done; stty size; echo "got $x"; trap 'echo term; exit 7' TERM; echo ready; while :; do sleep 0.05; done`)
 	req.TTY, req.Rows, req.Cols = true, 24, 80
 	stdinR, stdinW := io.Pipe()
 	resize := make(chan proto.Resize, 1)
@@ -238,9 +238,8 @@ func TestExecInteractive(t *testing.T) {
 		done <- err
 	}()
 	waitFor(t, "the first stty size", func() bool { return strings.Contains(out.String(), "24 80") })
-	resize <- proto.Resize{Rows: 40, Cols: 100}
-	time.Sleep(100 * time.Millisecond) // the resize travels ahead of the input on one connection
 	io.WriteString(stdinW, "hello\n")
+	resize <- proto.Resize{Rows: 40, Cols: 100}
 	waitFor(t, "the resized stty size", func() bool { return strings.Contains(out.String(), "40 100") })
 	waitFor(t, "ready", func() bool { return strings.Contains(out.String(), "ready") })
 	if !strings.Contains(out.String(), "got hello") {
