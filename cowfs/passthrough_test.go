@@ -361,3 +361,43 @@ func TestPassthroughWriterAfterReaderCloses(t *testing.T) {
 		t.Errorf("branch a after the rounds: %s, %v", diff(got, want), err)
 	}
 }
+
+// TestCacheFilesOpenReadOnlyMount: the kernel reopens a passthrough
+// backing file with each FUSE open's flags, without permission checks, so
+// cache files reach it through a read-only mount: a writable reopen of
+// one fails with EROFS whatever the FUSE server answered.
+func TestCacheFilesOpenReadOnlyMount(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	data := pattern(7, 8192)
+	a, _ := mountNew(t, f, "a", map[string]string{"f": string(data)})
+	if _, err := os.Stat(filepath.Join(a.Dir(), "f")); err != nil { // loads the root
+		t.Fatal(err)
+	}
+	b := a.b
+	b.mu.Lock()
+	in := b.root.children["f"]
+	b.mu.Unlock()
+	if in == nil {
+		t.Fatal("no inode for f")
+	}
+	pt, err := f.cacheFile(context.Background(), in.id, in.size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pt.Close()
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(int(pt.Fd()), &sfs); err != nil || sfs.Flags&unix.ST_RDONLY == 0 {
+		t.Errorf("cache file's mount flags %#x (%v): not read-only", sfs.Flags, err)
+	}
+	w, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", pt.Fd()), os.O_RDWR, 0)
+	if err == nil {
+		w.Close()
+	}
+	if !errors.Is(err, syscall.EROFS) {
+		t.Errorf("writable reopen of a cache file handed to the kernel: %v, want EROFS", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(f.Root(), "cache", in.id.String())); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("cache file: %s, %v", diff(got, data), err)
+	}
+}
