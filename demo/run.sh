@@ -61,8 +61,8 @@ say "Three forks of the running sandbox: same files, the service started again i
 step fork agent -n 3 --names try-1,try-2,try-3
 
 say "A different change in each fork (the file goes in on stdin)"
-step exec -i try-1 --cwd "$project" -- tee mean.go <"$here/ideas/try-1.go" >/dev/null
-step exec -i try-2 --cwd "$project" -- tee mean.go <"$here/ideas/try-2.go" >/dev/null
+step exec -i try-1 --cwd "$project" -- tee mean.go <"$here/ideas/try-1.go.txt" >/dev/null
+step exec -i try-2 --cwd "$project" -- tee mean.go <"$here/ideas/try-2.go.txt" >/dev/null
 step exec try-3 --cwd "$project" -- rm mean_test.go
 
 say "The tests in all three at once, each isolated"
