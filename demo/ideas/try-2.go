@@ -1,0 +1,13 @@
+package mean
+
+// Mean returns the average of xs, or 0 for none.
+func Mean(xs []int) int {
+	if len(xs) == 0 {
+		return 0
+	}
+	sum := 0
+	for _, x := range xs {
+		sum += x
+	}
+	return sum / len(xs)
+}
