@@ -43,9 +43,9 @@ fuzz:
 		dir=$$($(GO) list -f '{{.Dir}}' $$pkg); \
 		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
 			echo "fuzz $$pkg $$f ($(FUZZTIME))"; \
-			before=$$(ls "$$dir/testdata/fuzz/$$f" 2>/dev/null | wc -l); \
+			before=$$( (ls "$$dir/testdata/fuzz/$$f" 2>/dev/null || true) | wc -l); \
 			if ! $(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; then \
-				after=$$(ls "$$dir/testdata/fuzz/$$f" 2>/dev/null | wc -l); \
+				after=$$( (ls "$$dir/testdata/fuzz/$$f" 2>/dev/null || true) | wc -l); \
 				if [ "$$after" != "$$before" ]; then echo "fuzz $$f: failing input written to $$dir/testdata/fuzz/$$f"; exit 1; fi; \
 				echo "fuzz $$f: failed without a failing input (the fuzz coordinator's deadline race); running it again"; \
 				$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \

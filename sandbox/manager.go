@@ -42,6 +42,7 @@ type Manager struct {
 
 	mu   sync.Mutex
 	live map[string]*live
+	ext  extra // services, logs, snapshot labels, recovery
 }
 
 // live is a running sandbox's host-side state.
@@ -77,6 +78,10 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 			return nil, fmt.Errorf("sandbox manager: %w", err)
 		}
 		m.pool = p
+	}
+	if err := m.recover(ctx); err != nil {
+		m.Close(ctx)
+		return nil, err
 	}
 	infos, err := m.List()
 	if err != nil {
@@ -154,6 +159,9 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 	info := &Info{Name: o.Name, Runtime: m.rt.Name(), State: Stopped, Branch: branchName(o.Name),
 		Created: time.Now().UTC(), Limits: o.Limits, Env: o.Env}
 	err := m.prepare(ctx, info, o)
+	if err == nil {
+		err = m.inherit(info, o)
+	}
 	if err == nil {
 		err = m.save(info)
 	}
@@ -249,6 +257,7 @@ func (m *Manager) Start(ctx context.Context, name string) error {
 	if err := m.save(info); err != nil {
 		return errors.Join(err, m.Stop(ctx, name))
 	}
+	m.startServices(ctx, info, l)
 	return nil
 }
 
@@ -400,7 +409,8 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 	return c.Exec(ctx, req)
 }
 
-// Snapshot fixes the sandbox at one instant: with its processes frozen it
+// Snapshot fixes the sandbox at one instant, labelled o.Name if given
+// (unique among the sandbox's snapshots): with its processes frozen it
 // snapshots the project branch and copies the runtime's state, then thaws
 // them. A stopped sandbox is snapshotted as it is.
 func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) (*SnapshotInfo, error) {
@@ -408,10 +418,18 @@ func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) 
 	if err != nil {
 		return nil, err
 	}
+	if o.Name != "" {
+		m.ext.snapMu.Lock()
+		defer m.ext.snapMu.Unlock()
+		if err := m.checkLabel(name, o.Name); err != nil {
+			return nil, err
+		}
+	}
 	var rnd [8]byte
 	rand.Read(rnd[:])
-	s := &SnapshotInfo{ID: "snap-" + hex.EncodeToString(rnd[:]), Sandbox: name, Runtime: info.Runtime,
-		ProjectPath: info.ProjectPath, Created: time.Now().UTC(), Limits: info.Limits, Env: info.Env}
+	s := &SnapshotInfo{ID: "snap-" + hex.EncodeToString(rnd[:]), Name: o.Name, Sandbox: name, Runtime: info.Runtime,
+		ProjectPath: info.ProjectPath, Created: time.Now().UTC(), Limits: info.Limits, Env: info.Env,
+		Services: info.Services, HostBase: info.HostBase}
 	dir := m.snapDir(s.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)
@@ -498,17 +516,15 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 	return out, nil
 }
 
-// Rollback returns the sandbox to snapshot id, which must be one of its
-// own: the project and OS layer become the snapshot's and its processes
+// Rollback returns the sandbox to snapshot id (its id or its label),
+// which must be one of its own: the project and OS layer become the snapshot's and its processes
 // start again.
 func (m *Manager) Rollback(ctx context.Context, name, id string) error {
-	s, err := m.GetSnapshot(id)
+	s, err := m.findSnapshot(name, id)
 	if err != nil {
-		return err
+		return fmt.Errorf("rollback sandbox %q: %w", name, err)
 	}
-	if s.Sandbox != name {
-		return fmt.Errorf("rollback sandbox %q: snapshot %s belongs to %q", name, id, s.Sandbox)
-	}
+	id = s.ID
 	info, err := m.Get(name)
 	if err != nil {
 		return err
@@ -544,14 +560,22 @@ func (m *Manager) Rollback(ctx context.Context, name, id string) error {
 	return nil
 }
 
-// Diff lists the project's changes since snapshot snap of the sandbox, or
-// since its origin when snap is "".
+// Diff lists the project's changes since snapshot snap of the sandbox (its
+// id or its label), or since its origin when snap is "".
 func (m *Manager) Diff(ctx context.Context, name, snap string) ([]cowfs.Change, error) {
 	info, err := m.Get(name)
 	if err != nil {
 		return nil, err
 	}
-	origin, err := m.fs.Resolve(ctx, info.Origin)
+	from := info.Origin
+	if snap != "" {
+		s, err := m.findSnapshot(name, snap)
+		if err != nil {
+			return nil, fmt.Errorf("diff sandbox %q: %w", name, err)
+		}
+		from = s.FS
+	}
+	origin, err := m.fs.Resolve(ctx, from)
 	if err != nil {
 		return nil, fmt.Errorf("diff sandbox %q: %w", name, err)
 	}

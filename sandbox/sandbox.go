@@ -54,6 +54,11 @@ type Info struct {
 	Origin string `json:"origin"`
 	// From is the host directory or sandbox snapshot it was created from.
 	From string `json:"from"`
+	// HostBase is the cowfs snapshot of the host directory ProjectPath as
+	// last imported or promoted into; Promote and staleness compare the
+	// host against it. Empty when not known (made from a snapshot that
+	// did not carry it).
+	HostBase string `json:"host_base,omitempty"`
 	// ForkedFrom names the sandbox it was forked from, if any.
 	ForkedFrom string    `json:"forked_from,omitempty"`
 	Created    time.Time `json:"created"`
@@ -79,6 +84,8 @@ type SnapshotInfo struct {
 	Limits      Limits    `json:"limits"`
 	Env         []string  `json:"env,omitempty"`
 	Services    []string  `json:"services,omitempty"`
+	// HostBase is the sandbox's HostBase when the snapshot was taken.
+	HostBase string `json:"host_base,omitempty"`
 }
 
 // Spec is what a Runtime needs to start a sandbox.
@@ -150,6 +157,9 @@ type Staleness struct {
 	Changed int `json:"changed"`
 	Added   int `json:"added"`
 	Removed int `json:"removed"`
+	// Partial says the walk stopped at its bound (entries or time) and
+	// the counts cover only what it saw.
+	Partial bool `json:"partial,omitempty"`
 	// Examples names up to 10 of the paths counted.
 	Examples []string `json:"examples,omitempty"`
 	// Unknown says why staleness could not be told (origin not a host

@@ -67,6 +67,11 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 			return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 		}
 	}
+	// The upper layer's top is the sandbox's "/": 0755 like a root
+	// directory, or users other than root could not reach any file.
+	if err := os.Chmod(filepath.Join(spec.Dir, upperDir), 0o755); err != nil {
+		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+	}
 	sock := filepath.Join(spec.Dir, runDir, agentSocket)
 	os.Remove(sock) // left by an earlier run
 	cg, err := cgroup.New(spec.ID, spec.Limits.Pids)
