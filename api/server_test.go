@@ -520,3 +520,68 @@ func TestRestart(t *testing.T) {
 		t.Fatalf("after restart: %q", out)
 	}
 }
+
+// TestStatusSnapshotsLogsPromote: get and list report live state;
+// labelled snapshots are listed and roll back by label; the services' output streams as logs; promote writes the
+// project's changes to the host directory.
+func TestStatusSnapshotsLogsPromote(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	if _, err := e.c.Create(ctx, api.CreateRequest{Name: "s", From: e.project,
+		Services: []string{"echo service-up; exec sleep 1000"}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the service's process", func() bool {
+		st, err := e.c.Get(ctx, "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.State == sandbox.Running && st.Processes >= 2
+	})
+	list, err := e.c.List(ctx)
+	if err != nil || len(list) != 1 || list[0].Name != "s" {
+		t.Fatalf("list: %+v, %v", list, err)
+	}
+	if _, err := e.c.Get(ctx, "nope"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("get of an unknown sandbox: %v", err)
+	}
+
+	logs, err := e.c.Logs(ctx, "s", sandbox.LogOptions{Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lb syncBuffer
+	go io.Copy(&lb, logs)
+	waitFor(t, "the service's output in the logs", func() bool { return strings.Contains(lb.String(), "service-up") })
+	logs.Close()
+
+	e.sh("s", "echo one > "+e.project+"/f")
+	if _, err := e.c.Snapshot(ctx, "s", api.SnapshotRequest{Name: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	e.sh("s", "echo two > "+e.project+"/f")
+	snaps, err := e.c.Snapshots(ctx, "s")
+	if err != nil || len(snaps) != 1 || snaps[0].Name != "first" {
+		t.Fatalf("snapshots: %+v, %v", snaps, err)
+	}
+	if err := e.c.Rollback(ctx, "s", api.RollbackRequest{Snapshot: "first"}); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.sh("s", "cat "+e.project+"/f"); out != "one\n" {
+		t.Fatalf("after rollback by label: %q", out)
+	}
+
+	res, err := e.c.Promote(ctx, "s", api.PromoteRequest{DryRun: true})
+	if err != nil || res.Applied || len(res.Changes) != 1 || res.Changes[0].Path != "f" {
+		t.Fatalf("dry run: %+v, %v", res, err)
+	}
+	if _, err := os.Stat(filepath.Join(e.project, "f")); !os.IsNotExist(err) {
+		t.Fatal("a dry run wrote to the host")
+	}
+	if res, err = e.c.Promote(ctx, "s", api.PromoteRequest{}); err != nil || !res.Applied {
+		t.Fatalf("promote: %+v, %v", res, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(e.project, "f")); string(b) != "one\n" {
+		t.Fatalf("the host's file after promote: %q", b)
+	}
+}
