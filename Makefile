@@ -80,7 +80,7 @@ bench-vmm: deps
 	$(GO) run ./bench/vmm
 
 bench-sandbox: deps
-	$(GO) run ./bench/sandbox --md docs/bench/sandbox-run.md
+	$(GO) run ./bench/sandbox
 
 # kernels fetches Debian's cloud kernel into $(KERNEL_DIR) (idempotent): the
 # bzImage (vmlinuz), an uncompressed vmlinux cut out of it for PVH boots, its
