@@ -8,9 +8,9 @@ TEST_TIMEOUT ?= 45m
 
 # Debian packages the tests, the demo and the benchmarks use.
 DEBS := fuse3 restic casync fuse-overlayfs btrfs-progs qemu-system-x86 \
-	busybox-static cpio kmod zstd xz-utils lz4 git gcc iproute2
+	busybox-static cpio kmod zstd xz-utils lz4 git gcc iproute2 bubblewrap
 
-.PHONY: all build deps demo test test-full vet fuzz unit unit-full bench bench-chunkstore bench-cowfs bench-vmm kernels nested-test
+.PHONY: all build deps demo test test-full vet fuzz unit unit-full bench bench-chunkstore bench-cowfs bench-vmm bench-sandbox kernels nested-test
 
 all: build
 
@@ -68,7 +68,7 @@ test: deps kernels vet fuzz unit
 # test-full is test with every long suite run whole (hours, not minutes).
 test-full: deps kernels vet fuzz unit-full
 
-bench: bench-chunkstore bench-cowfs bench-vmm
+bench: bench-chunkstore bench-cowfs bench-vmm bench-sandbox
 
 bench-chunkstore: deps
 	$(GO) run ./bench/chunkstore
@@ -78,6 +78,9 @@ bench-cowfs: deps
 
 bench-vmm: deps
 	$(GO) run ./bench/vmm
+
+bench-sandbox: deps
+	$(GO) run ./bench/sandbox
 
 # kernels fetches Debian's cloud kernel into $(KERNEL_DIR) (idempotent): the
 # bzImage (vmlinuz), an uncompressed vmlinux cut out of it for PVH boots, its

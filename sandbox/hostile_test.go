@@ -94,11 +94,21 @@ func (e *env) runAs(name string, uid uint32, argv ...string) string {
 	return string(out) + errb.String()
 }
 
-// TestHostile: what a sandbox's root must not be able to do. Each shell
-// case prints "ESCAPED" only if the attempt succeeded; after each, the
-// host is checked unchanged.
+// TestHostile: what a sandbox's root must not be able to do, in a sandbox
+// started cold and in one bound to a warm instance. Each case is a shell
+// script that prints "ESCAPED" only if the attempt succeeded.
 func TestHostile(t *testing.T) {
-	e := newEnv(t, 0)
+	t.Run("cold", func(t *testing.T) { testHostile(t, newEnv(t, 0)) })
+	t.Run("warm", func(t *testing.T) {
+		e := newEnvWith(t, sandbox.Options{Warm: 1})
+		testHostile(t, e)
+		if e.rt.WarmBound() != 1 {
+			t.Fatal("the sandbox did not take the warm instance")
+		}
+	})
+}
+
+func testHostile(t *testing.T, e *env) {
 	e.create("h", sandbox.Limits{Pids: 64})
 	a := &attempts{t: t}
 	defer a.log()

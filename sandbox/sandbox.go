@@ -105,6 +105,10 @@ type Spec struct {
 	// Hide lists host paths the sandbox must not see (state roots).
 	Hide   []string
 	Limits Limits
+	// Seed, when given, is the runtime state directory (Dir) of a
+	// snapshot that the sandbox's state starts as a copy of; Dir must not
+	// exist yet then.
+	Seed string
 }
 
 // Instance is one running sandbox's processes.
@@ -125,8 +129,9 @@ type Instance interface {
 type Runtime interface {
 	// Name names the runtime in metadata ("ns").
 	Name() string
-	// Start runs a sandbox whose agent answers on AgentSocket once Start
-	// returns (connections may need a retry while it starts listening).
+	// Start runs a sandbox whose agent answers a connection to
+	// AgentSocket made once Start returns. A Dir that does not exist yet
+	// is made (from Seed when given).
 	Start(ctx context.Context, spec Spec) (Instance, error)
 	// CopyState copies a sandbox's runtime state (Spec.Dir) from one
 	// directory to another that does not exist yet. The sandbox owning
