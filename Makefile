@@ -10,7 +10,7 @@ TEST_TIMEOUT ?= 45m
 DEBS := fuse3 restic casync fuse-overlayfs btrfs-progs qemu-system-x86 \
 	busybox-static cpio kmod zstd xz-utils lz4 git gcc iproute2 bubblewrap
 
-.PHONY: all build deps demo test test-full vet fuzz unit unit-full bench bench-chunkstore bench-cowfs bench-vmm bench-sandbox kernels nested-test
+.PHONY: all build binaries deps demo test test-full vet fuzz unit unit-full bench bench-chunkstore bench-cowfs bench-vmm bench-sandbox kernels nested-test
 
 all: build
 
@@ -27,8 +27,13 @@ deps:
 	fi
 	$(GO) mod download
 
-demo: deps
-	$(GO) run ./cmd/tine demo
+# binaries builds tine and the guest agent, static (CGO off), into bin/.
+binaries:
+	CGO_ENABLED=0 $(GO) build -o bin/tine ./cmd/tine
+	CGO_ENABLED=0 $(GO) build -o bin/tine-agent ./cmd/tine-agent
+
+demo: deps binaries
+	TINE=$(CURDIR)/bin/tine demo/run.sh
 
 vet:
 	$(GO) vet ./...
