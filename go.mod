@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/bobuhiro11/gokvm v0.0.8-0.20231003020000-f53faca69d28
+	github.com/coder/websocket v1.8.15
 	github.com/google/go-cmp v0.7.0
 	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/klauspost/compress v1.20.3

@@ -1,7 +1,7 @@
 // Package api is tine's HTTP/JSON API: the typed requests and responses
 // that the daemon (tine serve) answers on a Unix socket in the state root,
 // and the server that answers them over a sandbox.Manager. Package
-// api/client is its Go client. docs/api/openapi.yaml describes it.
+// api/client is its Go client. docs/api/openapi.json describes it.
 package api
 
 import (
@@ -18,14 +18,18 @@ const Version = "v1"
 // SocketName is the daemon's socket file in the state root.
 const SocketName = "tine.sock"
 
-// Error is the body of every response with a status of 400 or more.
+// Error is the body of every response with a status of 400 or more. It is
+// also an error: a ServerOptions hook may return one to choose the code.
 type Error struct {
-	// Code is a stable machine-readable word: not_found, exists,
-	// not_running, bad_request, conflict, internal.
+	// Code is a stable machine-readable word: bad_request (400),
+	// not_found (404), exists, not_running, conflict (409), too_large
+	// (413), internal (500), not_implemented (501).
 	Code string `json:"code"`
 	// Message names the thing and says what to do.
 	Message string `json:"message"`
 }
+
+func (e *Error) Error() string { return e.Message }
 
 // CreateRequest is the body of POST /v1/sandboxes.
 type CreateRequest struct {
@@ -62,9 +66,12 @@ type Change struct {
 	Path string `json:"path"`
 	// PathB64 holds the path's bytes in base64 when they are not UTF-8.
 	PathB64 string `json:"path_b64,omitempty"`
-	Kind    string `json:"kind"` // added, deleted, modified, type
-	Size    int64  `json:"size,omitempty"`
-	Mode    uint32 `json:"mode,omitempty"`
+	// Kind is added, deleted, modified, type-changed or mode-changed.
+	Kind string `json:"kind"`
+	// Size and Mode (07777 bits) are the new entry's, or for a deletion
+	// the old one's.
+	Size int64  `json:"size,omitempty"`
+	Mode uint32 `json:"mode,omitempty"`
 }
 
 // PromoteRequest is the body of POST /v1/sandboxes/{name}/promote.
@@ -129,7 +136,7 @@ type RuntimeInfo struct {
 // FSRequest runs one "tine fs" command in the daemon, which owns the
 // store and the mounts: the body of POST /v1/fs/{command}.
 type FSRequest struct {
-	Args []string          `json:"args"`            // positional arguments, host paths absolute
+	Args []string          `json:"args"`           // positional arguments, host paths absolute
 	Opts map[string]string `json:"opts,omitempty"` // flag name → value, as on the command line
 	JSON bool              `json:"json,omitempty"`
 }

@@ -48,6 +48,7 @@ type inode struct {
 	opens       int // open handles
 	ptOpens     int // open passthrough handles
 	cachedOpens int // open non-passthrough handles
+	backedOpens int // open handles the kernel serves with a backing file (passthrough and direct)
 
 	// symlinks and device nodes
 	target string

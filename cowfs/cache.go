@@ -36,7 +36,7 @@ func (f *FS) cacheDir() string { return filepath.Join(f.root, "cache") }
 // files to keep the cache within its budget.
 func (f *FS) cacheFile(ctx context.Context, id chunkstore.ID, size int64) (*os.File, error) {
 	path := filepath.Join(f.cacheDir(), id.String())
-	if fh, err := openCached(path, size); err == nil {
+	if fh, err := f.openCached(path, size); err == nil {
 		return fh, nil
 	}
 	if size > f.cacheBytes {
@@ -44,14 +44,14 @@ func (f *FS) cacheFile(ctx context.Context, id chunkstore.ID, size int64) (*os.F
 	}
 	f.matMu.Lock()
 	defer f.matMu.Unlock()
-	if fh, err := openCached(path, size); err == nil {
+	if fh, err := f.openCached(path, size); err == nil {
 		return fh, nil
 	}
 	if err := f.materialise(id, size, path); err != nil {
 		return nil, err
 	}
 	f.cacheUsed += size
-	fh, err := openCached(path, size)
+	fh, err := f.openCached(path, size)
 	if err != nil {
 		return nil, fmt.Errorf("cache %s: %w", id, err)
 	}
@@ -63,10 +63,11 @@ func (f *FS) cacheFile(ctx context.Context, id chunkstore.ID, size int64) (*os.F
 	return fh, nil
 }
 
-// openCached opens the cache file at path if it holds size bytes, takes a
-// shared lock on it and records the use.
-func openCached(path string, size int64) (*os.File, error) {
-	fh, err := os.Open(path)
+// openCached opens the cache file at path, through the cache's read-only
+// view, if it holds size bytes, takes a shared lock on it and records the
+// use.
+func (f *FS) openCached(path string, size int64) (*os.File, error) {
+	fh, err := f.openView(filepath.Base(path))
 	if err != nil {
 		return nil, err
 	}

@@ -73,6 +73,10 @@ type FS struct {
 	matMu      sync.Mutex // serialises cache materialisation and eviction
 	cacheBytes int64      // the cache's budget
 	cacheUsed  int64      // bytes in the cache, under matMu
+
+	viewMu  sync.Mutex
+	view    *os.File // read-only view of the cache (see cacheView)
+	viewErr error
 }
 
 // Open opens (creating if needed) the state root dir.
@@ -122,6 +126,7 @@ func (f *FS) Close() error {
 	if n > 0 {
 		return fmt.Errorf("cowfs: close %s: %d branches still mounted", f.root, n)
 	}
+	f.closeView()
 	if err := f.store.Flush(); err != nil {
 		f.store.Close()
 		return fmt.Errorf("cowfs: flush store in %s: %w", f.root, err)

@@ -529,6 +529,9 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	default:
 		h.in.cachedOpens--
 	}
+	if h.kind != 0 {
+		h.in.backedOpens--
+	}
 	if h.pt != nil {
 		h.pt.Close()
 	}
@@ -539,13 +542,38 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	return 0
 }
 
+// backedWait bounds how long a writable open waits for the release of
+// the file's last handle with a backing file (see Open).
+const backedWait = 100 * time.Millisecond
+
 func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32, syscall.Errno) {
 	b := n.b
+	writable := flags&syscall.O_ACCMODE != syscall.O_RDONLY
 	b.mu.Lock()
 	in := n.cur()
 	if in.typ != TypeFile {
 		b.mu.Unlock()
 		return nil, 0, 0
+	}
+	if writable && in.backedOpens > 0 {
+		// The kernel gives every open of an inode the backing file of its
+		// passthrough opens, reopened with the new open's flags, and maps
+		// the file through it: a writable open would let a shared mapping
+		// write into the cache file every branch reads (ADR 0052). So a
+		// writable open waits for the release of those handles, which may
+		// be on its way (the kernel sends it after close returns), and is
+		// refused if they stay open.
+		deadline := time.Now().Add(backedWait)
+		for in.backedOpens > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+			b.mu.Unlock()
+			time.Sleep(time.Millisecond)
+			b.mu.Lock()
+			in = n.cur()
+		}
+		if in.backedOpens > 0 {
+			b.mu.Unlock()
+			return nil, 0, syscall.ETXTBSY
+		}
 	}
 	if flags&syscall.O_TRUNC != 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		if err := b.truncate(in, 0); err != nil {
@@ -567,7 +595,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		}
 	}
 	var fl uint32
-	if h.kind == 0 && in.ptOpens > 0 {
+	if h.kind == 0 && in.backedOpens > 0 && !writable {
 		// The kernel refuses cached opens while passthrough opens exist.
 		h.kind = 2
 		fl = fuse.FOPEN_DIRECT_IO
@@ -578,8 +606,12 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	} else {
 		in.cachedOpens++
 	}
+	if h.kind != 0 {
+		in.backedOpens++
+	}
 	b.mu.Unlock()
 	if h.kind == 0 {
+		// Never a backing file for a writable open (see above).
 		return h, fl, 0
 	}
 	return ptHandle{h}, fl, 0

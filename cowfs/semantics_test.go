@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -241,15 +242,21 @@ func TestPassthroughCache(t *testing.T) {
 	if len(cached) != 1 {
 		t.Fatalf("cache holds %d files after reading one unchanged file, want 1", len(cached))
 	}
-	// A reader keeps its passthrough handle while a writer changes the file
-	// through FUSE; new opens see the change.
+	// While a passthrough reader is open, a writable open is refused
+	// (ADR 0052); once it is closed, new opens see the change.
 	rd, err := os.Open(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rd.Close()
+	if err := os.WriteFile(p, []byte("new"), 0o644); !errors.Is(err, syscall.ETXTBSY) {
+		t.Errorf("open for writing while a passthrough reader is open: %v, want ETXTBSY", err)
+	}
+	if got, err := io.ReadAll(rd); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("the passthrough reader after a refused writer: %d bytes, %v", len(got), err)
+	}
+	rd.Close()
 	if err := os.WriteFile(p, []byte("new"), 0o644); err != nil {
-		t.Fatalf("open for writing while a passthrough reader is open: %v", err)
+		t.Fatalf("open for writing once the passthrough reader is closed: %v", err)
 	}
 	if got, err := os.ReadFile(p); err != nil || string(got) != "new" {
 		t.Errorf("after rewrite: %q, %v", got, err)

@@ -1,54 +1,161 @@
 package sandbox_test
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"tine/guestagent/proto"
 	"tine/sandbox"
 )
 
-// TestHostile: what a sandbox's root must not be able to do. Each case is
-// a shell script that prints "ESCAPED" only if the attempt succeeded.
+// attempts collects what a hostile test tried and how it ended, for the
+// test log.
+type attempts struct {
+	t     *testing.T
+	lines []string
+}
+
+func (a *attempts) add(what, result string) {
+	a.lines = append(a.lines, fmt.Sprintf("%-58s %s", what, result))
+}
+
+func (a *attempts) log() {
+	a.t.Logf("attempts from inside the sandbox:\n%s", strings.Join(a.lines, "\n"))
+}
+
+var (
+	hostileOnce sync.Once
+	hostileBin  string
+	hostileErr  error
+)
+
+// hostileHelper builds the static helper program that makes the system
+// calls a sandbox must not make.
+func hostileHelper(t *testing.T) string {
+	t.Helper()
+	hostileOnce.Do(func() {
+		hostileBin = filepath.Join(filepath.Dir(agentPath), "tine-hostile")
+		cmd := exec.Command("go", "build", "-o", hostileBin, "tine/sandbox/internal/hostile")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			hostileErr = fmt.Errorf("build the hostile helper: %v\n%s", err, out)
+		}
+	})
+	if hostileErr != nil {
+		t.Fatal(hostileErr)
+	}
+	return hostileBin
+}
+
+// putHelper copies the helper into sandbox name at /usr/local/bin/tine-hostile.
+func (e *env) putHelper(t *testing.T, name string) {
+	t.Helper()
+	f, err := os.Open(hostileHelper(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, err := e.m.Agent(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PutFile(context.Background(), "/usr/local/bin/tine-hostile", 0o755, f); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runAs runs argv in sandbox name as uid:gid and returns its output.
+func (e *env) runAs(name string, uid uint32, argv ...string) string {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	gid := uid
+	p, err := e.m.Exec(ctx, name, proto.ExecRequest{Argv: argv, UID: &uid, GID: &gid})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var errb bytes.Buffer
+	done := make(chan struct{})
+	go func() { io.Copy(&errb, p.Stderr); close(done) }()
+	out, _ := io.ReadAll(p.Stdout)
+	<-done
+	p.Wait(ctx)
+	return string(out) + errb.String()
+}
+
+// TestHostile: what a sandbox's root must not be able to do, in a sandbox
+// started cold and in one bound to a warm instance. Each case is a shell
+// script that prints "ESCAPED" only if the attempt succeeded.
 func TestHostile(t *testing.T) {
-	e := newEnv(t, 0)
+	t.Run("cold", func(t *testing.T) { testHostile(t, newEnv(t, 0)) })
+	t.Run("warm", func(t *testing.T) {
+		e := newEnvWith(t, sandbox.Options{Warm: 1})
+		testHostile(t, e)
+		if e.rt.WarmBound() != 1 {
+			t.Fatal("the sandbox did not take the warm instance")
+		}
+	})
+}
+
+func testHostile(t *testing.T, e *env) {
 	e.create("h", sandbox.Limits{Pids: 64})
+	a := &attempts{t: t}
+	defer a.log()
 	marker := fmt.Sprintf("/tmp/tine-hostile-%d", os.Getpid())
 	os.Remove(marker)
 	t.Cleanup(func() { os.Remove(marker) })
 	host := os.Getpid()
+	hostName, _ := os.Hostname()
 	cases := []struct{ name, script string }{
-		{"symlink out of the project", fmt.Sprintf("ln -s %s %s/ln && echo x > %s/ln; true", marker, e.project, e.project)},
-		{"dotdot out of the project", fmt.Sprintf("echo x > %s/../../../../..%s; true", e.project, marker)},
-		{"proc self root", fmt.Sprintf("echo x > /proc/self/root%s; echo x > /proc/1/root%s; true", marker, marker)},
-		{"signal a host pid", fmt.Sprintf("kill -0 %d 2>/dev/null && echo ESCAPED; true", host)},
+		{"write through a symlink in the project", fmt.Sprintf("ln -s %s %s/ln && echo x > %s/ln; true", marker, e.project, e.project)},
+		{"write through a directory symlink in the project", fmt.Sprintf("ln -s /tmp %s/tmpln && echo x > %s/tmpln/%s; true", e.project, e.project, filepath.Base(marker))},
+		{"write via .. out of the project", fmt.Sprintf("echo x > %s/../../../../..%s; true", e.project, marker)},
+		{"write via /proc/self/root", fmt.Sprintf("echo x > /proc/self/root%s; true", marker)},
+		{"write via /proc/1/root", fmt.Sprintf("echo x > /proc/1/root%s; true", marker)},
+		{"signal a host pid (kill -0)", fmt.Sprintf("kill -0 %d 2>/dev/null && echo ESCAPED; true", host)},
+		{"see the host pid in /proc", fmt.Sprintf("test -e /proc/%d && echo ESCAPED; true", host)},
 		{"see host processes", "test $(ls -d /proc/[0-9]* | wc -l) -lt 10 || echo ESCAPED"},
-		{"mount", "mount -t tmpfs none /mnt 2>/dev/null && echo ESCAPED; true"},
-		{"unshare a user namespace", "unshare -U true 2>/dev/null && echo ESCAPED; unshare -r true 2>/dev/null && echo ESCAPED; true"},
-		{"ptrace pid 1", "cat /proc/1/environ >/dev/null 2>&1; strace -p 1 -o /dev/null -e trace=none 2>/dev/null & sleep 0.2; grep -q '^TracerPid:[^0]*[1-9]' /proc/1/status && echo ESCAPED; kill %1 2>/dev/null; true"},
-		{"load a module", "insmod /nonexistent.ko 2>/dev/null; modprobe dummy 2>/dev/null && echo ESCAPED; true"},
-		{"set the clock", "date -s '2001-01-01' >/dev/null 2>&1 && echo ESCAPED; true"},
-		{"raw socket", "python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1); print(\"ESCAPED\")' 2>/dev/null; true"},
-		{"packet socket", "python3 -c 'import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW); print(\"ESCAPED\")' 2>/dev/null; true"},
-		{"network beyond loopback", "test $(ls /sys/class/net | tr '\\n' ' ') = lo || echo ESCAPED"},
+		{"mount (shell)", "mount -t tmpfs none /mnt 2>/dev/null && echo ESCAPED; true"},
+		{"unshare a user namespace (shell)", "unshare -U true 2>/dev/null && echo ESCAPED; unshare -r true 2>/dev/null && echo ESCAPED; true"},
+		{"strace pid 1", "strace -p 1 -o /dev/null -e trace=none 2>/dev/null & sleep 0.2; grep -q '^TracerPid:[^0]*[1-9]' /proc/1/status && echo ESCAPED; kill %1 2>/dev/null; true"},
+		{"load a module (modprobe)", "insmod /nonexistent.ko 2>/dev/null; modprobe dummy 2>/dev/null && echo ESCAPED; true"},
+		{"set the clock (date -s)", "date -s '2001-01-01' >/dev/null 2>&1 && echo ESCAPED; true"},
+		{"network beyond loopback", "test \"$(ls /sys/class/net | tr '\\n' ' ')\" = 'lo ' || echo ESCAPED"},
 		{"write a host sysctl", "echo 1 > /proc/sys/vm/drop_caches 2>/dev/null && echo ESCAPED; true"},
 		{"sysrq", "echo h > /proc/sysrq-trigger 2>/dev/null && echo ESCAPED; true"},
-		{"make a device node", "mknod /tmp/sda b 8 0 2>/dev/null && echo ESCAPED; true"},
+		{"make a device node (mknod)", "mknod /tmp/sda b 8 0 2>/dev/null && echo ESCAPED; true"},
 		{"see the state root", fmt.Sprintf("ls %s 2>/dev/null | grep -q . && echo ESCAPED; true", e.root)},
+		{"see the cowfs root", fmt.Sprintf("ls %s 2>/dev/null | grep -q . && echo ESCAPED; true", e.fs.Root())},
+		{"read the cgroup file system", "ls /sys/fs/cgroup 2>/dev/null | grep -q . && echo ESCAPED; true"},
+		{"change the host name", "hostname tine-renamed 2>/dev/null; true"},
 	}
 	for _, c := range cases {
 		out, _ := e.sh("h", c.script)
+		res := "blocked"
 		if strings.Contains(out, "ESCAPED") {
+			res = "ESCAPED"
 			t.Errorf("%s: the sandbox did it: %s", c.name, out)
 		}
 		if _, err := os.Stat(marker); err == nil {
-			t.Fatalf("%s: wrote %s on the host", c.name, marker)
+			res = "ESCAPED (host file written)"
+			t.Errorf("%s: wrote %s on the host", c.name, marker)
+			os.Remove(marker)
 		}
+		a.add(c.name, res)
+	}
+	if h, _ := os.Hostname(); h != hostName {
+		t.Errorf("the host name changed to %q", h)
 	}
 	// ps in the sandbox shows only the sandbox: the agent is pid 1.
 	if out := e.mustSh("h", "ps -e -o pid=,comm="); !strings.Contains(out, "1 tine-agent") || strings.Count(out, "\n") > 4 {
@@ -56,15 +163,79 @@ func TestHostile(t *testing.T) {
 	}
 }
 
-// TestForkBombHeld: a fork bomb stops at the pids limit, the host keeps
-// starting processes, and removing the sandbox ends it all.
+// TestHostileSyscalls: the system calls of a container escape, made
+// directly by a static program inside the sandbox, all fail; the
+// sandbox's namespaces are not the host's and none of the host's is
+// reachable; a setuid-root binary gives no privilege.
+func TestHostileSyscalls(t *testing.T) {
+	e := newEnv(t, 0)
+	e.create("sys", sandbox.Limits{Pids: 64})
+	e.putHelper(t, "sys")
+	a := &attempts{t: t}
+	defer a.log()
+	check := func(out string, wantLines int) {
+		t.Helper()
+		n := 0
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			what, res, _ := strings.Cut(l, " ")
+			if what == "ESCAPED" {
+				t.Errorf("ESCAPED: %s", res)
+				a.add(res, "ESCAPED")
+				n++
+				continue
+			}
+			if what != "blocked" {
+				t.Errorf("unexpected helper output %q", l)
+				continue
+			}
+			w, errText, _ := strings.Cut(res, ": ")
+			a.add(w, "blocked: "+errText)
+			n++
+		}
+		if n < wantLines {
+			t.Errorf("%d attempts reported, want %d:\n%s", n, wantLines, out)
+		}
+	}
+	check(e.mustSh("sys", "tine-hostile syscalls"), 24)
+
+	// ptrace: pid 1 (the agent) and a process of the sandbox's own.
+	check(e.mustSh("sys", "tine-hostile ptrace 1"), 1)
+	check(e.mustSh("sys", "sleep 100 & p=$!; tine-hostile ptrace $p; kill $p"), 1)
+	check(e.mustSh("sys", fmt.Sprintf("tine-hostile kill %d", os.Getpid())), 1)
+
+	// Namespaces: the sandbox's /proc/1/ns are its own, none the host's.
+	for _, ns := range []string{"pid", "mnt", "net", "uts", "ipc", "cgroup"} {
+		in := strings.TrimSpace(e.mustSh("sys", "readlink /proc/1/ns/"+ns))
+		hostNS, _ := os.Readlink("/proc/self/ns/" + ns)
+		res := "own namespace " + in
+		if in == hostNS {
+			res = "HOST's namespace"
+			t.Errorf("/proc/1/ns/%s in the sandbox is the host's (%s)", ns, in)
+		}
+		a.add("reach the host's "+ns+" namespace via /proc/1/ns", res)
+	}
+
+	// setuid root: a binary made setuid root in the sandbox runs as the
+	// user who runs it (no_new_privs).
+	e.mustSh("sys", "cp /usr/local/bin/tine-hostile /usr/local/bin/tine-suid && chown 0:0 /usr/local/bin/tine-suid && chmod 4755 /usr/local/bin/tine-suid")
+	out := e.runAs("sys", 65534, "/usr/local/bin/tine-suid", "euid")
+	if !strings.Contains(out, "euid 65534") {
+		t.Errorf("setuid-root binary run by uid 65534: %q", out)
+	}
+	a.add("setuid-root binary run by nobody", strings.SplitN(out, "\n", 2)[0])
+	check(strings.SplitN(out, "\n", 2)[1], 1)
+}
+
+// TestForkBombHeld: a fork bomb stops at the pids limit while the host
+// and another sandbox keep starting processes, and removing the sandbox
+// ends it all.
 func TestForkBombHeld(t *testing.T) {
 	e := newEnv(t, 0)
+	e.create("calm", sandbox.Limits{Pids: 50})
 	e.create("bomb", sandbox.Limits{Pids: 50})
 	start := time.Now()
 	// Background the bomb so the command returns; it keeps trying to fork.
 	e.mustSh("bomb", "b() { b | b & }; (b) >/dev/null 2>&1 & sleep 1; true")
-	// The sandbox cannot even start a counter now: read the cgroup.
 	cur, _ := filepath.Glob("/sys/fs/cgroup/*/tine/tine-*-bomb/pids.current")
 	cur2, _ := filepath.Glob("/sys/fs/cgroup/tine/tine-*-bomb/pids.current")
 	cur = append(cur, cur2...)
@@ -79,13 +250,86 @@ func TestForkBombHeld(t *testing.T) {
 	if n > 50 {
 		t.Fatalf("%d processes in the sandbox, limit 50", n)
 	}
-	if err := exec1("true"); err != nil {
-		t.Fatalf("the host cannot start a process during the bomb: %v", err)
+	for i := 0; i < 3; i++ {
+		if err := exec.Command("true").Run(); err != nil {
+			t.Fatalf("the host cannot start a process during the bomb: %v", err)
+		}
+		if out := e.mustSh("calm", "echo answering"); out != "answering\n" {
+			t.Fatalf("another sandbox during the bomb: %q", out)
+		}
 	}
 	if err := e.m.Remove(t.Context(), "bomb"); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("fork bomb held at %d processes; removed after %v", n, time.Since(start))
+	t.Logf("fork bomb held at %d processes (limit 50); the host and another sandbox kept answering; removed after %v", n, time.Since(start))
 }
 
-func exec1(name string) error { return exec.Command(name).Run() }
+// TestMemoryHogModest: there is no memory limit yet (it comes with the
+// policy work); a modest hog (512 MiB) runs and the host and the sandbox
+// keep answering.
+func TestMemoryHogModest(t *testing.T) {
+	e := newEnv(t, 0)
+	e.create("hog", sandbox.Limits{Pids: 64})
+	e.putHelper(t, "hog")
+	if out := e.mustSh("hog", "tine-hostile hog 512"); out != "held 512 MiB\n" {
+		t.Fatalf("hog: %q", out)
+	}
+	if err := exec.Command("true").Run(); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.mustSh("hog", "echo alive"); out != "alive\n" {
+		t.Fatalf("after the hog: %q", out)
+	}
+	t.Log("512 MiB held with no memory limit: the host survived; memory limits are not enforced yet")
+}
+
+// TestDiskFill: the project stops at its quota with ENOSPC; the OS layer
+// has no bound yet (reported in docs/trust.md): the test measures that
+// writes outside the project land on the host disk.
+func TestDiskFill(t *testing.T) {
+	e := newEnv(t, 0)
+	e.create("fill", sandbox.Limits{ProjectBytes: 1 << 20})
+	out, code := e.sh("fill", fmt.Sprintf("head -c 4194304 /dev/zero > %s/fill", e.project))
+	if code == 0 || !strings.Contains(out, "No space left") {
+		t.Fatalf("4 MiB into a 1 MiB project: exit %d: %q", code, out)
+	}
+	if _, err := os.Stat(filepath.Join(e.project, "fill")); err == nil {
+		t.Fatal("the fill reached the host project")
+	}
+	// The OS layer: 32 MiB written to /var/tmp lands in the upper layer
+	// on the state root's disk.
+	e.mustSh("fill", "head -c 33554432 /dev/zero > /var/tmp/tine-fill")
+	st, err := os.Stat(filepath.Join(e.root, "sandboxes", "fill", "runtime", "upper", "var", "tmp", "tine-fill"))
+	if err != nil {
+		t.Fatalf("the OS-layer write is not in the upper layer: %v", err)
+	}
+	if _, err := os.Stat("/var/tmp/tine-fill"); err == nil {
+		t.Fatal("the OS-layer write reached the host's /var/tmp")
+	}
+	tmp := strings.Fields(e.mustSh("fill", "df -k /tmp | tail -1"))
+	t.Logf("project: 4 MiB into a 1 MiB quota refused (ENOSPC); OS layer: NOT BOUNDED, %d bytes landed on the host disk in the sandbox's upper layer; /tmp is a tmpfs of %s KiB (memory, not bounded per sandbox)", st.Size(), tmp[1])
+}
+
+// TestSamePortTwoSandboxes: two sandboxes serve on the same port without
+// colliding with each other or with the host.
+func TestSamePortTwoSandboxes(t *testing.T) {
+	e := newEnv(t, 0)
+	const port = "18081"
+	for _, n := range []string{"web1", "web2"} {
+		e.create(n, sandbox.Limits{Pids: 64})
+		e.putHelper(t, n)
+		if out := e.mustSh(n, "(tine-hostile listen "+port+" >/tmp/listen.log 2>&1 &); sleep 0.3; cat /tmp/listen.log"); out != "listening\n" {
+			t.Fatalf("%s: %q", n, out)
+		}
+	}
+	for _, n := range []string{"web1", "web2"} {
+		if out := e.mustSh(n, "tine-hostile connect "+port); out != "hello from "+n+"\n" {
+			t.Fatalf("%s connects to %q", n, out)
+		}
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:"+port)
+	if err != nil {
+		t.Fatalf("the host cannot listen on the port the sandboxes use: %v", err)
+	}
+	l.Close()
+}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -27,6 +28,10 @@ type Options struct {
 	// MountPool, when positive, keeps that many cowfs mounts made ahead of
 	// time, so that creating or forking a sandbox does not wait for one.
 	MountPool int
+	// Warm, when positive and the Runtime is a Warmer, keeps that many
+	// sandboxes started ahead of time (namespaces, root and agent), so that
+	// creating or forking one only binds it (docs/adr/0092).
+	Warm int
 }
 
 // Manager owns the sandboxes under one state root: metadata in
@@ -38,10 +43,12 @@ type Manager struct {
 	fs   *cowfs.FS
 	rt   Runtime
 	pool *cowfs.MountPool
+	warm io.Closer
 	id   string // short hash of root, so cgroup names differ between roots
 
 	mu   sync.Mutex
 	live map[string]*live
+	ext  extra // services, logs, snapshot labels, recovery
 }
 
 // live is a running sandbox's host-side state.
@@ -78,6 +85,18 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 		}
 		m.pool = p
 	}
+	if err := m.recover(ctx); err != nil {
+		m.Close(ctx)
+		return nil, err
+	}
+	if w, ok := opts.Runtime.(Warmer); ok && opts.Warm > 0 {
+		c, err := w.Warm(ctx, WarmOptions{Dir: filepath.Join(root, "warm"), N: opts.Warm})
+		if err != nil {
+			m.Close(ctx)
+			return nil, fmt.Errorf("sandbox manager: %w", err)
+		}
+		m.warm = c
+	}
 	infos, err := m.List()
 	if err != nil {
 		m.Close(ctx)
@@ -106,6 +125,9 @@ func (m *Manager) Close(ctx context.Context) error {
 	var errs []error
 	for _, n := range names {
 		errs = append(errs, m.Stop(ctx, n))
+	}
+	if m.warm != nil {
+		errs = append(errs, m.warm.Close())
 	}
 	if m.pool != nil {
 		errs = append(errs, m.pool.Close())
@@ -138,8 +160,15 @@ type CreateOptions struct {
 	Services []string
 }
 
-// Create makes a sandbox and starts it.
+// Create makes a sandbox and starts it. Its metadata is written once,
+// when it runs: a crash before that leaves a directory without metadata,
+// which List skips.
 func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
+	return m.create(ctx, o, "")
+}
+
+// create is Create, recording forkedFrom in the metadata.
+func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string) (*Info, error) {
 	if !nameRE.MatchString(o.Name) {
 		return nil, fmt.Errorf("create sandbox %q: bad name (want 1-63 of [A-Za-z0-9._-])", o.Name)
 	}
@@ -152,44 +181,43 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, err)
 	}
 	info := &Info{Name: o.Name, Runtime: m.rt.Name(), State: Stopped, Branch: branchName(o.Name),
-		Created: time.Now().UTC(), Limits: o.Limits, Env: o.Env}
-	err := m.prepare(ctx, info, o)
+		Created: time.Now().UTC(), Limits: o.Limits, Env: o.Env, Services: o.Services, ForkedFrom: forkedFrom}
+	seed, err := m.prepare(ctx, info, o)
 	if err == nil {
-		err = m.save(info)
+		err = m.inherit(info, o)
 	}
 	if err == nil {
-		err = m.Start(ctx, o.Name)
+		err = m.start(ctx, info, seed)
 	}
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("create sandbox %q: %w", o.Name, err), m.Remove(ctx, o.Name))
 	}
-	info.State = Running
 	return info, nil
 }
 
-// prepare makes the sandbox's branch and runtime state.
-func (m *Manager) prepare(ctx context.Context, info *Info, o CreateOptions) error {
+// prepare makes the sandbox's branch. It returns the runtime state the
+// sandbox starts from: a snapshot's, or "" for a fresh one.
+func (m *Manager) prepare(ctx context.Context, info *Info, o CreateOptions) (string, error) {
 	var snap cowfs.SnapshotID
+	var seed string
 	if o.Dir != "" {
 		dir, err := filepath.Abs(o.Dir)
 		if err != nil {
-			return err
+			return "", err
 		}
 		if snap, err = m.fs.Import(ctx, dir, ""); err != nil {
-			return err
+			return "", err
 		}
 		info.ProjectPath, info.From = dir, dir
 	} else {
 		s, err := m.GetSnapshot(o.Snapshot)
 		if err != nil {
-			return err
+			return "", err
 		}
 		if snap, err = m.fs.Resolve(ctx, s.FS); err != nil {
-			return err
+			return "", err
 		}
-		if err := m.rt.CopyState(ctx, filepath.Join(m.snapDir(s.ID), "runtime"), m.rtDir(info.Name)); err != nil {
-			return err
-		}
+		seed = filepath.Join(m.snapDir(s.ID), "runtime")
 		info.ProjectPath, info.From = s.ProjectPath, s.ID
 		if info.Env == nil {
 			info.Env = s.Env
@@ -200,9 +228,12 @@ func (m *Manager) prepare(ctx context.Context, info *Info, o CreateOptions) erro
 	}
 	info.Origin = snap.String()
 	if err := m.fs.Branch(ctx, snap, info.Branch); err != nil {
-		return err
+		return "", err
 	}
-	return m.fs.SetQuota(ctx, info.Branch, info.Limits.ProjectBytes)
+	if info.Limits.ProjectBytes == 0 {
+		return seed, nil // a new branch has no quota
+	}
+	return seed, m.fs.SetQuota(ctx, info.Branch, info.Limits.ProjectBytes)
 }
 
 // Start runs a stopped sandbox: it mounts the project and starts the
@@ -212,6 +243,13 @@ func (m *Manager) Start(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	return m.start(ctx, info, "")
+}
+
+// start runs the sandbox of info, its runtime state made from seed when
+// given, and saves info as Running.
+func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
+	name := info.Name
 	m.mu.Lock()
 	if _, ok := m.live[name]; ok {
 		m.mu.Unlock()
@@ -221,6 +259,9 @@ func (m *Manager) Start(ctx context.Context, name string) error {
 	m.live[name] = l
 	m.mu.Unlock()
 	fail := func(err error) error {
+		if l.inst != nil {
+			err = errors.Join(err, l.inst.Stop(context.Background()))
+		}
 		if l.mount != nil {
 			err = errors.Join(err, l.mount.Unmount())
 		}
@@ -229,6 +270,7 @@ func (m *Manager) Start(ctx context.Context, name string) error {
 		m.mu.Unlock()
 		return fmt.Errorf("start sandbox %q: %w", name, err)
 	}
+	var err error
 	if m.pool != nil {
 		l.mount, err = m.pool.Mount(ctx, info.Branch)
 	} else {
@@ -241,14 +283,15 @@ func (m *Manager) Start(ctx context.Context, name string) error {
 	}
 	spec := Spec{ID: "tine-" + m.id + "-" + name, Hostname: name, Dir: m.rtDir(name),
 		ProjectPath: info.ProjectPath, ProjectSource: l.mount.Dir(),
-		Hide: []string{m.root, m.fs.Root()}, Limits: info.Limits}
+		Hide: []string{m.root, m.fs.Root()}, Limits: info.Limits, Seed: seed}
 	if l.inst, err = m.rt.Start(ctx, spec); err != nil {
 		return fail(err)
 	}
 	info.State = Running
 	if err := m.save(info); err != nil {
-		return errors.Join(err, m.Stop(ctx, name))
+		return fail(err)
 	}
+	m.startServices(ctx, info, l)
 	return nil
 }
 
@@ -400,7 +443,8 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 	return c.Exec(ctx, req)
 }
 
-// Snapshot fixes the sandbox at one instant: with its processes frozen it
+// Snapshot fixes the sandbox at one instant, labelled o.Name if given
+// (unique among the sandbox's snapshots): with its processes frozen it
 // snapshots the project branch and copies the runtime's state, then thaws
 // them. A stopped sandbox is snapshotted as it is.
 func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) (*SnapshotInfo, error) {
@@ -408,10 +452,18 @@ func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) 
 	if err != nil {
 		return nil, err
 	}
+	if o.Name != "" {
+		m.ext.snapMu.Lock()
+		defer m.ext.snapMu.Unlock()
+		if err := m.checkLabel(name, o.Name); err != nil {
+			return nil, err
+		}
+	}
 	var rnd [8]byte
 	rand.Read(rnd[:])
-	s := &SnapshotInfo{ID: "snap-" + hex.EncodeToString(rnd[:]), Sandbox: name, Runtime: info.Runtime,
-		ProjectPath: info.ProjectPath, Created: time.Now().UTC(), Limits: info.Limits, Env: info.Env}
+	s := &SnapshotInfo{ID: "snap-" + hex.EncodeToString(rnd[:]), Name: o.Name, Sandbox: name, Runtime: info.Runtime,
+		ProjectPath: info.ProjectPath, Created: time.Now().UTC(), Limits: info.Limits, Env: info.Env,
+		Services: info.Services, HostBase: info.HostBase}
 	dir := m.snapDir(s.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)
@@ -471,44 +523,69 @@ func (m *Manager) RemoveSnapshot(id string) error {
 	return os.RemoveAll(m.snapDir(id))
 }
 
-// Fork makes n new running sandboxes, NAME-1 .. NAME-n, from one snapshot
-// of sandbox name taken now. Each starts with the parent's files at that
-// instant and fresh processes (the agent); the parent runs on.
+// Fork makes n new running sandboxes, NAME-1 .. NAME-n (or o.Names),
+// from one snapshot of sandbox name taken now. Each starts with the
+// parent's files at that instant and fresh processes (the agent); the
+// parent runs on. The forks are made in parallel; if one fails, those
+// made are removed.
 func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info, error) {
 	n := o.N
+	if n < 1 || (o.Names != nil && len(o.Names) != n) {
+		return nil, fmt.Errorf("fork sandbox %q: want N >= 1 and, if given, N names (N=%d, %d names)", name, n, len(o.Names))
+	}
+	names := o.Names
+	if names == nil {
+		for i := 1; i <= n; i++ {
+			names = append(names, fmt.Sprintf("%s-%d", name, i))
+		}
+	}
+	for _, c := range names {
+		if !nameRE.MatchString(c) {
+			return nil, fmt.Errorf("fork sandbox %q: bad name %q (want 1-63 of [A-Za-z0-9._-])", name, c)
+		}
+	}
 	s, err := m.Snapshot(ctx, name, SnapshotOptions{})
 	if err != nil {
 		return nil, err
 	}
-	var out []*Info
-	for i := 1; i <= n; i++ {
-		info, err := m.Create(ctx, CreateOptions{Name: fmt.Sprintf("%s-%d", name, i), Snapshot: s.ID})
-		if err != nil {
-			for _, c := range out {
+	out := make([]*Info, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, forkParallel)
+	for i := range names {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			out[i], errs[i] = m.create(ctx, CreateOptions{Name: names[i], Snapshot: s.ID}, name)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for _, c := range out {
+			if c != nil {
 				err = errors.Join(err, m.Remove(ctx, c.Name))
 			}
-			return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
 		}
-		info.ForkedFrom = name
-		if err := m.save(info); err != nil {
-			return nil, err
-		}
-		out = append(out, info)
+		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
 	}
 	return out, nil
 }
 
-// Rollback returns the sandbox to snapshot id, which must be one of its
-// own: the project and OS layer become the snapshot's and its processes
+// forkParallel is how many forks are made at once: each mostly waits on
+// the disk (fsync) and on the kernel.
+const forkParallel = 8
+
+// Rollback returns the sandbox to snapshot id (its id or its label),
+// which must be one of its own: the project and OS layer become the snapshot's and its processes
 // start again.
 func (m *Manager) Rollback(ctx context.Context, name, id string) error {
-	s, err := m.GetSnapshot(id)
+	s, err := m.findSnapshot(name, id)
 	if err != nil {
-		return err
+		return fmt.Errorf("rollback sandbox %q: %w", name, err)
 	}
-	if s.Sandbox != name {
-		return fmt.Errorf("rollback sandbox %q: snapshot %s belongs to %q", name, id, s.Sandbox)
-	}
+	id = s.ID
 	info, err := m.Get(name)
 	if err != nil {
 		return err
@@ -544,14 +621,22 @@ func (m *Manager) Rollback(ctx context.Context, name, id string) error {
 	return nil
 }
 
-// Diff lists the project's changes since snapshot snap of the sandbox, or
-// since its origin when snap is "".
+// Diff lists the project's changes since snapshot snap of the sandbox (its
+// id or its label), or since its origin when snap is "".
 func (m *Manager) Diff(ctx context.Context, name, snap string) ([]cowfs.Change, error) {
 	info, err := m.Get(name)
 	if err != nil {
 		return nil, err
 	}
-	origin, err := m.fs.Resolve(ctx, info.Origin)
+	from := info.Origin
+	if snap != "" {
+		s, err := m.findSnapshot(name, snap)
+		if err != nil {
+			return nil, fmt.Errorf("diff sandbox %q: %w", name, err)
+		}
+		from = s.FS
+	}
+	origin, err := m.fs.Resolve(ctx, from)
 	if err != nil {
 		return nil, fmt.Errorf("diff sandbox %q: %w", name, err)
 	}

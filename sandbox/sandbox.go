@@ -54,6 +54,11 @@ type Info struct {
 	Origin string `json:"origin"`
 	// From is the host directory or sandbox snapshot it was created from.
 	From string `json:"from"`
+	// HostBase is the cowfs snapshot of the host directory ProjectPath as
+	// last imported or promoted into; Promote and staleness compare the
+	// host against it. Empty when not known (made from a snapshot that
+	// did not carry it).
+	HostBase string `json:"host_base,omitempty"`
 	// ForkedFrom names the sandbox it was forked from, if any.
 	ForkedFrom string    `json:"forked_from,omitempty"`
 	Created    time.Time `json:"created"`
@@ -79,6 +84,8 @@ type SnapshotInfo struct {
 	Limits      Limits    `json:"limits"`
 	Env         []string  `json:"env,omitempty"`
 	Services    []string  `json:"services,omitempty"`
+	// HostBase is the sandbox's HostBase when the snapshot was taken.
+	HostBase string `json:"host_base,omitempty"`
 }
 
 // Spec is what a Runtime needs to start a sandbox.
@@ -98,6 +105,10 @@ type Spec struct {
 	// Hide lists host paths the sandbox must not see (state roots).
 	Hide   []string
 	Limits Limits
+	// Seed, when given, is the runtime state directory (Dir) of a
+	// snapshot that the sandbox's state starts as a copy of; Dir must not
+	// exist yet then.
+	Seed string
 }
 
 // Instance is one running sandbox's processes.
@@ -118,8 +129,9 @@ type Instance interface {
 type Runtime interface {
 	// Name names the runtime in metadata ("ns").
 	Name() string
-	// Start runs a sandbox whose agent answers on AgentSocket once Start
-	// returns (connections may need a retry while it starts listening).
+	// Start runs a sandbox whose agent answers a connection to
+	// AgentSocket made once Start returns. A Dir that does not exist yet
+	// is made (from Seed when given).
 	Start(ctx context.Context, spec Spec) (Instance, error)
 	// CopyState copies a sandbox's runtime state (Spec.Dir) from one
 	// directory to another that does not exist yet. The sandbox owning
@@ -150,6 +162,9 @@ type Staleness struct {
 	Changed int `json:"changed"`
 	Added   int `json:"added"`
 	Removed int `json:"removed"`
+	// Partial says the walk stopped at its bound (entries or time) and
+	// the counts cover only what it saw.
+	Partial bool `json:"partial,omitempty"`
 	// Examples names up to 10 of the paths counted.
 	Examples []string `json:"examples,omitempty"`
 	// Unknown says why staleness could not be told (origin not a host

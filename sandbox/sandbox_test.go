@@ -41,6 +41,7 @@ func TestMain(m *testing.M) {
 // env is one test's manager over a fresh cowfs root and project directory.
 type env struct {
 	t       testing.TB
+	rt      *ns.Runtime
 	m       *sandbox.Manager
 	fs      *cowfs.FS
 	root    string
@@ -48,6 +49,13 @@ type env struct {
 }
 
 func newEnv(t testing.TB, pool int) *env {
+	t.Helper()
+	return newEnvWith(t, sandbox.Options{MountPool: pool})
+}
+
+// newEnvWith is newEnv with the manager's options (its Runtime is set
+// here); with o.Warm it waits until the warm sandboxes are started.
+func newEnvWith(t testing.TB, o sandbox.Options) *env {
 	t.Helper()
 	base := t.TempDir()
 	project := filepath.Join(base, "project")
@@ -63,8 +71,9 @@ func newEnv(t testing.TB, pool int) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, fs: fs, root: filepath.Join(base, "state"), project: project}
-	e.m, err = sandbox.Open(context.Background(), e.root, fs, sandbox.Options{Runtime: rt, MountPool: pool})
+	e := &env{t: t, rt: rt, fs: fs, root: filepath.Join(base, "state"), project: project}
+	o.Runtime = rt
+	e.m, err = sandbox.Open(context.Background(), e.root, fs, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +85,20 @@ func newEnv(t testing.TB, pool int) *env {
 			t.Error(err)
 		}
 	})
+	if o.Warm > 0 {
+		e.waitWarm(o.Warm)
+	}
 	return e
+}
+
+// waitWarm waits until n warm sandboxes are ready.
+func (e *env) waitWarm(n int) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := e.rt.WaitWarm(ctx, n); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 func (e *env) create(name string, lim sandbox.Limits) *sandbox.Info {

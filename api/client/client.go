@@ -4,25 +4,53 @@
 package client
 
 import (
+	"bytes"
 	"context"
-	"errors"
+	"encoding/json"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
 
 	"tine/api"
 	"tine/guestagent/proto"
 	"tine/sandbox"
 )
 
-var errTODO = errors.New("not implemented yet")
+// maxResponseBytes bounds a JSON response the client decodes.
+const maxResponseBytes = 64 << 20
+
+// maxErrorBytes bounds the error body the client reads.
+const maxErrorBytes = 64 << 10
 
 // Client talks to one daemon over its Unix socket.
 type Client struct {
 	socket string
+	http   *http.Client
 }
 
 // New returns a client of the daemon listening on socket. It does not
 // connect until the first call.
-func New(socket string) *Client { return &Client{socket: socket} }
+func New(socket string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+		MaxIdleConns:          16,
+		IdleConnTimeout:       30 * time.Second,
+		ResponseHeaderTimeout: 0, // exec and create may take long before their header
+		DisableCompression:    true,
+	}
+	return &Client{socket: socket, http: &http.Client{Transport: tr}}
+}
+
+// Socket is the path of the daemon's socket.
+func (c *Client) Socket() string { return c.socket }
 
 // Error is an error response of the API; errors.Is matches it against
 // the sandbox package's errors (ErrNotFound, ErrExists, ErrNotRunning) by
@@ -35,105 +63,300 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Message }
 
+// Is matches ErrNotFound to not_found, ErrExists to exists and
+// ErrNotRunning to not_running.
+func (e *Error) Is(target error) bool {
+	switch target {
+	case sandbox.ErrNotFound:
+		return e.Code == "not_found"
+	case sandbox.ErrExists:
+		return e.Code == "exists"
+	case sandbox.ErrNotRunning:
+		return e.Code == "not_running"
+	}
+	return false
+}
+
+// base is the URL prefix of every request; the host is a placeholder.
+const base = "http://tine/" + api.Version
+
+// sandboxPath is the path of one sandbox's resource.
+func sandboxPath(name string, rest ...string) string {
+	return "/sandboxes/" + url.PathEscape(name) + strings.Join(rest, "")
+}
+
+// do sends a request and returns the response when its status is below
+// 400; otherwise it returns the API's error.
+func (c *Client) do(ctx context.Context, method, path string, body io.Reader, contentType string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, base+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("tine daemon at %s: %w", c.socket, err)
+	}
+	if resp.StatusCode >= 400 {
+		defer resp.Body.Close()
+		return nil, responseError(resp)
+	}
+	return resp, nil
+}
+
+// responseError decodes an error response.
+func responseError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBytes))
+	e := &Error{Status: resp.StatusCode}
+	var ae api.Error
+	if json.Unmarshal(b, &ae) == nil && ae.Code != "" {
+		e.Code, e.Message = ae.Code, ae.Message
+	} else {
+		e.Code = "internal"
+		e.Message = fmt.Sprintf("tine daemon answered %s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	return e
+}
+
+// call sends in (when not nil) as JSON and decodes the answer into out
+// (when not nil).
+func (c *Client) call(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	ct := ""
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body, ct = bytes.NewReader(b), "application/json"
+	}
+	resp, err := c.do(ctx, method, path, body, ct)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBytes))
+		return nil
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
+	if err != nil {
+		return fmt.Errorf("%s %s: read the answer: %w", method, path, err)
+	}
+	if len(b) > maxResponseBytes {
+		return fmt.Errorf("%s %s: the answer exceeds %d bytes", method, path, maxResponseBytes)
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("%s %s: decode the answer: %w", method, path, err)
+	}
+	return nil
+}
+
 // Ping reports whether the daemon answers.
-func (c *Client) Ping(ctx context.Context) error { return errTODO }
+func (c *Client) Ping(ctx context.Context) error {
+	_, err := c.Info(ctx)
+	return err
+}
+
+// WaitReady waits until the daemon answers, or ctx ends.
+func (c *Client) WaitReady(ctx context.Context) error {
+	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
+		err := c.Ping(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the tine daemon at %s: %w (last: %v)", c.socket, ctx.Err(), err)
+		case <-time.After(delay):
+		}
+	}
+}
 
 // Info returns what the host can run.
-func (c *Client) Info(ctx context.Context) (*api.Info, error) { return nil, errTODO }
+func (c *Client) Info(ctx context.Context) (*api.Info, error) {
+	var in api.Info
+	return &in, c.call(ctx, "GET", "/info", nil, &in)
+}
 
 // Create makes and starts a sandbox.
 func (c *Client) Create(ctx context.Context, req api.CreateRequest) (*api.Sandbox, error) {
-	return nil, errTODO
+	var sb api.Sandbox
+	if err := c.call(ctx, "POST", "/sandboxes", req, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
 }
 
 // List returns every sandbox.
-func (c *Client) List(ctx context.Context) ([]api.Sandbox, error) { return nil, errTODO }
+func (c *Client) List(ctx context.Context) ([]api.Sandbox, error) {
+	var out []api.Sandbox
+	return out, c.call(ctx, "GET", "/sandboxes", nil, &out)
+}
 
 // Get returns one sandbox's status.
-func (c *Client) Get(ctx context.Context, name string) (*api.Sandbox, error) { return nil, errTODO }
+func (c *Client) Get(ctx context.Context, name string) (*api.Sandbox, error) {
+	var sb api.Sandbox
+	if err := c.call(ctx, "GET", sandboxPath(name), nil, &sb); err != nil {
+		return nil, err
+	}
+	return &sb, nil
+}
 
 // Remove stops and deletes a sandbox.
-func (c *Client) Remove(ctx context.Context, name string) error { return errTODO }
+func (c *Client) Remove(ctx context.Context, name string) error {
+	return c.call(ctx, "DELETE", sandboxPath(name), nil, nil)
+}
 
 // Start starts a stopped sandbox; Stop stops a running one.
-func (c *Client) Start(ctx context.Context, name string) error { return errTODO }
+func (c *Client) Start(ctx context.Context, name string) error {
+	return c.call(ctx, "POST", sandboxPath(name, "/start"), nil, nil)
+}
 
 // Stop stops a running sandbox; its files stay.
-func (c *Client) Stop(ctx context.Context, name string) error { return errTODO }
+func (c *Client) Stop(ctx context.Context, name string) error {
+	return c.call(ctx, "POST", sandboxPath(name, "/stop"), nil, nil)
+}
 
 // Fork makes new sandboxes from a snapshot of name taken now.
 func (c *Client) Fork(ctx context.Context, name string, req api.ForkRequest) ([]api.Sandbox, error) {
-	return nil, errTODO
+	var out []api.Sandbox
+	return out, c.call(ctx, "POST", sandboxPath(name, "/fork"), req, &out)
 }
 
 // Snapshot fixes the sandbox's files at this instant.
 func (c *Client) Snapshot(ctx context.Context, name string, req api.SnapshotRequest) (*sandbox.SnapshotInfo, error) {
-	return nil, errTODO
+	var s sandbox.SnapshotInfo
+	if err := c.call(ctx, "POST", sandboxPath(name, "/snapshots"), req, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
 }
 
 // Snapshots lists a sandbox's snapshots.
 func (c *Client) Snapshots(ctx context.Context, name string) ([]sandbox.SnapshotInfo, error) {
-	return nil, errTODO
+	var out []sandbox.SnapshotInfo
+	return out, c.call(ctx, "GET", sandboxPath(name, "/snapshots"), nil, &out)
 }
 
 // Rollback returns the sandbox to one of its snapshots.
 func (c *Client) Rollback(ctx context.Context, name string, req api.RollbackRequest) error {
-	return errTODO
+	return c.call(ctx, "POST", sandboxPath(name, "/rollback"), req, nil)
 }
 
 // Diff lists the sandbox's changes since snap ("" for its origin).
 func (c *Client) Diff(ctx context.Context, name, snap string) ([]api.Change, error) {
-	return nil, errTODO
+	p := sandboxPath(name, "/diff")
+	if snap != "" {
+		p += "?snapshot=" + url.QueryEscape(snap)
+	}
+	var out []api.Change
+	return out, c.call(ctx, "GET", p, nil, &out)
 }
 
 // Promote applies the sandbox's changes to the directory it came from.
 func (c *Client) Promote(ctx context.Context, name string, req api.PromoteRequest) (*api.PromoteResponse, error) {
-	return nil, errTODO
+	var out api.PromoteResponse
+	if err := c.call(ctx, "POST", sandboxPath(name, "/promote"), req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // Ps lists the sandbox's processes.
-func (c *Client) Ps(ctx context.Context, name string) ([]proto.Process, error) { return nil, errTODO }
+func (c *Client) Ps(ctx context.Context, name string) ([]proto.Process, error) {
+	var out []proto.Process
+	return out, c.call(ctx, "GET", sandboxPath(name, "/ps"), nil, &out)
+}
 
 // Ports lists the sandbox's listening sockets.
 func (c *Client) Ports(ctx context.Context, name string) ([]proto.Port, error) {
-	return nil, errTODO
+	var out []proto.Port
+	return out, c.call(ctx, "GET", sandboxPath(name, "/ports"), nil, &out)
 }
 
 // Logs streams the output of the sandbox's services.
 func (c *Client) Logs(ctx context.Context, name string, o sandbox.LogOptions) (io.ReadCloser, error) {
-	return nil, errTODO
+	q := url.Values{}
+	if o.Follow {
+		q.Set("follow", "1")
+	}
+	if o.Tail > 0 {
+		q.Set("tail", strconv.Itoa(o.Tail))
+	}
+	p := sandboxPath(name, "/logs")
+	if len(q) > 0 {
+		p += "?" + q.Encode()
+	}
+	resp, err := c.do(ctx, "GET", p, nil, "")
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
 }
 
 // Events streams the sandbox's process and port events until ctx ends.
 func (c *Client) Events(ctx context.Context, name string) (<-chan proto.Event, error) {
-	return nil, errTODO
-}
-
-// ExecIO connects an exec to the caller's streams. Stdin may be nil.
-// Resize, when not nil, delivers window sizes for a TTY.
-type ExecIO struct {
-	Stdin          io.Reader
-	Stdout, Stderr io.Writer
-	Resize         <-chan proto.Resize
-	Signals        <-chan proto.Signal
-}
-
-// Exec runs a command in the sandbox, streams its output to io, and
-// returns how it ended. With stdin, a TTY, resizes or signals it uses the
-// interactive (WebSocket) endpoint.
-func (c *Client) Exec(ctx context.Context, name string, req api.ExecRequest, io ExecIO) (proto.Exit, error) {
-	return proto.Exit{}, errTODO
+	resp, err := c.do(ctx, "GET", sandboxPath(name, "/events"), nil, "")
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan proto.Event, 64)
+	go func() {
+		defer close(out)
+		defer resp.Body.Close()
+		lr := newLineReader(resp.Body)
+		for {
+			line, err := lr.next()
+			if err != nil {
+				return
+			}
+			var ev proto.Event
+			if json.Unmarshal(line, &ev) != nil {
+				continue
+			}
+			select {
+			case out <- ev:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
 }
 
 // PutFile writes a file in the sandbox; GetFile reads one.
 func (c *Client) PutFile(ctx context.Context, name, path string, mode uint32, r io.Reader) error {
-	return errTODO
+	q := url.Values{"path": {path}, "mode": {strconv.FormatUint(uint64(mode&0o7777), 8)}}
+	resp, err := c.do(ctx, "PUT", sandboxPath(name, "/files?"+q.Encode()), r, "application/octet-stream")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
 }
 
 // GetFile copies a file of the sandbox to w.
-func (c *Client) GetFile(ctx context.Context, name, path string, w io.Writer) error { return errTODO }
+func (c *Client) GetFile(ctx context.Context, name, path string, w io.Writer) error {
+	q := url.Values{"path": {path}}
+	resp, err := c.do(ctx, "GET", sandboxPath(name, "/files?"+q.Encode()), nil, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("get %s from sandbox %q: %w", path, name, err)
+	}
+	return nil
+}
 
 // FS runs one "tine fs" command in the daemon and returns its output.
 func (c *Client) FS(ctx context.Context, command string, req api.FSRequest) (*api.FSResponse, error) {
-	return nil, errTODO
+	var out api.FSResponse
+	if err := c.call(ctx, "POST", "/fs/"+url.PathEscape(command), req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -12,8 +13,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// initEnv marks a process started by Start as the sandbox's init step.
+// initEnv marks a process started by Start as the sandbox's init step
+// (modeInit) or a warm instance's bind step (modeBind).
 const initEnv = "TINE_SANDBOX_INIT"
+
+// The values of initEnv.
+const (
+	modeInit = "1"
+	modeBind = "bind"
+)
 
 // Paths inside the sandbox.
 const (
@@ -22,8 +30,14 @@ const (
 	agentBin    = "/run/tine-agent"
 )
 
-// initConfig is what Start hands the init step over its fd 3.
+// initConfig is what Start hands the init step over its fd 3 (one
+// message on a SOCK_SEQPACKET socket); fd 4 is the agent's listening
+// socket.
 type initConfig struct {
+	// Warm: the project, the hidden paths and the host name are left to
+	// the bind step (see bind.go), which the init step starts before it
+	// executes the agent.
+	Warm          bool     `json:",omitempty"`
 	Root          string   // host path the overlay is mounted at
 	Upper, Work   string   // the sandbox's overlay layer
 	ProjectPath   string   // path of the project inside the sandbox
@@ -40,30 +54,71 @@ type initConfig struct {
 // because Start re-executes the program itself (/proc/self/exe) to set the
 // sandbox up before it executes the agent.
 func Init() {
-	if os.Getenv(initEnv) != "1" {
-		return
+	switch os.Getenv(initEnv) {
+	case modeInit:
+		runtime.LockOSThread() // namespaces and exec belong to this thread
+		err := runInit()
+		fmt.Fprintf(os.Stderr, "sandbox init: %v\n", err)
+		os.Exit(125)
+	case modeBind:
+		runtime.LockOSThread()
+		runBind()
+		os.Exit(0)
 	}
-	runtime.LockOSThread() // namespaces and exec belong to this thread
-	err := runInit()
-	fmt.Fprintf(os.Stderr, "sandbox init: %v\n", err)
-	os.Exit(125)
+}
+
+// readMessage reads one message of at most maxMessage bytes from the
+// control socket, with the descriptors passed along it.
+func readMessage(fd int) ([]byte, []int, error) {
+	buf := make([]byte, maxMessage)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, flags, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+	if err != nil {
+		return nil, nil, err
+	}
+	var fds []int
+	if oobn > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, m := range msgs {
+			f, err := unix.ParseUnixRights(&m)
+			if err == nil {
+				fds = append(fds, f...)
+			}
+		}
+	}
+	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
+		for _, f := range fds {
+			unix.Close(f)
+		}
+		return nil, nil, errors.New("message too long")
+	}
+	if n == 0 {
+		return nil, fds, io.EOF
+	}
+	return buf[:n], fds, nil
 }
 
 // runInit builds the sandbox's root, locks the process down and executes
 // the agent. It returns only on failure.
 func runInit() error {
-	f := os.NewFile(3, "init config")
+	b, _, err := readMessage(3)
 	var c initConfig
-	err := json.NewDecoder(f).Decode(&c)
-	f.Close()
+	if err == nil {
+		err = json.Unmarshal(b, &c)
+	}
 	if err != nil {
 		return fmt.Errorf("read config from fd 3: %w", err)
 	}
 	if err := buildRoot(&c); err != nil {
 		return err
 	}
-	if err := unix.Sethostname([]byte(c.Hostname)); err != nil {
-		return fmt.Errorf("set hostname: %w", err)
+	if c.Hostname != "" {
+		if err := unix.Sethostname([]byte(c.Hostname)); err != nil {
+			return fmt.Errorf("set hostname: %w", err)
+		}
 	}
 	if err := loopbackUp(); err != nil {
 		return err
@@ -73,13 +128,21 @@ func runInit() error {
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return fmt.Errorf("new cgroup namespace: %w", err)
 	}
+	if c.Warm {
+		// The bind step keeps every capability and no filter, and exits
+		// before the sandbox runs anything but the agent (see bind.go).
+		if err := startBind(); err != nil {
+			return err
+		}
+	}
+	unix.Close(3)
 	if err := dropCapabilities(); err != nil {
 		return err
 	}
 	if err := installFilter(); err != nil {
 		return err
 	}
-	argv := []string{"tine-agent", "--listen", agentDir + "/" + agentSocket, "--root", "/"}
+	argv := []string{"tine-agent", "--fd", "4", "--root", "/"}
 	env := []string{"PATH=" + DefaultPath}
 	err = unix.Exec(agentBin, argv, env)
 	return fmt.Errorf("execute the agent: %w", err)
@@ -232,20 +295,12 @@ func buildRoot(c *initConfig) error {
 		// the sandbox can write the host's copy.
 		func() error { return r.mount(c.Agent, strings.TrimPrefix(agentBin, "/"), "", unix.MS_BIND, "", true) },
 		func() error { return r.readOnly(strings.TrimPrefix(agentBin, "/"), true) },
-		func() error { return r.mount(c.ProjectSource, c.ProjectPath, "", unix.MS_BIND, "", false) },
 	)
-	for _, h := range c.Hide {
-		steps = append(steps, func() error {
-			fd, err := r.open(h, false, false)
-			if errors.Is(err, unix.ENOENT) {
-				return nil
-			}
-			if err != nil {
-				return fmt.Errorf("hide %s: %w", h, err)
-			}
-			unix.Close(fd)
-			return r.mount("tmpfs", h, "tmpfs", noexec|unix.MS_RDONLY, "mode=000,size=4k", false)
-		})
+	if !c.Warm {
+		steps = append(steps, func() error { return r.mount(c.ProjectSource, c.ProjectPath, "", unix.MS_BIND, "", false) })
+		for _, h := range c.Hide {
+			steps = append(steps, func() error { return r.hide(h) })
+		}
 	}
 	for _, s := range steps {
 		if err := s(); err != nil {
@@ -264,6 +319,20 @@ func buildRoot(c *initConfig) error {
 		return fmt.Errorf("detach the host root: %w", err)
 	}
 	return unix.Chdir("/")
+}
+
+// hide covers the directory at rel, if there is one, with an empty
+// read-only tmpfs.
+func (r root) hide(rel string) error {
+	fd, err := r.open(rel, false, false)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("hide %s: %w", rel, err)
+	}
+	unix.Close(fd)
+	return r.mount("tmpfs", rel, "tmpfs", noexec|unix.MS_RDONLY, "mode=000,size=4k", false)
 }
 
 // devLinks adds the usual symlinks of /dev (a fresh tmpfs, so no one

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"tine/sandbox"
 	"tine/sandbox/internal/cgroup"
 )
@@ -25,6 +28,9 @@ import (
 // Runtime starts namespace sandboxes. The zero value is not usable: use New.
 type Runtime struct {
 	agent string
+
+	mu   sync.Mutex
+	warm *warmPool
 }
 
 // New returns a runtime whose sandboxes run the agent binary at agentPath
@@ -51,10 +57,25 @@ const (
 	runDir   = "run"   // bound at /run/tine: the agent's socket
 )
 
-// Start creates the sandbox's processes: this program re-executed as the
-// init step (see Init) in new namespaces and the sandbox's cgroups, which
-// builds the root and executes the agent. It returns once the agent's
-// socket exists.
+// makeStateDirs makes a sandbox's state directories under dir. The upper
+// layer's top is the sandbox's "/": 0755 like a root directory, or users
+// other than root could not reach any file.
+func makeStateDirs(dir string) error {
+	for _, d := range []string{upperDir, workDir, rootDir, runDir} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			return err
+		}
+	}
+	return os.Chmod(filepath.Join(dir, upperDir), 0o755)
+}
+
+// Start creates the sandbox's processes. A sandbox whose Dir does not
+// exist yet takes a warm instance when Warm keeps some (see warm.go);
+// otherwise this program is re-executed as the init step (see Init) in new
+// namespaces and the sandbox's cgroups, which builds the root and
+// executes the agent. Either way the agent serves a listening socket the
+// host made before it ran, so a connection made once Start returns is
+// answered without any retry.
 func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
 	for _, p := range []string{spec.Dir, spec.ProjectSource} {
 		// overlayfs options are split at these.
@@ -62,64 +83,26 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 			return nil, fmt.Errorf("start sandbox %s: path %q must be absolute and free of , : \\", spec.ID, p)
 		}
 	}
-	for _, d := range []string{upperDir, workDir, rootDir, runDir} {
-		if err := os.MkdirAll(filepath.Join(spec.Dir, d), 0o700); err != nil {
-			return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+	if _, err := os.Lstat(spec.Dir); errors.Is(err, os.ErrNotExist) {
+		if in, err := r.startWarm(ctx, spec); in != nil || err != nil {
+			return in, err
 		}
+		if spec.Seed != "" {
+			if err := r.CopyState(ctx, spec.Seed, spec.Dir); err != nil {
+				return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+			}
+		}
+	} else if spec.Seed != "" {
+		return nil, fmt.Errorf("start sandbox %s: state %s exists, so it cannot start from %s", spec.ID, spec.Dir, spec.Seed)
 	}
-	sock := filepath.Join(spec.Dir, runDir, agentSocket)
-	os.Remove(sock) // left by an earlier run
+	if err := makeStateDirs(spec.Dir); err != nil {
+		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+	}
 	cg, err := cgroup.New(spec.ID, spec.Limits.Pids)
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
-	in := &instance{id: spec.ID, sock: sock, cg: cg, done: make(chan struct{})}
-	if err := in.start(r, spec); err != nil {
-		cg.Remove(context.Background())
-		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
-	}
-	if err := in.waitSocket(ctx); err != nil {
-		in.Stop(context.Background())
-		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
-	}
-	return in, nil
-}
-
-// start runs the init step and hands it its config once it is in the
-// sandbox's cgroups.
-func (in *instance) start(r *Runtime, spec sandbox.Spec) error {
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("find this program to run the init step: %w", err)
-	}
-	cfgR, cfgW, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	defer cfgR.Close()
-	defer cfgW.Close()
-	cmd := exec.Command(exe)
-	cmd.Args = []string{"tine-sandbox-init"}
-	cmd.Env = []string{initEnv + "=1"}
-	cmd.ExtraFiles = []*os.File{cfgR}
-	cmd.Stdout, cmd.Stderr = &in.log, &in.log
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET |
-			syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
-		// A sandbox does not outlive the process serving its project.
-		Pdeathsig: syscall.SIGKILL,
-	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("run the init step %s: %w", exe, err)
-	}
-	in.cmd = cmd
-	go func() {
-		cmd.Wait()
-		close(in.done)
-	}()
-	if err := in.cg.Add(cmd.Process.Pid); err != nil {
-		return errors.Join(err, in.kill())
-	}
+	in := &instance{id: spec.ID, sock: filepath.Join(spec.Dir, runDir, agentSocket), cg: cg, done: make(chan struct{})}
 	cfg := initConfig{
 		Root:          filepath.Join(spec.Dir, rootDir),
 		Upper:         filepath.Join(spec.Dir, upperDir),
@@ -131,36 +114,97 @@ func (in *instance) start(r *Runtime, spec sandbox.Spec) error {
 		Hostname:      spec.Hostname,
 		Agent:         r.agent,
 	}
-	if err := json.NewEncoder(cfgW).Encode(cfg); err != nil {
-		return errors.Join(fmt.Errorf("send the init config: %w", err), in.kill())
+	ctl, err := in.start(r, cfg)
+	if err != nil {
+		cg.Remove(context.Background())
+		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
-	return nil
+	ctl.Close()
+	return in, nil
 }
 
-// waitSocket polls for the agent's socket until it exists, the sandbox
-// ends or ctx is done.
-func (in *instance) waitSocket(ctx context.Context) error {
-	deadline := time.NewTimer(30 * time.Second)
-	defer deadline.Stop()
-	for delay := 20 * time.Microsecond; ; delay = min(2*delay, 5*time.Millisecond) {
-		if _, err := os.Stat(in.sock); err == nil {
-			return nil
-		}
-		select {
-		case <-in.done:
-			return fmt.Errorf("the sandbox ended before its agent listened: %s", in.log.String())
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-deadline.C:
-			return fmt.Errorf("no agent socket at %s after 30s: %s", in.sock, in.log.String())
-		case <-time.After(delay):
-		}
+// start makes the agent's listening socket, runs the init step with it
+// and a control socket, puts it in the sandbox's cgroups and then sends
+// it cfg. It returns the host's end of the control socket.
+func (in *instance) start(r *Runtime, cfg initConfig) (*net.UnixConn, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find this program to run the init step: %w", err)
 	}
+	os.Remove(in.sock) // left by an earlier run
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: in.sock, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	l.SetUnlinkOnClose(false)
+	lf, err := l.File()
+	l.Close()
+	if err != nil {
+		return nil, fmt.Errorf("agent socket: %w", err)
+	}
+	defer lf.Close()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("init control socket: %w", err)
+	}
+	child := os.NewFile(uintptr(fds[1]), "init control")
+	defer child.Close()
+	unix.SetNonblock(fds[0], true)
+	cf := os.NewFile(uintptr(fds[0]), "init control")
+	c, err := net.FileConn(cf)
+	cf.Close()
+	if err != nil {
+		return nil, fmt.Errorf("init control socket: %w", err)
+	}
+	ctl := c.(*net.UnixConn)
+	cmd := exec.Command(exe)
+	cmd.Args = []string{"tine-sandbox-init"}
+	cmd.Env = []string{initEnv + "=" + modeInit}
+	cmd.ExtraFiles = []*os.File{child, lf} // fd 3, fd 4
+	cmd.Stdout, cmd.Stderr = &in.log, &in.log
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET |
+			syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
+		// A sandbox does not outlive the process serving its project.
+		Pdeathsig: syscall.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		ctl.Close()
+		return nil, fmt.Errorf("run the init step %s: %w", exe, err)
+	}
+	in.cmd = cmd
+	go func() {
+		cmd.Wait()
+		close(in.done)
+	}()
+	fail := func(err error) (*net.UnixConn, error) {
+		ctl.Close()
+		return nil, errors.Join(err, in.kill())
+	}
+	if err := in.cg.Add(cmd.Process.Pid); err != nil {
+		return fail(err)
+	}
+	b, err := json.Marshal(cfg)
+	if err == nil && len(b) > maxMessage {
+		err = fmt.Errorf("%d bytes, more than %d", len(b), maxMessage)
+	}
+	if err == nil {
+		_, err = ctl.Write(b)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("send the init config: %w", err))
+	}
+	return ctl, nil
 }
+
+// maxMessage bounds one message on the init control socket.
+const maxMessage = 64 << 10
 
 // instance is a running namespace sandbox.
 type instance struct {
 	id   string
+	dir  string        // the runtime directory (warm instances: until bound)
+	ctl  *net.UnixConn // a warm instance's control socket, until bound
 	sock string
 	cg   *cgroup.Group
 	cmd  *exec.Cmd

@@ -1,0 +1,146 @@
+package api
+
+import (
+	"encoding/json"
+	"os"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+
+	"tine/cowfs"
+	"tine/guestagent/proto"
+	"tine/sandbox"
+)
+
+// openAPI is the part of docs/api/openapi.json the checks read.
+type openAPI struct {
+	Paths      map[string]map[string]json.RawMessage `json:"paths"`
+	Components struct {
+		Schemas map[string]struct {
+			GoType     string                     `json:"x-go-type"`
+			Properties map[string]json.RawMessage `json:"properties"`
+		} `json:"schemas"`
+	} `json:"components"`
+}
+
+func readOpenAPI(t *testing.T) *openAPI {
+	b, err := os.ReadFile("../docs/api/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc openAPI
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("docs/api/openapi.json: %v", err)
+	}
+	return &doc
+}
+
+// TestOpenAPIRoutes: every route the server answers is documented, and
+// every documented operation is a route.
+func TestOpenAPIRoutes(t *testing.T) {
+	doc := readOpenAPI(t)
+	documented := map[string]bool{}
+	for path, item := range doc.Paths {
+		for method := range item {
+			if method == "parameters" {
+				continue
+			}
+			documented[strings.ToUpper(method)+" "+path] = true
+		}
+	}
+	s := NewServer(nil, ServerOptions{})
+	served := map[string]bool{}
+	for _, r := range s.routes {
+		served[r.method+" "+r.path] = true
+		if !documented[r.method+" "+r.path] {
+			t.Errorf("route %s %s is not in docs/api/openapi.json", r.method, r.path)
+		}
+	}
+	for op := range documented {
+		if !served[op] {
+			t.Errorf("docs/api/openapi.json documents %s, which the server does not answer", op)
+		}
+	}
+}
+
+// goTypes are the Go types the document's schemas name in x-go-type.
+var goTypes = map[string]any{
+	"api.Error": Error{}, "api.CreateRequest": CreateRequest{}, "api.Sandbox": Sandbox{},
+	"api.ForkRequest": ForkRequest{}, "api.SnapshotRequest": SnapshotRequest{},
+	"api.RollbackRequest": RollbackRequest{}, "api.Change": Change{},
+	"api.PromoteRequest": PromoteRequest{}, "api.PromoteResponse": PromoteResponse{},
+	"api.ExecRequest": ExecRequest{}, "api.ExecEvent": ExecEvent{}, "api.ExecInput": ExecInput{},
+	"api.Info": Info{}, "api.RuntimeInfo": RuntimeInfo{}, "api.FSRequest": FSRequest{},
+	"api.FSResponse": FSResponse{},
+	"sandbox.Limits": sandbox.Limits{}, "sandbox.Staleness": sandbox.Staleness{},
+	"sandbox.SnapshotInfo": sandbox.SnapshotInfo{},
+	"cowfs.Conflict":       cowfs.Conflict{}, "cowfs.Refusal": cowfs.Refusal{},
+	"proto.Started": proto.Started{}, "proto.Exit": proto.Exit{}, "proto.Resize": proto.Resize{},
+	"proto.Signal": proto.Signal{}, "proto.Process": proto.Process{}, "proto.Port": proto.Port{},
+	"proto.Event": proto.Event{},
+}
+
+// jsonFields returns the JSON names of a struct's fields as encoding/json
+// sees them: embedded structs without a tag are flattened.
+func jsonFields(t reflect.Type, into map[string]bool) {
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if tag == "-" {
+			continue
+		}
+		if f.Anonymous && tag == "" && f.Type.Kind() == reflect.Struct {
+			jsonFields(f.Type, into)
+			continue
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if tag == "" {
+			tag = f.Name
+		}
+		into[tag] = true
+	}
+}
+
+// TestOpenAPISchemas: each schema that names a Go type has exactly that
+// type's JSON fields, and every request and response type is documented.
+func TestOpenAPISchemas(t *testing.T) {
+	doc := readOpenAPI(t)
+	seen := map[string]bool{}
+	for name, s := range doc.Components.Schemas {
+		if s.GoType == "" {
+			continue
+		}
+		seen[s.GoType] = true
+		v, ok := goTypes[s.GoType]
+		if !ok {
+			t.Errorf("schema %s names Go type %s, which this test does not know; add it to goTypes", name, s.GoType)
+			continue
+		}
+		want := map[string]bool{}
+		jsonFields(reflect.TypeOf(v), want)
+		var missing, extra []string
+		for f := range want {
+			if _, ok := s.Properties[f]; !ok {
+				missing = append(missing, f)
+			}
+		}
+		for f := range s.Properties {
+			if !want[f] {
+				extra = append(extra, f)
+			}
+		}
+		sort.Strings(missing)
+		sort.Strings(extra)
+		if len(missing)+len(extra) > 0 {
+			t.Errorf("schema %s (%s): fields missing from the document %v, documented but not in Go %v", name, s.GoType, missing, extra)
+		}
+	}
+	for g := range goTypes {
+		if !seen[g] {
+			t.Errorf("Go type %s has no schema in docs/api/openapi.json", g)
+		}
+	}
+}

@@ -1,0 +1,493 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"tine/guestagent/client"
+	"tine/sandbox"
+)
+
+// ServerOptions holds what the daemon lends the server beyond the
+// sandbox manager.
+type ServerOptions struct {
+	// Info answers GET /v1/info; nil answers with the version only.
+	Info func(ctx context.Context) (*Info, error)
+	// FS runs one "tine fs" command in-process and writes what it prints
+	// to w; nil answers POST /v1/fs/{command} with 501 not_implemented.
+	// An *Error it returns chooses the response's code.
+	FS func(ctx context.Context, command string, req FSRequest, w io.Writer) error
+}
+
+// Server answers the API over a sandbox.Manager. It is an http.Handler;
+// Serve runs it on a listener with the timeouts the API needs.
+type Server struct {
+	m      *sandbox.Manager
+	o      ServerOptions
+	mux    *http.ServeMux
+	routes []route
+
+	// ctx ends every stream (exec, logs, events) when the server closes,
+	// WebSockets included, which http.Server does not track.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu  sync.Mutex
+	srv *http.Server
+}
+
+// route is one method and path pattern the server answers.
+type route struct {
+	method, path string
+	h            http.HandlerFunc
+}
+
+// NewServer returns a server of the sandboxes m manages.
+func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
+	s := &Server{m: m, o: o, mux: http.NewServeMux()}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	sb := "/" + Version + "/sandboxes/{name}"
+	s.routes = []route{
+		{"GET", "/" + Version + "/info", s.info},
+		{"GET", "/" + Version + "/sandboxes", s.list},
+		{"POST", "/" + Version + "/sandboxes", s.create},
+		{"GET", sb, s.get},
+		{"DELETE", sb, s.remove},
+		{"POST", sb + "/start", s.start},
+		{"POST", sb + "/stop", s.stop},
+		{"POST", sb + "/fork", s.fork},
+		{"POST", sb + "/rollback", s.rollback},
+		{"POST", sb + "/promote", s.promote},
+		{"GET", sb + "/snapshots", s.snapshots},
+		{"POST", sb + "/snapshots", s.snapshot},
+		{"GET", sb + "/diff", s.diff},
+		{"GET", sb + "/ps", s.ps},
+		{"GET", sb + "/ports", s.ports},
+		{"GET", sb + "/logs", s.logs},
+		{"GET", sb + "/events", s.events},
+		{"GET", sb + "/files", s.getFile},
+		{"PUT", sb + "/files", s.putFile},
+		{"POST", sb + "/exec", s.exec},
+		{"GET", sb + "/exec/ws", s.execWS},
+		{"POST", "/" + Version + "/fs/{command}", s.fs},
+	}
+	for _, rt := range s.routes {
+		s.mux.HandleFunc(rt.method+" "+rt.path, rt.h)
+	}
+	s.mux.HandleFunc("/", s.noRoute)
+	return s
+}
+
+// noRoute answers a request no route takes: 405 naming the methods the
+// path has, or 404.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range []string{"GET", "POST", "PUT", "DELETE"} {
+		rr := r.Clone(r.Context())
+		rr.Method = m
+		if _, pat := s.mux.Handler(rr); pat != "/" && pat != "" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		writeJSON(w, http.StatusMethodNotAllowed, &Error{Code: "bad_request",
+			Message: fmt.Sprintf("%s %s: the path takes %s", r.Method, r.URL.Path, strings.Join(allow, ", "))})
+		return
+	}
+	writeError(w, &Error{Code: "not_found", Message: fmt.Sprintf("no route %s %s: this daemon serves API %s (see docs/api.md)", r.Method, r.URL.Path, Version)})
+}
+
+// ServeHTTP answers one request.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Every write of a JSON body or stream says it is not to be sniffed.
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	s.mux.ServeHTTP(w, r)
+}
+
+// Serve answers connections from ln until Close. Streams have no write
+// timeout; request headers must arrive within 10 seconds.
+func (s *Server) Serve(ln net.Listener) error {
+	srv := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 64 << 10,
+		BaseContext: func(net.Listener) context.Context { return s.ctx }}
+	s.mu.Lock()
+	if s.ctx.Err() != nil {
+		s.mu.Unlock()
+		return http.ErrServerClosed
+	}
+	s.srv = srv
+	s.mu.Unlock()
+	return srv.Serve(ln)
+}
+
+// Close ends every stream in progress (an exec's process is killed) and,
+// when Serve runs, closes its listener and connections.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cancel()
+	if s.srv != nil {
+		return s.srv.Close()
+	}
+	return nil
+}
+
+// context is a request's context that also ends when the server closes.
+func (s *Server) context(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(r.Context())
+	stop := context.AfterFunc(s.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+func (s *Server) info(w http.ResponseWriter, r *http.Request) {
+	if s.o.Info == nil {
+		writeJSON(w, http.StatusOK, &Info{Version: Version})
+		return
+	}
+	in, err := s.o.Info(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, in)
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	infos, err := s.m.List()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := make([]Sandbox, 0, len(infos))
+	for _, in := range infos {
+		st, err := s.m.Status(r.Context(), in.Name)
+		if errors.Is(err, sandbox.ErrNotFound) {
+			continue // removed meanwhile
+		}
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		out = append(out, *st)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// generatedName is a new sandbox's name when the request gives none.
+func generatedName() string {
+	var b [4]byte
+	rand.Read(b[:])
+	return "sb-" + hex.EncodeToString(b[:])
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var req CreateRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if err := req.validate(); err != nil {
+		writeError(w, err)
+		return
+	}
+	o := sandbox.CreateOptions{Name: req.Name, Env: req.Env, Limits: req.Limits, Services: req.Services}
+	if isDir(req.From) {
+		o.Dir = req.From
+	} else {
+		o.Snapshot = req.From
+	}
+	ctx, cancel := s.context(r)
+	defer cancel()
+	for try := 0; ; try++ {
+		if req.Name == "" {
+			o.Name = generatedName()
+		}
+		info, err := s.m.Create(ctx, o)
+		if errors.Is(err, sandbox.ErrExists) && req.Name == "" && try < 3 {
+			continue
+		}
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, &Sandbox{Info: *info})
+		return
+	}
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	name, ok := pathName(w, r)
+	if !ok {
+		return
+	}
+	st, err := s.m.Status(r.Context(), name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) remove(w http.ResponseWriter, r *http.Request) {
+	name, ok := s.known(w, r)
+	if !ok {
+		return
+	}
+	if err := s.m.Remove(context.WithoutCancel(r.Context()), name); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) start(w http.ResponseWriter, r *http.Request) {
+	name, ok := s.known(w, r)
+	if !ok || !decodeEmpty(w, r) {
+		return
+	}
+	if err := s.m.Start(context.WithoutCancel(r.Context()), name); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) stop(w http.ResponseWriter, r *http.Request) {
+	name, ok := s.known(w, r)
+	if !ok || !decodeEmpty(w, r) {
+		return
+	}
+	if err := s.m.Stop(context.WithoutCancel(r.Context()), name); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
+	name, ok := s.known(w, r)
+	if !ok {
+		return
+	}
+	var req ForkRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if err := req.validate(); err != nil {
+		writeError(w, err)
+		return
+	}
+	infos, err := s.m.Fork(context.WithoutCancel(r.Context()), name, sandbox.ForkOptions{N: req.N, Names: req.Names})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := make([]Sandbox, len(infos))
+	for i, in := range infos {
+		out[i] = Sandbox{Info: *in}
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
+	name, ok := s.known(w, r)
+	if !ok {
+		return
+	}
+	var req SnapshotRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.Name != "" && !validName(req.Name) {
+		writeError(w, badRequest("snapshot name %q: want 1-63 of [A-Za-z0-9._-], starting with a letter or digit", req.Name))
+		return
+	}
+	snap, err := s.m.Snapshot(context.WithoutCancel(r.Context()), name, sandbox.SnapshotOptions{Name: req.Name})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, snap)
+}
+
+func (s *Server) snapshots(w http.ResponseWriter, r *http.Request) {
+	name, ok := s.known(w, r)
+	if !ok {
+		return
+	}
+	snaps, err := s.m.Snapshots(name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := make([]sandbox.SnapshotInfo, len(snaps))
+	for i, sn := range snaps {
+		out[i] = *sn
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) rollback(w http.ResponseWriter, r *http.Request) {
+	name, ok := s.known(w, r)
+	if !ok {
+		return
+	}
+	var req RollbackRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.Snapshot == "" {
+		writeError(w, badRequest("rollback sandbox %q: field \"snapshot\" is empty; give a snapshot id or label of the sandbox", name))
+		return
+	}
+	if err := s.m.Rollback(context.WithoutCancel(r.Context()), name, req.Snapshot); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) diff(w http.ResponseWriter, r *http.Request) {
+	name, ok := s.known(w, r)
+	if !ok {
+		return
+	}
+	changes, err := s.m.Diff(r.Context(), name, r.URL.Query().Get("snapshot"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, changesOf(changes))
+}
+
+func (s *Server) promote(w http.ResponseWriter, r *http.Request) {
+	name, ok := s.known(w, r)
+	if !ok {
+		return
+	}
+	var req PromoteRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	res, err := s.m.Promote(context.WithoutCancel(r.Context()), name, req.options())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, &PromoteResponse{Changes: changesOf(res.Changes),
+		Conflicts: res.Conflicts, Refused: res.Refused, Applied: res.Applied})
+}
+
+func (s *Server) ps(w http.ResponseWriter, r *http.Request) {
+	c, ok := s.agent(w, r)
+	if !ok {
+		return
+	}
+	procs, err := c.Ps(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, nonNil(procs))
+}
+
+func (s *Server) ports(w http.ResponseWriter, r *http.Request) {
+	c, ok := s.agent(w, r)
+	if !ok {
+		return
+	}
+	ports, err := c.Ports(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, nonNil(ports))
+}
+
+// known returns the {name} of the path when a sandbox of that name
+// exists; otherwise it answers the request with the error.
+func (s *Server) known(w http.ResponseWriter, r *http.Request) (string, bool) {
+	name, ok := pathName(w, r)
+	if !ok {
+		return "", false
+	}
+	if _, err := s.m.Get(name); err != nil {
+		writeError(w, err)
+		return "", false
+	}
+	return name, true
+}
+
+// agent returns the guest agent of the running sandbox the path names.
+func (s *Server) agent(w http.ResponseWriter, r *http.Request) (*client.Client, bool) {
+	name, ok := s.known(w, r)
+	if !ok {
+		return nil, false
+	}
+	c, err := s.m.Agent(r.Context(), name)
+	if err != nil {
+		writeError(w, err)
+		return nil, false
+	}
+	return c, true
+}
+
+func (s *Server) fs(w http.ResponseWriter, r *http.Request) {
+	cmd := r.PathValue("command")
+	if !fsCommandRE.MatchString(cmd) {
+		writeError(w, badRequest("fs command %q: want a tine fs subcommand such as import or list", cmd))
+		return
+	}
+	var req FSRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if err := req.validate(); err != nil {
+		writeError(w, err)
+		return
+	}
+	if s.o.FS == nil {
+		writeError(w, &Error{Code: "not_implemented", Message: "fs " + cmd + ": this server runs no fs commands"})
+		return
+	}
+	var out limitedBuffer
+	ctx, cancel := s.context(r)
+	defer cancel()
+	if err := s.o.FS(ctx, cmd, req, &out); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, &FSResponse{Output: out.String()})
+}
+
+// maxFSOutput bounds what an fs command may print into one response.
+const maxFSOutput = 64 << 20
+
+// limitedBuffer keeps at most maxFSOutput bytes and fails writes past it.
+type limitedBuffer struct{ b []byte }
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	if len(l.b)+len(p) > maxFSOutput {
+		return 0, &Error{Code: "too_large", Message: fmt.Sprintf("fs output exceeds %d bytes; narrow the command", maxFSOutput)}
+	}
+	l.b = append(l.b, p...)
+	return len(p), nil
+}
+
+func (l *limitedBuffer) String() string { return string(l.b) }
+
+// nonNil makes an empty list encode as [] rather than null.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}

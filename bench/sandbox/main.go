@@ -1,0 +1,740 @@
+// Command sandbox benchmarks tine's namespace sandboxes against their
+// peers side by side, in one run, on the same machine: bubblewrap
+// (bwrap --unshare-all), unshare(1), podman when it runs here, and git
+// worktree for the file system part. It times create → first command
+// answered, fork of a running sandbox into 1, 10 and 100 → every fork's
+// first command answered, the exec round trip and 100 sandboxes alive at
+// once, and breaks create and fork down into their steps. It prints
+// p50/p90 and the ratio tine/peer; with --md it also writes the results
+// as Markdown. It needs root.
+//
+//	go run ./bench/sandbox [--quick] [--md FILE] [--dir DIR]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"tine/cowfs"
+	"tine/guestagent/client"
+	"tine/guestagent/proto"
+	"tine/sandbox"
+	"tine/sandbox/ns"
+)
+
+// options size one run.
+type options struct {
+	reps    int // samples of create rows
+	execs   int // exec round trips
+	fanouts []int
+	forkRep map[int]int
+	alive   int
+	dir     string
+}
+
+func main() {
+	ns.Init()
+	quick := flag.Bool("quick", false, "fewer samples, fork fan-out up to 10, 20 alive")
+	md := flag.String("md", "", "also write the results as Markdown to this file")
+	dir := flag.String("dir", "/var/tmp", "directory for the state, the project and the agent binary")
+	flag.Parse()
+	o := options{reps: 30, execs: 300, fanouts: []int{1, 10, 100}, forkRep: map[int]int{1: 10, 10: 5, 100: 1}, alive: 100, dir: *dir}
+	if *quick {
+		o = options{reps: 8, execs: 50, fanouts: []int{1, 10}, forkRep: map[int]int{1: 3, 10: 2}, alive: 20, dir: *dir}
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "bench/sandbox: needs root (namespaces, mounts, cgroups)")
+		os.Exit(2)
+	}
+	r, err := run(context.Background(), o)
+	if r != nil {
+		r.print(os.Stdout)
+		if *md != "" {
+			if werr := os.WriteFile(*md, []byte(r.markdown()), 0o644); werr != nil && err == nil {
+				err = werr
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench/sandbox:", err)
+		os.Exit(1)
+	}
+}
+
+// row is one measured line: samples of one tool doing one thing.
+type row struct {
+	section, tool, what string
+	samples             []time.Duration
+	note                string
+}
+
+func (r row) pct(p float64) time.Duration {
+	if len(r.samples) == 0 {
+		return 0
+	}
+	s := slices.Clone(r.samples)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(p*float64(len(s))))]
+}
+
+// report is a run's rows, notes and skipped peers.
+type report struct {
+	date    time.Time
+	host    string
+	rows    []row
+	notes   []string
+	skipped []string
+	goals   []string
+}
+
+func (r *report) add(section, tool, what string, s []time.Duration, note string) {
+	r.rows = append(r.rows, row{section, tool, what, s, note})
+}
+
+func (r *report) find(section, tool string) *row {
+	for i := range r.rows {
+		if r.rows[i].section == section && r.rows[i].tool == tool {
+			return &r.rows[i]
+		}
+	}
+	return nil
+}
+
+func ms(d time.Duration) string {
+	return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 2, 64)
+}
+
+// table renders the rows: per section, each tool's p50 and p90 and the
+// ratio of the section's first (tine) row's p50 to it.
+func (r *report) table(md bool) string {
+	var b strings.Builder
+	sep := "  "
+	if md {
+		b.WriteString("| section | tool | what | n | p50 ms | p90 ms | tine/peer (p50) |\n|---|---|---|---|---|---|---|\n")
+	}
+	var first map[string]time.Duration = map[string]time.Duration{}
+	for _, x := range r.rows {
+		p50 := x.pct(0.5)
+		ratio := ""
+		if f, ok := first[x.section]; ok && p50 > 0 {
+			ratio = fmt.Sprintf("%.3gx", float64(f)/float64(p50))
+		} else if !ok {
+			first[x.section] = p50
+		}
+		what := x.what
+		if x.note != "" {
+			what += " (" + x.note + ")"
+		}
+		if md {
+			fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %s | %s |\n", x.section, x.tool, what, len(x.samples), ms(p50), ms(x.pct(0.9)), ratio)
+		} else {
+			fmt.Fprintf(&b, "%-14s%s%-22s%s%-58s%s%4d%s%9s%s%9s%s%8s\n", x.section, sep, x.tool, sep, what, sep, len(x.samples), sep, ms(p50), sep, ms(x.pct(0.9)), sep, ratio)
+		}
+	}
+	return b.String()
+}
+
+func (r *report) print(w io.Writer) {
+	fmt.Fprintf(w, "bench/sandbox %s on %s\n\n", r.date.Format(time.RFC3339), r.host)
+	fmt.Fprintf(w, "%-14s  %-22s  %-58s  %4s  %9s  %9s  %8s\n", "section", "tool", "what", "n", "p50 ms", "p90 ms", "tine/x")
+	io.WriteString(w, r.table(false))
+	for _, n := range r.notes {
+		fmt.Fprintln(w, "note:", n)
+	}
+	for _, s := range r.skipped {
+		fmt.Fprintln(w, "skipped:", s)
+	}
+	for _, g := range r.goals {
+		fmt.Fprintln(w, "goal:", g)
+	}
+}
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Run of %s on %s (`go run ./bench/sandbox`).\n\n", r.date.Format("2006-01-02 15:04 MST"), r.host)
+	b.WriteString(r.table(true))
+	b.WriteString("\n")
+	for _, g := range r.goals {
+		fmt.Fprintf(&b, "- Goal: %s\n", g)
+	}
+	for _, n := range r.notes {
+		fmt.Fprintf(&b, "- %s\n", n)
+	}
+	for _, s := range r.skipped {
+		fmt.Fprintf(&b, "- Skipped: %s\n", s)
+	}
+	return b.String()
+}
+
+// bench is the state of one run: a cowfs store, a project, and two
+// managers over it, one with warm sandboxes and one without.
+type bench struct {
+	o       options
+	base    string
+	project string
+	agent   string
+	fs      *cowfs.FS
+	warmRT  *ns.Runtime
+	warm    *sandbox.Manager
+	coldRT  *ns.Runtime
+	cold    *sandbox.Manager
+	warmN   int
+	seq     int
+}
+
+func run(ctx context.Context, o options) (*report, error) {
+	host, _ := os.Hostname()
+	rep := &report{date: time.Now(), host: fmt.Sprintf("%s, %d CPUs, %s", host, runtime.NumCPU(), kernel())}
+	base, err := os.MkdirTemp(o.dir, "tine-bench-sandbox-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(base)
+	b := &bench{o: o, base: base, project: filepath.Join(base, "project"), agent: filepath.Join(base, "tine-agent")}
+	cmd := exec.Command("go", "build", "-o", b.agent, "tine/cmd/tine-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build the static agent: %v: %s", err, out)
+	}
+	if err := makeProject(b.project, 200); err != nil {
+		return nil, err
+	}
+	if b.fs, err = cowfs.Open(filepath.Join(base, "cowfs"), nil); err != nil {
+		return nil, err
+	}
+	defer b.fs.Close()
+	if b.warmRT, err = ns.New(b.agent); err != nil {
+		return nil, err
+	}
+	if b.coldRT, err = ns.New(b.agent); err != nil {
+		return nil, err
+	}
+	b.warmN = 4
+	if b.warm, err = sandbox.Open(ctx, filepath.Join(base, "state-warm"), b.fs, sandbox.Options{Runtime: b.warmRT, MountPool: 16, Warm: b.warmN}); err != nil {
+		return nil, err
+	}
+	defer b.warm.Close(ctx)
+	if b.cold, err = sandbox.Open(ctx, filepath.Join(base, "state-cold"), b.fs, sandbox.Options{Runtime: b.coldRT, MountPool: 16}); err != nil {
+		return nil, err
+	}
+	defer b.cold.Close(ctx)
+	steps := []func(context.Context, *report) error{b.create, b.breakdown, b.fsPart, b.exec, b.fork, b.alive}
+	for _, s := range steps {
+		if err := s(ctx, rep); err != nil {
+			return rep, err
+		}
+	}
+	b.goals(rep)
+	return rep, nil
+}
+
+func kernel() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return "Linux " + strings.TrimSpace(string(b))
+}
+
+// makeProject writes n small files in a few directories, as a git repo.
+func makeProject(dir string, n int) error {
+	for i := 0; i < n; i++ {
+		p := filepath.Join(dir, fmt.Sprintf("d%d", i%10), fmt.Sprintf("f%d.txt", i))
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte(strings.Repeat("x", 100+i)), 0o644); err != nil {
+			return err
+		}
+	}
+	for _, a := range [][]string{{"init", "-q"}, {"add", "-A"}, {"-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "p"}} {
+		if out, err := exec.Command("git", append([]string{"-C", dir}, a...)...).CombinedOutput(); err != nil {
+			return fmt.Errorf("git %v: %v: %s", a, err, out)
+		}
+	}
+	return nil
+}
+
+func (b *bench) name(p string) string {
+	b.seq++
+	return fmt.Sprintf("%s%d", p, b.seq)
+}
+
+// first runs true in sandbox name and waits for its exit.
+func first(ctx context.Context, m *sandbox.Manager, name string) error {
+	p, err := m.Exec(ctx, name, proto.ExecRequest{Argv: []string{"true"}})
+	if err != nil {
+		return err
+	}
+	ex, err := p.Wait(ctx)
+	if err == nil && ex.Code != 0 {
+		err = fmt.Errorf("true exited %d in %s", ex.Code, name)
+	}
+	return err
+}
+
+func timeCmd(ctx context.Context, n int, argv ...string) ([]time.Duration, error) {
+	var s []time.Duration
+	for i := 0; i < n; i++ {
+		t := time.Now()
+		if out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("%s: %v: %s", strings.Join(argv, " "), err, out)
+		}
+		s = append(s, time.Since(t))
+	}
+	return s, nil
+}
+
+// create: create → first command answered, tine warm and cold, beside
+// bwrap, unshare and podman running true.
+func (b *bench) create(ctx context.Context, rep *report) error {
+	const sec = "create+first"
+	for _, c := range []struct {
+		tool string
+		m    *sandbox.Manager
+		rt   *ns.Runtime
+	}{{"tine (warm)", b.warm, b.warmRT}, {"tine (cold)", b.cold, nil}} {
+		var s []time.Duration
+		for i := 0; i < b.o.reps; i++ {
+			if c.rt != nil {
+				// A full pool: no refill competes with the sample.
+				if err := c.rt.WaitWarm(ctx, b.warmN); err != nil {
+					return err
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+			n := b.name("c")
+			t := time.Now()
+			if _, err := c.m.Create(ctx, sandbox.CreateOptions{Name: n, Dir: b.project}); err != nil {
+				return err
+			}
+			if err := first(ctx, c.m, n); err != nil {
+				return err
+			}
+			s = append(s, time.Since(t))
+			if err := c.m.Remove(ctx, n); err != nil {
+				return err
+			}
+		}
+		rep.add(sec, c.tool, "Create from a project dir, then `true` answered", s, "")
+	}
+	peers := []struct {
+		tool, what string
+		argv       []string
+	}{
+		{"bwrap", "bwrap --unshare-all --ro-bind / / true (no writable root)", []string{"bwrap", "--unshare-all", "--ro-bind", "/", "/", "true"}},
+		{"bwrap +proc+dev", "bwrap --unshare-all --ro-bind / / --proc /proc --dev /dev --tmpfs /tmp true", []string{"bwrap", "--unshare-all", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "true"}},
+		{"unshare", "unshare -mpfnuiC --mount-proc true", []string{"unshare", "-m", "-p", "-f", "-n", "-u", "-i", "-C", "--mount-proc", "true"}},
+		{"podman", "podman run --rm --network none debian true", []string{"podman", "run", "--rm", "--network", "none", "debian", "true"}},
+	}
+	for _, p := range peers {
+		if _, err := exec.LookPath(p.argv[0]); err != nil {
+			rep.skipped = append(rep.skipped, fmt.Sprintf("%s: %s is not installed", p.tool, p.argv[0]))
+			continue
+		}
+		s, err := timeCmd(ctx, b.o.reps, p.argv...)
+		if err != nil {
+			rep.skipped = append(rep.skipped, fmt.Sprintf("%s: does not run here: %v", p.tool, err))
+			continue
+		}
+		rep.add(sec, p.tool, p.what, s, "")
+	}
+	return nil
+}
+
+// fsPart: the file system part of a create, a cowfs branch served from a
+// pooled mount and its first stat, beside git worktree add.
+func (b *bench) fsPart(ctx context.Context, rep *report) error {
+	const sec = "fs part"
+	snap, err := b.fs.Import(ctx, b.project, "")
+	if err != nil {
+		return err
+	}
+	pool, err := b.fs.NewMountPool(ctx, filepath.Join(b.base, "fsmounts"), 4, nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var s, g []time.Duration
+	for i := 0; i < b.o.reps; i++ {
+		n := b.name("fs")
+		time.Sleep(15 * time.Millisecond)
+		t := time.Now()
+		m, err := pool.Fork(ctx, snap, n)
+		if err != nil {
+			return err
+		}
+		if _, err := os.Stat(filepath.Join(m.Dir(), "d1", "f1.txt")); err != nil {
+			return err
+		}
+		s = append(s, time.Since(t))
+		m.Unmount()
+		b.fs.DeleteBranch(ctx, n)
+		wt := filepath.Join(b.base, "wt-"+n)
+		t = time.Now()
+		if out, err := exec.Command("git", "-C", b.project, "worktree", "add", "-q", "--detach", wt).CombinedOutput(); err != nil {
+			return fmt.Errorf("git worktree add: %v: %s", err, out)
+		}
+		if _, err := os.Stat(filepath.Join(wt, "d1", "f1.txt")); err != nil {
+			return err
+		}
+		g = append(g, time.Since(t))
+		exec.Command("git", "-C", b.project, "worktree", "remove", "--force", wt).Run()
+	}
+	rep.add(sec, "tine", "cowfs branch + pooled mount + first stat (200 files)", s, "")
+	rep.add(sec, "git worktree", "git worktree add --detach + first stat (200 files)", g, "")
+	return nil
+}
+
+// exec: the round trip of `true` in a running sandbox, beside starting
+// `true` on the host.
+func (b *bench) exec(ctx context.Context, rep *report) error {
+	const sec = "exec"
+	n := b.name("e")
+	if _, err := b.warm.Create(ctx, sandbox.CreateOptions{Name: n, Dir: b.project}); err != nil {
+		return err
+	}
+	defer b.warm.Remove(ctx, n)
+	var s []time.Duration
+	for i := 0; i < b.o.execs; i++ {
+		t := time.Now()
+		if err := first(ctx, b.warm, n); err != nil {
+			return err
+		}
+		s = append(s, time.Since(t))
+	}
+	rep.add(sec, "tine", "Exec true in a running sandbox, to its exit status", s, "")
+	h, err := timeCmd(ctx, b.o.execs, "true")
+	if err != nil {
+		return err
+	}
+	rep.add(sec, "host", "os/exec of true on the host (no sandbox)", h, "")
+	bw, err := timeCmd(ctx, b.o.reps, "bwrap", "--unshare-all", "--ro-bind", "/", "/", "true")
+	if err == nil {
+		rep.add(sec, "bwrap", "a new bwrap per command (it has no exec into a running one)", bw, "")
+	}
+	return nil
+}
+
+// fork: Fork of a running sandbox into N, until every fork has answered
+// its first command.
+func (b *bench) fork(ctx context.Context, rep *report) error {
+	parent := b.name("p")
+	if _, err := b.warm.Create(ctx, sandbox.CreateOptions{Name: parent, Dir: b.project}); err != nil {
+		return err
+	}
+	defer b.warm.Remove(ctx, parent)
+	p, err := b.warm.Exec(ctx, parent, proto.ExecRequest{Argv: []string{"sh", "-c",
+		"echo x > /etc/tine-bench; mkdir -p /root/.cache && head -c 1000000 /dev/urandom > /root/.cache/blob; sleep 100000 & true"}})
+	if err != nil {
+		return err
+	}
+	if _, err := p.Wait(ctx); err != nil {
+		return err
+	}
+	for _, n := range b.o.fanouts {
+		sec := fmt.Sprintf("fork x%d", n)
+		var s []time.Duration
+		for i := 0; i < b.o.forkRep[n]; i++ {
+			names := make([]string, n)
+			for j := range names {
+				names[j] = b.name("k")
+			}
+			t := time.Now()
+			kids, err := b.warm.Fork(ctx, parent, sandbox.ForkOptions{N: n, Names: names})
+			if err != nil {
+				return err
+			}
+			var wg sync.WaitGroup
+			errs := make([]error, n)
+			for j, k := range kids {
+				wg.Add(1)
+				go func() { defer wg.Done(); errs[j] = first(ctx, b.warm, k.Name) }()
+			}
+			wg.Wait()
+			s = append(s, time.Since(t))
+			for _, k := range kids {
+				b.warm.Remove(ctx, k.Name)
+			}
+			for _, e := range errs {
+				if e != nil {
+					return e
+				}
+			}
+		}
+		rep.add(sec, "tine", fmt.Sprintf("Fork into %d (1 MB OS layer), all answered `true`", n), s, "")
+		bw, err := timeCmd(ctx, max(1, b.o.forkRep[n]), "sh", "-c", fmt.Sprintf(
+			"for i in $(seq %d); do bwrap --unshare-all --ro-bind / / true & done; wait", n))
+		if err == nil {
+			rep.add(sec, "bwrap", fmt.Sprintf("%d bwrap true at once (no state to copy)", n), bw, "")
+		}
+	}
+	return nil
+}
+
+// alive: n sandboxes running at once, each answering exec; memory per
+// sandbox from MemAvailable and from the PSS of their processes.
+func (b *bench) alive(ctx context.Context, rep *report) error {
+	n := b.o.alive
+	sec := fmt.Sprintf("%d alive", n)
+	before := memAvailable()
+	var names []string
+	defer func() {
+		for _, x := range names {
+			b.warm.Remove(ctx, x)
+		}
+	}()
+	t := time.Now()
+	for i := 0; i < n; i++ {
+		if i < b.warmN {
+			b.warmRT.WaitWarm(ctx, b.warmN-i)
+		}
+		x := b.name("a")
+		if _, err := b.warm.Create(ctx, sandbox.CreateOptions{Name: x, Dir: b.project}); err != nil {
+			return fmt.Errorf("sandbox %d of %d: %w", i+1, n, err)
+		}
+		names = append(names, x)
+	}
+	createAll := time.Since(t)
+	var s []time.Duration
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	t = time.Now()
+	for i, x := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.Now()
+			errs[i] = first(ctx, b.warm, x)
+			mu.Lock()
+			s = append(s, time.Since(t))
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	all := time.Since(t)
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	after := memAvailable()
+	pss := sandboxPSS()
+	rep.add(sec, "tine", fmt.Sprintf("exec true in each of %d running sandboxes at once", n), s, "")
+	rep.notes = append(rep.notes, fmt.Sprintf("%d alive: created one after another in %s ms; all %d answered within %s ms; "+
+		"host memory used %.1f MiB per sandbox (MemAvailable), PSS of the sandboxes' processes %.1f MiB per sandbox",
+		n, ms(createAll), n, ms(all), float64(before-after)/float64(n)/(1<<20), float64(pss)/float64(n)/(1<<20)))
+	return nil
+}
+
+// memAvailable reads MemAvailable in bytes.
+func memAvailable() int64 {
+	b, _ := os.ReadFile("/proc/meminfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "MemAvailable:" {
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			return v << 10
+		}
+	}
+	return 0
+}
+
+// sandboxPSS sums the PSS of every process named tine-agent.
+func sandboxPSS() int64 {
+	var sum int64
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		c, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
+		if strings.TrimSpace(string(c)) != "tine-agent" {
+			continue
+		}
+		b, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "smaps_rollup"))
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "Pss:" {
+				v, _ := strconv.ParseInt(f[1], 10, 64)
+				sum += v << 10
+			}
+		}
+	}
+	return sum
+}
+
+// breakdown times the steps of a create and a fork one by one, through
+// the same packages the manager uses.
+func (b *bench) breakdown(ctx context.Context, rep *report) error {
+	const sec = "breakdown"
+	reps := b.o.reps
+	snap, err := b.fs.Import(ctx, b.project, "")
+	if err != nil {
+		return err
+	}
+	pool, err := b.fs.NewMountPool(ctx, filepath.Join(b.base, "bdmounts"), 2, nil)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rt, err := ns.New(b.agent)
+	if err != nil {
+		return err
+	}
+	wdir := filepath.Join(b.base, "bd")
+	w, err := rt.Warm(ctx, sandbox.WarmOptions{Dir: filepath.Join(wdir, "warm"), N: 1})
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	var imp, br, mnt, cold, coldAgent, warm, warmAgent, ex, meta, cp, frz []time.Duration
+	since := func(s *[]time.Duration, t time.Time) { *s = append(*s, time.Since(t)) }
+	for i := 0; i < reps; i++ {
+		t := time.Now()
+		if _, err := b.fs.Import(ctx, b.project, ""); err != nil {
+			return err
+		}
+		since(&imp, t)
+		n := b.name("bd")
+		time.Sleep(15 * time.Millisecond)
+		t = time.Now()
+		if err := b.fs.Branch(ctx, snap, n); err != nil {
+			return err
+		}
+		since(&br, t)
+		t = time.Now()
+		m, err := pool.Mount(ctx, n)
+		if err != nil {
+			return err
+		}
+		since(&mnt, t)
+		// cold: re-executed init step, root, agent start
+		spec := sandbox.Spec{ID: "tine-bd-" + n, Hostname: n, Dir: filepath.Join(wdir, n), ProjectPath: b.project, ProjectSource: m.Dir(), Hide: []string{b.base}}
+		t = time.Now()
+		in, err := b.coldRT.Start(ctx, spec)
+		if err != nil {
+			return err
+		}
+		since(&cold, t)
+		c, err := client.Dial(ctx, in.AgentSocket())
+		if err != nil {
+			return err
+		}
+		since(&coldAgent, t)
+		t = time.Now()
+		if err := runTrue(ctx, c); err != nil {
+			return err
+		}
+		since(&ex, t)
+		c.Close()
+		in.Stop(ctx)
+		// snapshot copy of the upper layer and a freeze/thaw
+		t = time.Now()
+		if err := rt.CopyState(ctx, spec.Dir, spec.Dir+".copy"); err != nil {
+			return err
+		}
+		since(&cp, t)
+		// warm: bind
+		if err := rt.WaitWarm(ctx, 1); err != nil {
+			return err
+		}
+		time.Sleep(60 * time.Millisecond)
+		spec.Dir, spec.ID = spec.Dir+".w", spec.ID+"w"
+		t = time.Now()
+		in, err = rt.Start(ctx, spec)
+		if err != nil {
+			return err
+		}
+		since(&warm, t)
+		if c, err = client.Dial(ctx, in.AgentSocket()); err != nil {
+			return err
+		}
+		since(&warmAgent, t)
+		t = time.Now()
+		if err := in.Freeze(ctx); err != nil {
+			return err
+		}
+		if err := in.Thaw(ctx); err != nil {
+			return err
+		}
+		since(&frz, t)
+		c.Close()
+		in.Stop(ctx)
+		m.Unmount()
+		b.fs.DeleteBranch(ctx, n)
+		t = time.Now()
+		if err := writeSynced(filepath.Join(wdir, "meta.json"), []byte(`{"name":"x"}`)); err != nil {
+			return err
+		}
+		since(&meta, t)
+	}
+	rep.add(sec, "cowfs", "Import of the project (200 files, unchanged)", imp, "")
+	rep.add(sec, "cowfs", "Branch (ref log fdatasync)", br, "")
+	rep.add(sec, "cowfs", "pooled Mount of the branch", mnt, "")
+	rep.add(sec, "ns cold", "Start: cgroups, clone, re-exec init, config sent", cold, "")
+	rep.add(sec, "ns cold", "... + agent answered its handshake (root built, agent up)", coldAgent, "")
+	rep.add(sec, "ns warm", "Start: bind a warm instance (rename, cgroup rename, project)", warm, "")
+	rep.add(sec, "ns warm", "... + agent answered its handshake", warmAgent, "")
+	rep.add(sec, "agent", "Exec true round trip", ex, "")
+	rep.add(sec, "metadata", "JSON write: temp file, fsync, rename, dir fsync", meta, "")
+	rep.add(sec, "fork", "cp -a --reflink=auto of an upper layer (empty)", cp, "")
+	rep.add(sec, "fork", "freeze + thaw of a sandbox's cgroup", frz, "")
+	return nil
+}
+
+func runTrue(ctx context.Context, c *client.Client) error {
+	p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"true"}, Env: []string{"PATH=" + ns.DefaultPath}})
+	if err != nil {
+		return err
+	}
+	_, err = p.Wait(ctx)
+	return err
+}
+
+func writeSynced(path string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	f.Write(data)
+	f.Sync()
+	f.Close()
+	if err := os.Rename(f.Name(), path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// goals states each goal of the issue as met or not, with the numbers.
+func (b *bench) goals(rep *report) {
+	sec := "create+first"
+	if t, bw := rep.find(sec, "tine (warm)"), rep.find(sec, "bwrap"); t != nil {
+		g := fmt.Sprintf("create → first command ≤ 5 ms p50: %s ms", ms(t.pct(0.5)))
+		if bw != nil {
+			g += fmt.Sprintf(" (bwrap %s ms, ratio %.2fx)", ms(bw.pct(0.5)), float64(t.pct(0.5))/float64(bw.pct(0.5)))
+		}
+		rep.goals = append(rep.goals, g+metOr(t.pct(0.5) <= 5*time.Millisecond))
+	}
+	if t := rep.find("fork x10", "tine"); t != nil {
+		rep.goals = append(rep.goals, fmt.Sprintf("10 forks all answered ≤ 30 ms: %s ms p50", ms(t.pct(0.5)))+metOr(t.pct(0.5) <= 30*time.Millisecond))
+	}
+}
+
+func metOr(ok bool) string {
+	if ok {
+		return ": met"
+	}
+	return ": not met"
+}

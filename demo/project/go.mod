@@ -1,0 +1,3 @@
+module example.com/mean
+
+go 1.22

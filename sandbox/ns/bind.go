@@ -1,0 +1,100 @@
+package ns
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// bindConfig is what a warm instance's bind step receives on fd 3, with
+// the project as a detached mount (open_tree) in the same message.
+type bindConfig struct {
+	ProjectPath string
+	Hide        []string
+	Hostname    string
+}
+
+// startBind runs the bind step: this program again, in the sandbox's
+// namespaces and root, with every capability and no seccomp filter,
+// holding the control socket (fd 3). It waits there for its one message,
+// does what it says and exits; the host waits for it to be gone before
+// the sandbox runs anything, so no process of the sandbox ever shares it
+// with a privileged one.
+func startBind() error {
+	// /proc/self/exe still names this program although its file system is
+	// no longer reachable from the new root.
+	_, err := syscall.ForkExec("/proc/self/exe", []string{"tine-sandbox-bind"}, &syscall.ProcAttr{
+		Env:   []string{initEnv + "=" + modeBind},
+		Files: []uintptr{0, 1, 2, 3},
+	})
+	if err != nil {
+		return fmt.Errorf("start the bind step: %w", err)
+	}
+	return nil
+}
+
+// runBind is the bind step: it reports on fd 3 that it is ready, then
+// reads the bind message, mounts the project, covers the hidden paths,
+// sets the host name and reports "ok" or what failed.
+func runBind() {
+	reply := func(msg string) {
+		unix.Write(3, []byte(msg))
+	}
+	if _, err := unix.Write(3, []byte(bindReady)); err != nil {
+		return
+	}
+	b, fds, err := readMessage(3)
+	if err != nil {
+		reply("bind: read the message: " + err.Error())
+		return
+	}
+	if err := bind(b, fds); err != nil {
+		reply("bind: " + err.Error())
+		return
+	}
+	reply("ok")
+}
+
+func bind(b []byte, fds []int) error {
+	defer func() {
+		for _, f := range fds {
+			unix.Close(f)
+		}
+	}()
+	var c bindConfig
+	if err := json.Unmarshal(b, &c); err != nil {
+		return err
+	}
+	if len(fds) != 1 {
+		return fmt.Errorf("want one project mount, got %d descriptors", len(fds))
+	}
+	rfd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(rfd)
+	r := root{rfd}
+	target, err := r.open(c.ProjectPath, true, false)
+	if err != nil {
+		return fmt.Errorf("project mount point: %w", err)
+	}
+	defer unix.Close(target)
+	if err := unix.MoveMount(fds[0], "", target, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mount the project at %s: %w", c.ProjectPath, err)
+	}
+	for _, h := range c.Hide {
+		if err := r.hide(strings.TrimPrefix(h, "/")); err != nil {
+			return err
+		}
+	}
+	if err := unix.Sethostname([]byte(c.Hostname)); err != nil {
+		return fmt.Errorf("set hostname: %w", err)
+	}
+	return nil
+}
+
+// bindReady is the bind step's first message.
+const bindReady = "ready"

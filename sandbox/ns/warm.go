@@ -1,0 +1,362 @@
+package ns
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"tine/guestagent/client"
+	"tine/sandbox"
+	"tine/sandbox/internal/cgroup"
+)
+
+// A warm instance is a sandbox started ahead of time for no one: its
+// namespaces, an overlay root with an empty upper layer, /proc, /dev and
+// the rest are built, its agent runs and has answered a handshake, and a
+// privileged bind step waits in it for the project. Start binds one to a
+// sandbox whose state directory does not exist yet and has no Seed: the
+// state directory with its empty upper layer (renamed into place),
+// the cgroups (renamed to Spec.ID), and through the bind step the project
+// (a detached clone of ProjectSource), the hidden paths and the host
+// name. An instance is bound once and never returns to the pool: no state
+// passes from one sandbox to another. See docs/adr/0092.
+
+// warmPool keeps warm instances under one directory.
+type warmPool struct {
+	r     *Runtime
+	dir   string
+	n     int
+	ready chan *instance
+	wake  chan struct{}
+	stop  chan struct{}
+	wg    sync.WaitGroup
+
+	mu      sync.Mutex
+	lastErr error
+	bound   int
+}
+
+// refillDelay is how long the pool waits after a take before it starts
+// a replacement while it still has instances: starting one costs two
+// program starts, which would compete with the sandbox just bound for the
+// two cores of a small host.
+const refillDelay = 50 * time.Millisecond
+
+// Warm keeps o.N sandboxes started ahead of time in directories under
+// o.Dir, which must be on the same file system as the state directories
+// of the sandboxes they become. Closing the result ends those not taken.
+// On a host with cgroup v2 (whose groups cannot be renamed) it keeps none
+// and every Start is a cold one.
+func (r *Runtime) Warm(ctx context.Context, o sandbox.WarmOptions) (io.Closer, error) {
+	if o.N <= 0 || !cgroup.CanRename() {
+		return io.NopCloser(nil), nil
+	}
+	if strings.ContainsAny(o.Dir, ",:\\\n") || !filepath.IsAbs(o.Dir) {
+		return nil, fmt.Errorf("warm sandboxes: directory %q must be absolute and free of , : \\", o.Dir)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.warm != nil {
+		return nil, errors.New("warm sandboxes: this runtime already keeps some; close them first")
+	}
+	// Instances left by an earlier process died with it (Pdeathsig).
+	if err := os.RemoveAll(o.Dir); err != nil {
+		return nil, fmt.Errorf("warm sandboxes: clear %s: %w", o.Dir, err)
+	}
+	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("warm sandboxes: %w", err)
+	}
+	p := &warmPool{r: r, dir: o.Dir, n: o.N, ready: make(chan *instance, o.N),
+		wake: make(chan struct{}, 1), stop: make(chan struct{})}
+	r.warm = p
+	p.wg.Add(1)
+	go p.fill()
+	return p, nil
+}
+
+// pool returns the runtime's warm pool, if any.
+func (r *Runtime) pool() *warmPool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.warm
+}
+
+// Close ends the instances not taken and removes their directories.
+func (p *warmPool) Close() error {
+	p.r.mu.Lock()
+	if p.r.warm == p {
+		p.r.warm = nil
+	}
+	p.r.mu.Unlock()
+	select {
+	case <-p.stop:
+		return nil
+	default:
+	}
+	close(p.stop)
+	p.wg.Wait()
+	var errs []error
+	for {
+		select {
+		case in := <-p.ready:
+			errs = append(errs, in.discard())
+		default:
+			return errors.Join(append(errs, os.RemoveAll(p.dir))...)
+		}
+	}
+}
+
+// fill keeps the pool full, one instance at a time.
+func (p *warmPool) fill() {
+	defer p.wg.Done()
+	backoff := 100 * time.Millisecond
+	for {
+		for len(p.ready) < p.n {
+			in, err := p.make()
+			if err != nil {
+				p.mu.Lock()
+				p.lastErr = err
+				p.mu.Unlock()
+				select {
+				case <-p.stop:
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, 10*time.Second)
+				continue
+			}
+			backoff = 100 * time.Millisecond
+			select {
+			case <-p.stop:
+				in.discard()
+				return
+			case p.ready <- in:
+			}
+		}
+		select {
+		case <-p.stop:
+			return
+		case <-p.wake:
+		}
+		if len(p.ready) > 0 {
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(refillDelay):
+			}
+		}
+	}
+}
+
+// take returns a warm instance, or nil when none is ready.
+func (p *warmPool) take() *instance {
+	select {
+	case in := <-p.ready:
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+		return in
+	default:
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+		return nil
+	}
+}
+
+// warmTimeout bounds the start of one warm instance.
+const warmTimeout = 30 * time.Second
+
+// make starts one warm instance and returns it once its bind step is
+// waiting and its agent has answered.
+func (p *warmPool) make() (*instance, error) {
+	var rnd [6]byte
+	rand.Read(rnd[:])
+	id := "warm-" + hex.EncodeToString(rnd[:])
+	dir := filepath.Join(p.dir, id)
+	if err := makeStateDirs(dir); err != nil {
+		return nil, fmt.Errorf("warm sandbox: %w", err)
+	}
+	cg, err := cgroup.New(id, 0)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("warm sandbox: %w", err)
+	}
+	in := &instance{id: id, dir: dir, sock: filepath.Join(dir, runDir, agentSocket), cg: cg, done: make(chan struct{})}
+	ctl, err := in.start(p.r, initConfig{
+		Warm:     true,
+		Root:     filepath.Join(dir, rootDir),
+		Upper:    filepath.Join(dir, upperDir),
+		Work:     filepath.Join(dir, workDir),
+		RunDir:   filepath.Join(dir, runDir),
+		Hostname: "tine",
+		Agent:    p.r.agent,
+	})
+	if err != nil {
+		cg.Remove(context.Background())
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("warm sandbox: %w", err)
+	}
+	in.ctl = ctl
+	ctl.SetDeadline(time.Now().Add(warmTimeout))
+	buf := make([]byte, 512)
+	n, err := ctl.Read(buf)
+	if err == nil && string(buf[:n]) != bindReady {
+		err = fmt.Errorf("bind step said %q", buf[:n])
+	}
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
+		var c *client.Client
+		if c, err = client.Dial(ctx, in.sock); err == nil {
+			c.Close()
+		}
+		cancel()
+	}
+	if err != nil {
+		err = fmt.Errorf("warm sandbox: %w: %s", err, in.log.String())
+		return nil, errors.Join(err, in.discard())
+	}
+	return in, nil
+}
+
+// discard ends a warm instance that was not bound.
+func (in *instance) discard() error {
+	if in.ctl != nil {
+		in.ctl.Close()
+	}
+	err := in.Stop(context.Background())
+	return errors.Join(err, os.RemoveAll(in.dir))
+}
+
+// startWarm binds a warm instance to spec, or returns nil, nil when none
+// is ready.
+func (r *Runtime) startWarm(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
+	p := r.pool()
+	if p == nil || spec.Seed != "" {
+		// A seed cannot go into a layer that is already mounted: overlayfs
+		// caches what it looked up (the agent reads /etc/passwd), so the
+		// copy could be half seen. Forks start cold (docs/adr/0092).
+		return nil, nil
+	}
+	in := p.take()
+	if in == nil {
+		return nil, nil
+	}
+	if err := in.bind(ctx, spec); err != nil {
+		in.ctl.Close()
+		in.Stop(context.Background())
+		os.RemoveAll(in.dir)
+		return nil, fmt.Errorf("start sandbox %s: %w: %s", spec.ID, err, in.log.String())
+	}
+	p.mu.Lock()
+	p.bound++
+	p.mu.Unlock()
+	return in, nil
+}
+
+// bind makes the warm instance sandbox spec (see warmPool).
+func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
+	if err := os.Rename(in.dir, spec.Dir); err != nil {
+		return fmt.Errorf("move the warm sandbox's state: %w", err)
+	}
+	in.dir, in.sock = spec.Dir, filepath.Join(spec.Dir, runDir, agentSocket)
+	if err := in.cg.Rename(spec.ID); err != nil {
+		return err
+	}
+	in.id = spec.ID
+	if spec.Limits.Pids > 0 {
+		if err := in.cg.SetPidsMax(spec.Limits.Pids); err != nil {
+			return err
+		}
+	}
+	fd, err := unix.OpenTree(unix.AT_FDCWD, spec.ProjectSource, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("clone the project mount %s: %w", spec.ProjectSource, err)
+	}
+	b, err := json.Marshal(bindConfig{ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname})
+	if err == nil && len(b) > maxMessage {
+		err = fmt.Errorf("bind message of %d bytes, more than %d", len(b), maxMessage)
+	}
+	if err != nil {
+		unix.Close(fd)
+		return err
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(warmTimeout)
+	}
+	in.ctl.SetDeadline(deadline)
+	_, _, err = in.ctl.WriteMsgUnix(b, unix.UnixRights(fd), nil)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("send the bind message: %w", err)
+	}
+	buf := make([]byte, 4096)
+	n, err := in.ctl.Read(buf)
+	if err != nil {
+		return fmt.Errorf("bind step: %w", err)
+	}
+	if string(buf[:n]) != "ok" {
+		return errors.New(string(buf[:n]))
+	}
+	// The bind step closes its end as it exits: wait for that, so that it
+	// is gone before anything runs in the sandbox.
+	if n, err := in.ctl.Read(buf); n != 0 || (err != nil && !errors.Is(err, io.EOF)) {
+		return fmt.Errorf("bind step did not exit: %d bytes, %v", n, err)
+	}
+	in.ctl.Close()
+	in.ctl = nil
+	return nil
+}
+
+// WarmReady returns how many warm instances are started and waiting.
+func (r *Runtime) WarmReady() int {
+	if p := r.pool(); p != nil {
+		return len(p.ready)
+	}
+	return 0
+}
+
+// WarmBound returns how many sandboxes were started by binding a warm
+// instance since Warm.
+func (r *Runtime) WarmBound() int {
+	p := r.pool()
+	if p == nil {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bound
+}
+
+// WaitWarm waits until n warm instances are waiting or ctx ends; it
+// returns the last error of starting one, if ctx ended.
+func (r *Runtime) WaitWarm(ctx context.Context, n int) error {
+	for r.WarmReady() < n {
+		select {
+		case <-ctx.Done():
+			var last error
+			if p := r.pool(); p != nil {
+				p.mu.Lock()
+				last = p.lastErr
+				p.mu.Unlock()
+			}
+			return errors.Join(fmt.Errorf("%d warm sandboxes of %d ready: %w", r.WarmReady(), n, ctx.Err()), last)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
+}

@@ -1,0 +1,103 @@
+package ns
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"tine/guestagent/client"
+	"tine/sandbox"
+)
+
+// TestWarmBind binds a warm instance to a sandbox: the project, the host
+// name, the hidden path,
+// the renamed cgroup and its pids limit are the sandbox's; the bind step
+// is gone and every process in it has the reduced capabilities.
+func TestWarmBind(t *testing.T) {
+	rt, err := New(buildAgent(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	w, err := rt.Warm(ctx, sandbox.WarmOptions{Dir: filepath.Join(dir, "warm"), N: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if err := rt.WaitWarm(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	proj := filepath.Join(dir, "proj")
+	os.Mkdir(proj, 0o755)
+	os.WriteFile(filepath.Join(proj, "a"), []byte("A"), 0o644)
+	hidden := "/var/tmp/tine-warm-hidden-" + filepath.Base(dir)
+	os.MkdirAll(hidden, 0o700)
+	os.WriteFile(filepath.Join(hidden, "secret"), []byte("x"), 0o600)
+	defer os.RemoveAll(hidden)
+	in, err := rt.Start(ctx, sandbox.Spec{ID: "nswarm", Hostname: "warmhost", Dir: filepath.Join(dir, "rt"),
+		ProjectPath: "/srv/proj-nswarm", ProjectSource: proj, Hide: []string{hidden},
+		Limits: sandbox.Limits{Pids: 77}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Stop(context.Background())
+	if _, err := os.Stat(filepath.Join(dir, "rt", upperDir)); err != nil {
+		t.Fatalf("the warm instance's state was not moved into place: %v", err)
+	}
+	c, err := client.Dial(ctx, in.AgentSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	out, code := run(t, c, "sh", "-c", "cat /srv/proj-nswarm/a; echo; hostname; ls "+hidden+" 2>&1 | wc -l; "+
+		"ps -e -o pid=,comm= | wc -l; grep -h CapEff /proc/[0-9]*/status | sort -u")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) < 5 || lines[0] != "A" || lines[1] != "warmhost" || strings.TrimSpace(lines[2]) != "0" {
+		t.Fatalf("inside the warm sandbox: %q", out)
+	}
+	// agent, sh, ps, wc: the bind step is gone.
+	if n := strings.TrimSpace(lines[3]); n != "4" {
+		t.Errorf("%s processes, want 4 (the bind step must be gone): %q", n, out)
+	}
+	for _, l := range lines[4:] {
+		if !strings.HasPrefix(l, "CapEff:") || strings.HasSuffix(l, "1ffffffffff") || strings.HasSuffix(l, "3ffffffffff") {
+			t.Errorf("a process with every capability: %q", l)
+		}
+	}
+	b, err := os.ReadFile("/sys/fs/cgroup/pids/tine/nswarm/pids.max")
+	if err != nil || strings.TrimSpace(string(b)) != "77" {
+		t.Errorf("pids.max of the renamed group: %q, %v", b, err)
+	}
+	// A seeded start does not take a warm instance: it starts cold.
+	if err := rt.WaitWarm(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	seed := filepath.Join(dir, "seed")
+	os.MkdirAll(filepath.Join(seed, upperDir, "etc"), 0o755)
+	os.WriteFile(filepath.Join(seed, upperDir, "etc", "warm-seeded"), []byte("S"), 0o644)
+	in2, err := rt.Start(ctx, sandbox.Spec{ID: "nswarm2", Hostname: "h2", Dir: filepath.Join(dir, "rt2"),
+		ProjectPath: "/srv/proj-nswarm", ProjectSource: proj, Seed: seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in2.Stop(context.Background())
+	if rt.WarmBound() != 1 {
+		t.Errorf("%d warm instances bound, want 1: a seeded start must not take one", rt.WarmBound())
+	}
+	c2, err := client.Dial(ctx, in2.AgentSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if out, code := run(t, c2, "cat", "/etc/warm-seeded"); code != 0 || out != "S" {
+		t.Errorf("seeded start: %q, exit %d", out, code)
+	}
+}

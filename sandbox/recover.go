@@ -1,0 +1,113 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"tine/cowfs"
+)
+
+// recover cleans up what a process that died mid-operation left under the
+// state root, and records each thing it did (Recovered lists them):
+//   - a sandbox directory without sandbox.json (Create or Fork
+//     interrupted before the sandbox existed): its branch and directory
+//     are deleted;
+//   - runtime.old beside a sandbox's runtime directory (Rollback
+//     interrupted): put back when the runtime directory is missing,
+//     deleted otherwise;
+//   - a snapshot directory without snapshot.json (Snapshot interrupted):
+//     deleted;
+//   - temporary metadata files: deleted.
+//
+// Entries whose names could not be tine's are left alone and reported.
+func (m *Manager) recover(ctx context.Context) error {
+	var errs []error
+	did := func(format string, args ...any) {
+		m.ext.recovered = append(m.ext.recovered, fmt.Sprintf(format, args...))
+	}
+	ents, err := os.ReadDir(filepath.Join(m.root, "sandboxes"))
+	if err != nil {
+		return fmt.Errorf("sandbox manager: %w", err)
+	}
+	for _, e := range ents {
+		name := e.Name()
+		dir := m.dir(name)
+		if !nameRE.MatchString(name) || !e.IsDir() {
+			did("left %s alone: not a sandbox", dir)
+			continue
+		}
+		removeTemps(dir)
+		if _, err := os.Lstat(filepath.Join(dir, "sandbox.json")); errors.Is(err, os.ErrNotExist) {
+			if err := m.fs.DeleteBranch(ctx, branchName(name)); err != nil && !errors.Is(err, cowfs.ErrNoBranch) {
+				errs = append(errs, fmt.Errorf("half-made sandbox %q: delete its branch: %w", name, err))
+				continue
+			}
+			if err := os.RemoveAll(dir); err != nil {
+				errs = append(errs, fmt.Errorf("half-made sandbox %q: %w", name, err))
+				continue
+			}
+			did("removed half-made sandbox %q (no sandbox.json: its creation was interrupted)", name)
+			continue
+		}
+		old := m.rtDir(name) + ".old"
+		if _, err := os.Lstat(old); err == nil {
+			if _, err := os.Lstat(m.rtDir(name)); errors.Is(err, os.ErrNotExist) {
+				if err := os.Rename(old, m.rtDir(name)); err != nil {
+					errs = append(errs, fmt.Errorf("sandbox %q: put back its OS layer after an interrupted rollback: %w", name, err))
+					continue
+				}
+				did("sandbox %q: an interrupted rollback had moved its OS layer aside; put it back", name)
+			} else {
+				if err := os.RemoveAll(old); err != nil {
+					errs = append(errs, fmt.Errorf("sandbox %q: remove the layer an interrupted rollback left: %w", name, err))
+					continue
+				}
+				did("sandbox %q: removed the old OS layer an interrupted rollback left", name)
+			}
+		}
+	}
+	snaps, err := os.ReadDir(filepath.Join(m.root, "snapshots"))
+	if err != nil {
+		return fmt.Errorf("sandbox manager: %w", err)
+	}
+	for _, e := range snaps {
+		dir := m.snapDir(e.Name())
+		if !nameRE.MatchString(e.Name()) || !e.IsDir() {
+			did("left %s alone: not a snapshot", dir)
+			continue
+		}
+		removeTemps(dir)
+		if _, err := os.Lstat(filepath.Join(dir, "snapshot.json")); errors.Is(err, os.ErrNotExist) {
+			if err := os.RemoveAll(dir); err != nil {
+				errs = append(errs, fmt.Errorf("half-made snapshot %s: %w", e.Name(), err))
+				continue
+			}
+			did("removed half-made snapshot %s (no snapshot.json: it was interrupted)", e.Name())
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sandbox manager: recover %s: %w", m.root, err)
+	}
+	return nil
+}
+
+// removeTemps deletes the temporary files writeJSON leaves when
+// interrupted.
+func removeTemps(dir string) {
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".tmp-") {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
+}
+
+// Recovered lists what Open found left by an interrupted operation and
+// cleaned up, one sentence each.
+func (m *Manager) Recovered() []string {
+	return append([]string(nil), m.ext.recovered...)
+}
