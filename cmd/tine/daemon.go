@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -139,9 +138,4 @@ func logTail(path string, from int64, n int) string {
 		out.WriteString("  " + l + "\n")
 	}
 	return strings.TrimRight(out.String(), "\n")
-}
-
-// errNoDaemon says that no daemon answers for root.
-func errNoDaemon(root string) error {
-	return errors.New("no daemon answers for " + root + "; start one with \"tine serve --root " + root + "\"")
 }
