@@ -112,6 +112,10 @@ func runningError(p string) error {
 	return fmt.Errorf("%w: %s is in use; stop the daemon first (or use another state root)", ErrRunning, p)
 }
 
+// DaemonPID returns the pid of the daemon answering on root's socket, or 0
+// when none answers.
+func DaemonPID(root string) int { return serverPID(filepath.Join(root, SocketName)) }
+
 // serverPID returns the pid of the process that listens on socket p, or 0.
 func serverPID(p string) int {
 	c, err := net.Dial("unix", p)

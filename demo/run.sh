@@ -20,16 +20,29 @@ go=$(command -v go || echo /usr/local/go/bin/go)
 ms() { date +%s%N | cut -c1-13; }
 tine() { "$bin" --root "$root" "$@"; }
 
-# step prints the tine command it runs and how long it took.
+# shown prints its arguments as a shell would read them back.
+shown() {
+	local out="" a
+	for a in "$@"; do
+		if [[ $a =~ ^[A-Za-z0-9_./=:,+@%-]+$ ]]; then out+=" $a"; else out+=" $(printf '%q' "$a")"; fi
+	done
+	printf '%s' "${out# }"
+}
+
+# step prints the tine command it runs (on the demo's own output, even
+# when the command's output is redirected) and how long it took.
+exec 3>&1
 declare -a timings=()
 step() {
-	printf '\n$ tine %s\n' "$*"
+	local cmd
+	cmd="tine $(shown "$@")"
+	printf '\n$ %s\n' "$cmd" >&3
 	local t0 rc=0
 	t0=$(ms)
 	tine "$@" || rc=$?
 	local took=$(($(ms) - t0))
-	printf '  [%d ms]\n' "$took"
-	timings+=("$(printf '%6d ms  tine %s' "$took" "$1")")
+	printf '  [%d ms]\n' "$took" >&3
+	timings+=("$(printf '%6d ms  %.70s' "$took" "$cmd")")
 	return $rc
 }
 say() { printf '\n## %s\n' "$*"; }
@@ -41,7 +54,7 @@ fi
 
 # A fresh start: stop a daemon left by an earlier run, then remove its state.
 if [ -S "$root/tine.sock" ]; then
-	tine daemon stop >/dev/null 2>&1 || true
+	tine serve --stop >/dev/null 2>&1 || true
 fi
 rm -rf "$work"
 mkdir -p "$work"
@@ -120,5 +133,5 @@ say "The state is left in place"
 cat <<EOF
 Look at it:   $bin --root $root ls
               $bin --root $root status try-1
-Clean it up:  $bin --root $root daemon stop && rm -rf $work
+Clean it up:  $bin --root $root serve --stop && rm -rf $work
 EOF

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -80,6 +81,7 @@ func startDaemon(ctx context.Context, root string, cl *client.Client, progress i
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	closeInheritedOnExec()
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start the daemon (%s serve --root %s): %w", exe, root, err)
 	}
@@ -138,4 +140,19 @@ func logTail(path string, from int64, n int) string {
 		out.WriteString("  " + l + "\n")
 	}
 	return strings.TrimRight(out.String(), "\n")
+}
+
+// closeInheritedOnExec marks every descriptor above stderr close-on-exec:
+// the daemon outlives this command and must not hold what its caller
+// passed down (a pipe the caller waits on to reach end of file).
+func closeInheritedOnExec() {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd)
+		}
+	}
 }

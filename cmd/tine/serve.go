@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -23,6 +24,8 @@ var version = "dev"
 
 func (a *app) serveCommand() *cobra.Command {
 	var group string
+	var stop bool
+	var warm, pool int
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "run the daemon: owns the state root's store, mounts and sandboxes; answers the API on ROOT/" + api.SocketName,
@@ -32,15 +35,21 @@ func (a *app) serveCommand() *cobra.Command {
 			"as a service.",
 		Args: nArgs(),
 		RunE: func(c *cobra.Command, args []string) error {
-			return a.serve(c.Context(), group)
+			if stop {
+				return a.stopDaemon(c.Context())
+			}
+			return a.serve(c.Context(), group, sandbox.Options{Warm: warm, MountPool: pool})
 		},
 	}
 	c.Flags().StringVar(&group, "group", "", "also let members of this group use the socket (default: root only)")
+	c.Flags().BoolVar(&stop, "stop", false, "stop the daemon that serves the state root (its sandboxes stop, their files stay)")
+	c.Flags().IntVar(&warm, "warm", 2, "sandboxes kept started ahead of time, so that create answers at once")
+	c.Flags().IntVar(&pool, "mount-pool", 2, "project mounts kept made ahead of time")
 	return c
 }
 
 // serve runs the daemon until ctx ends.
-func (a *app) serve(ctx context.Context, group string) (err error) {
+func (a *app) serve(ctx context.Context, group string, opts sandbox.Options) (err error) {
 	root, err := filepath.Abs(a.root)
 	if err != nil {
 		return err
@@ -56,7 +65,11 @@ func (a *app) serve(ctx context.Context, group string) (err error) {
 		fmt.Fprintf(a.stderr, "tine serve: sandboxes cannot start: %v\n", rtErr)
 		runtime = unavailable{err: rtErr}
 	}
-	m, err := sandbox.Open(ctx, root, f, sandbox.Options{Runtime: runtime})
+	if rtErr != nil {
+		opts.Warm = 0
+	}
+	opts.Runtime = runtime
+	m, err := sandbox.Open(ctx, root, f, opts)
 	if err != nil {
 		return err
 	}
@@ -226,4 +239,32 @@ func (a *app) infoCommand() *cobra.Command {
 			return nil
 		},
 	}
+}
+
+// stopDaemon sends SIGTERM to the daemon serving the state root and waits
+// until it has stopped its sandboxes and exited.
+func (a *app) stopDaemon(ctx context.Context) error {
+	root, err := filepath.Abs(a.root)
+	if err != nil {
+		return err
+	}
+	pid := api.DaemonPID(root)
+	if pid == 0 {
+		fmt.Fprintf(a.stderr, "tine serve: no daemon answers for %s\n", root)
+		return nil
+	}
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+		return fmt.Errorf("stop the daemon (pid %d): %w", pid, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for syscall.Kill(pid, 0) == nil {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the daemon (pid %d) did not exit within two minutes; see %s", pid, filepath.Join(root, "daemon.log"))
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	fmt.Fprintf(a.stderr, "tine serve: stopped the daemon for %s (pid %d)\n", root, pid)
+	return nil
 }
