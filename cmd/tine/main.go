@@ -116,7 +116,7 @@ func (a *app) rootCommand() *cobra.Command {
 		c.GroupID = "sandbox"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{a.infoCommand(), a.serveCommand(), a.completionCommand(), a.initCommand(), a.demoCommand()} {
+	for _, c := range []*cobra.Command{a.infoCommand(), a.serveCommand(), a.completionCommand(), a.initCommand()} {
 		c.GroupID = "host"
 		root.AddCommand(c)
 	}
