@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -32,6 +33,7 @@ func (f *FS) Import(ctx context.Context, dir, name string) (SnapshotID, error) {
 		}
 	}
 	im := &importer{f: f, ctx: ctx, links: map[[2]uint64]*linkGroup{}}
+	im.reuse = f.loadImportReuse(dir, time.Now())
 	top, err := im.walk(unix.AT_FDCWD, dir, dir)
 	if err != nil {
 		return SnapshotID{}, err
@@ -59,6 +61,7 @@ func (f *FS) Import(ctx context.Context, dir, name string) (SnapshotID, error) {
 			return id, err
 		}
 	}
+	im.reuse.save()
 	return id, nil
 }
 
@@ -74,6 +77,7 @@ type importer struct {
 	f     *FS
 	ctx   context.Context
 	links map[[2]uint64]*linkGroup
+	reuse *importReuse // the previous import of the same directory
 }
 
 func randomLinkID() uint64 {
@@ -134,6 +138,10 @@ func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 			im.links[n.devino] = &linkGroup{names: 1}
 		}
 	}
+	if typ == unix.S_IFREG && st.Nlink == 1 && im.reuse.reuse(path, &st, &n.e) {
+		n.e.Type = TypeFile
+		return n, nil // unchanged since the last import: not read again
+	}
 	if importHook != nil {
 		importHook(path)
 	}
@@ -183,6 +191,8 @@ func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 		}
 		if g := im.links[n.devino]; g != nil {
 			g.content, g.size, g.xattrs = n.e.ID, n.e.Size, n.e.Xattrs
+		} else {
+			im.reuse.note(path, &st, &n.e, true)
 		}
 	case unix.S_IFLNK:
 		n.e.Type = TypeSymlink
