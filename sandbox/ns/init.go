@@ -39,6 +39,7 @@ type initConfig struct {
 	// executes the agent.
 	Warm          bool     `json:",omitempty"`
 	Root          string   // host path the overlay is mounted at
+	Lower         string   `json:",omitempty"` // the overlay's lower layer: "/" when empty
 	Upper, Work   string   // the sandbox's overlay layer
 	ProjectPath   string   // path of the project inside the sandbox
 	ProjectSource string   // host directory serving it (a cowfs mount)
@@ -112,6 +113,15 @@ func runInit() error {
 	if err != nil {
 		return fmt.Errorf("read config from fd 3: %w", err)
 	}
+	hostRoot := -1
+	if c.Warm {
+		// A detached copy of the root mount (overlayfs takes layers from
+		// this namespace or from such a copy), kept for the bind step,
+		// which builds a fork's root over it.
+		if hostRoot, err = unix.OpenTree(unix.AT_FDCWD, "/", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC); err != nil {
+			return fmt.Errorf("open the host root: %w", err)
+		}
+	}
 	if err := buildRoot(&c); err != nil {
 		return err
 	}
@@ -131,9 +141,10 @@ func runInit() error {
 	if c.Warm {
 		// The bind step keeps every capability and no filter, and exits
 		// before the sandbox runs anything but the agent (see bind.go).
-		if err := startBind(); err != nil {
+		if err := startBind(hostRoot); err != nil {
 			return err
 		}
+		unix.Close(hostRoot)
 	}
 	unix.Close(3)
 	if err := dropCapabilities(); err != nil {
@@ -252,7 +263,11 @@ func buildRoot(c *initConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	opts := "lowerdir=/,upperdir=" + c.Upper + ",workdir=" + c.Work
+	lower := c.Lower
+	if lower == "" {
+		lower = "/"
+	}
+	opts := "lowerdir=" + lower + ",upperdir=" + c.Upper + ",workdir=" + c.Work
 	if err := unix.Mount("overlay", c.Root, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mount the root overlay at %s (%s): %w", c.Root, opts, err)
 	}

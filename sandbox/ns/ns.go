@@ -55,6 +55,11 @@ const (
 	workDir  = "work"  // overlayfs's scratch directory
 	rootDir  = "root"  // the overlay's mount point (in the sandbox's mount namespace only)
 	runDir   = "run"   // bound at /run/tine: the agent's socket
+
+	// A warm instance becoming a fork gets its layer here (a copy of the
+	// snapshot's) and renames it to upperDir once its root is rebuilt.
+	forkUpper = "upper.fork"
+	forkWork  = "work.fork"
 )
 
 // makeStateDirs makes a sandbox's state directories under dir. The upper
@@ -253,7 +258,12 @@ func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
 	if err := os.MkdirAll(to, 0o700); err != nil {
 		return fmt.Errorf("copy sandbox state to %s: %w", to, err)
 	}
-	cmd := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", filepath.Join(from, upperDir), filepath.Join(to, upperDir))
+	return copyLayer(ctx, filepath.Join(from, upperDir), filepath.Join(to, upperDir))
+}
+
+// copyLayer copies an upper layer directory to the new path to.
+func copyLayer(ctx context.Context, from, to string) error {
+	cmd := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", from, to)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("copy sandbox layer %s to %s: %w: %s", from, to, err, out)
 	}

@@ -245,10 +245,7 @@ func (in *instance) discard() error {
 // is ready.
 func (r *Runtime) startWarm(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
 	p := r.pool()
-	if p == nil || spec.Seed != "" {
-		// A seed cannot go into a layer that is already mounted: overlayfs
-		// caches what it looked up (the agent reads /etc/passwd), so the
-		// copy could be half seen. Forks start cold (docs/adr/0092).
+	if p == nil {
 		return nil, nil
 	}
 	in := p.take()
@@ -273,6 +270,18 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		return fmt.Errorf("move the warm sandbox's state: %w", err)
 	}
 	in.dir, in.sock = spec.Dir, filepath.Join(spec.Dir, runDir, agentSocket)
+	fork := spec.Seed != ""
+	if fork {
+		// A seed cannot go into the layer already mounted (overlayfs
+		// caches what it looked up): the bind step builds a new root over
+		// a copy of it (docs/adr/0093).
+		if err := copyLayer(ctx, filepath.Join(spec.Seed, upperDir), filepath.Join(spec.Dir, forkUpper)); err != nil {
+			return err
+		}
+		if err := os.Mkdir(filepath.Join(spec.Dir, forkWork), 0o700); err != nil {
+			return err
+		}
+	}
 	if err := in.cg.Rename(spec.ID); err != nil {
 		return err
 	}
@@ -286,12 +295,26 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	if err != nil {
 		return fmt.Errorf("clone the project mount %s: %w", spec.ProjectSource, err)
 	}
-	b, err := json.Marshal(bindConfig{ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname})
+	fds := []int{fd}
+	defer func() {
+		for _, f := range fds {
+			unix.Close(f)
+		}
+	}()
+	if fork {
+		// A detached mount rooted at the state directory: overlayfs takes
+		// layers from the caller's namespace or from such a copy.
+		sfd, err := unix.OpenTree(unix.AT_FDCWD, spec.Dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("open the sandbox's state %s: %w", spec.Dir, err)
+		}
+		fds = append(fds, sfd)
+	}
+	b, err := json.Marshal(bindConfig{Fork: fork, ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname})
 	if err == nil && len(b) > maxMessage {
 		err = fmt.Errorf("bind message of %d bytes, more than %d", len(b), maxMessage)
 	}
 	if err != nil {
-		unix.Close(fd)
 		return err
 	}
 	deadline, ok := ctx.Deadline()
@@ -299,8 +322,7 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		deadline = time.Now().Add(warmTimeout)
 	}
 	in.ctl.SetDeadline(deadline)
-	_, _, err = in.ctl.WriteMsgUnix(b, unix.UnixRights(fd), nil)
-	unix.Close(fd)
+	_, _, err = in.ctl.WriteMsgUnix(b, unix.UnixRights(fds...), nil)
 	if err != nil {
 		return fmt.Errorf("send the bind message: %w", err)
 	}
@@ -319,6 +341,26 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	}
 	in.ctl.Close()
 	in.ctl = nil
+	if fork {
+		return swapForkLayer(spec.Dir)
+	}
+	return nil
+}
+
+// swapForkLayer gives a bound fork's layer the usual names (the overlay
+// holds its layers by dentry, so renames do not disturb it) and removes
+// the warm root's layer, detached and never written by the sandbox.
+func swapForkLayer(dir string) error {
+	for _, n := range [][2]string{{upperDir, forkUpper}, {workDir, forkWork}} {
+		old := filepath.Join(dir, n[0]+".warm")
+		if err := os.Rename(filepath.Join(dir, n[0]), old); err != nil {
+			return fmt.Errorf("fork layer: %w", err)
+		}
+		if err := os.Rename(filepath.Join(dir, n[1]), filepath.Join(dir, n[0])); err != nil {
+			return fmt.Errorf("fork layer: %w", err)
+		}
+		os.RemoveAll(old)
+	}
 	return nil
 }
 
