@@ -105,6 +105,9 @@ func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 	if err := im.ctx.Err(); err != nil {
 		return nil, err
 	}
+	if n := im.reused(dirfd, name, path); n != nil {
+		return n, nil // unchanged since the last import: not opened
+	}
 	pfd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("import: open %s: %w", path, err)
@@ -137,10 +140,6 @@ func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 		} else {
 			im.links[n.devino] = &linkGroup{names: 1}
 		}
-	}
-	if typ == unix.S_IFREG && st.Nlink == 1 && im.reuse.reuse(path, &st, &n.e) {
-		n.e.Type = TypeFile
-		return n, nil // unchanged since the last import: not read again
 	}
 	if importHook != nil {
 		importHook(path)

@@ -574,8 +574,8 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 }
 
 // forkParallel is how many forks are made at once: each mostly waits on
-// the disk (fsync) and on the kernel.
-const forkParallel = 8
+// the disk (fsync), on the kernel and on a warm sandbox's bind step.
+const forkParallel = 16
 
 // Rollback returns the sandbox to snapshot id (its id or its label),
 // which must be one of its own: the project and OS layer become the snapshot's and its processes
