@@ -288,7 +288,17 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		return fail(err)
 	}
 	info.State = Running
-	if err := m.save(info); err != nil {
+	// The agent's connection is made while the metadata is written, so
+	// that the first command finds it; a failure here shows at that
+	// command.
+	dialed := make(chan struct{})
+	go func() {
+		defer close(dialed)
+		m.Agent(ctx, name)
+	}()
+	err = m.save(info)
+	<-dialed
+	if err != nil {
 		return fail(err)
 	}
 	m.startServices(ctx, info, l)

@@ -214,12 +214,24 @@ type instance struct {
 	cg   *cgroup.Group
 	cmd  *exec.Cmd
 	done chan struct{}
-	log  tail
+	// bound, for a bound warm instance, is closed once its bind step is
+	// gone (or the sandbox was killed because it did not go).
+	bound chan struct{}
+	log   tail
 	once sync.Once
 	err  error
 }
 
-func (in *instance) AgentSocket() string              { return in.sock }
+// AgentSocket returns the agent's socket path; for a sandbox bound to a
+// warm instance, only once its bind step is gone (see bind), so that no
+// one reaches the sandbox while a privileged process is in it.
+func (in *instance) AgentSocket() string {
+	if in.bound != nil {
+		<-in.bound
+	}
+	return in.sock
+}
+
 func (in *instance) Done() <-chan struct{}            { return in.done }
 func (in *instance) Freeze(ctx context.Context) error { return in.cg.Freeze(ctx) }
 func (in *instance) Thaw(ctx context.Context) error   { return in.cg.Thaw(ctx) }

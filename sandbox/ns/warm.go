@@ -334,16 +334,28 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	if string(buf[:n]) != "ok" {
 		return errors.New(string(buf[:n]))
 	}
-	// The bind step closes its end as it exits: wait for that, so that it
-	// is gone before anything runs in the sandbox.
-	if n, err := in.ctl.Read(buf); n != 0 || (err != nil && !errors.Is(err, io.EOF)) {
-		return fmt.Errorf("bind step did not exit: %d bytes, %v", n, err)
-	}
-	in.ctl.Close()
-	in.ctl = nil
 	if fork {
-		return swapForkLayer(spec.Dir)
+		if err := swapForkLayer(spec.Dir); err != nil {
+			return err
+		}
 	}
+	// The bind step closes its end as it exits, which takes a Go
+	// program a few milliseconds: the host's metadata write goes on
+	// meanwhile, and AgentSocket waits for the end, so that it is gone
+	// before anything runs in the sandbox. One that does not end is
+	// killed with the sandbox.
+	ctl := in.ctl
+	in.ctl = nil
+	in.bound = make(chan struct{})
+	go func() {
+		defer close(in.bound)
+		defer ctl.Close()
+		ctl.SetDeadline(time.Now().Add(warmTimeout))
+		if n, err := ctl.Read(buf); n != 0 || (err != nil && !errors.Is(err, io.EOF)) {
+			in.log.Write(fmt.Appendf(nil, "bind step did not exit: %d bytes, %v\n", n, err))
+			in.kill()
+		}
+	}()
 	return nil
 }
 
