@@ -218,8 +218,8 @@ type instance struct {
 	// gone (or the sandbox was killed because it did not go).
 	bound chan struct{}
 	log   tail
-	once sync.Once
-	err  error
+	once  sync.Once
+	err   error
 }
 
 // AgentSocket returns the agent's socket path; for a sandbox bound to a
