@@ -273,14 +273,6 @@ func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
 	return copyLayer(ctx, filepath.Join(from, upperDir), filepath.Join(to, upperDir))
 }
 
-// copyLayer copies an upper layer directory to the new path to.
-func copyLayer(ctx context.Context, from, to string) error {
-	cmd := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", from, to)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("copy sandbox layer %s to %s: %w: %s", from, to, err, out)
-	}
-	return nil
-}
 
 // tail keeps the last 4 KiB written to it: the init step's and the
 // agent's messages, for errors.
