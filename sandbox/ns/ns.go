@@ -273,7 +273,6 @@ func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
 	return copyLayer(ctx, filepath.Join(from, upperDir), filepath.Join(to, upperDir))
 }
 
-
 // tail keeps the last 4 KiB written to it: the init step's and the
 // agent's messages, for errors.
 type tail struct {

@@ -47,10 +47,10 @@ type warmPool struct {
 	bound   int
 }
 
-// refillDelay is how long the pool waits after a take before it starts
-// a replacement while it still has instances: starting one costs two
-// program starts, which would compete with the sandbox just bound for the
-// two cores of a small host.
+// refillDelay is how long the pool waits after the last take before it
+// starts a replacement: starting one costs three program starts, which
+// would compete with the sandboxes just bound for the two cores of a
+// small host.
 const refillDelay = 50 * time.Millisecond
 
 // Warm keeps o.N sandboxes started ahead of time in directories under
@@ -149,11 +149,16 @@ func (p *warmPool) fill() {
 			return
 		case <-p.wake:
 		}
-		if len(p.ready) > 0 {
+		// Wait until no sandbox was taken for refillDelay: a fork into
+		// many takes several at once, and their first commands should
+		// not compete with the program starts of their replacements.
+		for quiet := false; !quiet; {
 			select {
 			case <-p.stop:
 				return
+			case <-p.wake:
 			case <-time.After(refillDelay):
+				quiet = true
 			}
 		}
 	}
