@@ -25,12 +25,14 @@ import (
 // namespaces, an overlay root with an empty upper layer, /proc, /dev and
 // the rest are built, its agent runs and has answered a handshake, and a
 // privileged bind step waits in it for the project. Start binds one to a
-// sandbox whose state directory does not exist yet and has no Seed: the
-// state directory with its empty upper layer (renamed into place),
-// the cgroups (renamed to Spec.ID), and through the bind step the project
-// (a detached clone of ProjectSource), the hidden paths and the host
-// name. An instance is bound once and never returns to the pool: no state
-// passes from one sandbox to another. See docs/adr/0092.
+// sandbox whose state directory does not exist yet: the state directory
+// with its empty upper layer (renamed into place), the cgroups (renamed
+// to Spec.ID), and through the bind step the project (a detached clone of
+// ProjectSource), the hidden paths and the host name. With a Seed (a
+// fork) the bind step first builds a new root over a copy of the seed's
+// layer and pivots to it. An instance is bound once and never returns to
+// the pool: no state passes from one sandbox to another. See
+// docs/adr/0092 and 0093.
 
 // warmPool keeps warm instances under one directory.
 type warmPool struct {
