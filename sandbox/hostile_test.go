@@ -158,6 +158,7 @@ func testHostile(t *testing.T, e *env, fork bool) {
 		{"see the cowfs root", fmt.Sprintf("ls %s 2>/dev/null | grep -q . && echo ESCAPED; true", e.fs.Root())},
 		{"read the cgroup file system", "ls /sys/fs/cgroup 2>/dev/null | grep -q . && echo ESCAPED; true"},
 		{"change the host name", "hostname tine-renamed 2>/dev/null; true"},
+		{"hold the host's FUSE device", "ls -l /proc/$$/fd/ /proc/1/fd/ | grep /dev/fuse && echo ESCAPED; true"},
 	}
 	for _, c := range cases {
 		out, _ := e.sh("h", c.script)

@@ -58,7 +58,10 @@ func Init() {
 	switch os.Getenv(initEnv) {
 	case modeInit:
 		runtime.LockOSThread() // namespaces and exec belong to this thread
-		err := runInit()
+		err := closeInherited()
+		if err == nil {
+			err = runInit()
+		}
 		fmt.Fprintf(os.Stderr, "sandbox init: %v\n", err)
 		os.Exit(125)
 	case modeBind:
@@ -66,6 +69,16 @@ func Init() {
 		runBind()
 		os.Exit(0)
 	}
+}
+
+// closeInherited marks every descriptor above the agent's socket (fd 4)
+// close-on-exec: the host program may hold some without that flag (a
+// FUSE device, pipes), and none may reach the sandbox's processes.
+func closeInherited() error {
+	if err := unix.CloseRange(5, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)
+	}
+	return nil
 }
 
 // readMessage reads one message of at most maxMessage bytes from the
