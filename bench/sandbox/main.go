@@ -602,7 +602,7 @@ func (b *bench) breakdown(ctx context.Context, rep *report) error {
 		return err
 	}
 	defer w.Close()
-	var imp, br, mnt, cold, coldAgent, warm, warmAgent, ex, meta, cp, frz []time.Duration
+	var imp, br, mnt, cold, coldAgent, warm, warmAgent, wfork, wforkAgent, ex, meta, cp, frz []time.Duration
 	since := func(s *[]time.Duration, t time.Time) { *s = append(*s, time.Since(t)) }
 	for i := 0; i < reps; i++ {
 		t := time.Now()
@@ -675,6 +675,25 @@ func (b *bench) breakdown(ctx context.Context, rep *report) error {
 		since(&frz, t)
 		c.Close()
 		in.Stop(ctx)
+		// warm fork: bind with the root rebuilt over a copy of a layer
+		if err := rt.WaitWarm(ctx, 1); err != nil {
+			return err
+		}
+		time.Sleep(60 * time.Millisecond)
+		fspec := spec
+		fspec.Dir, fspec.ID, fspec.Seed = spec.Dir+"f", spec.ID+"f", strings.TrimSuffix(spec.Dir, ".w")+".copy"
+		t = time.Now()
+		in, err = rt.Start(ctx, fspec)
+		if err != nil {
+			return err
+		}
+		since(&wfork, t)
+		if c, err = client.Dial(ctx, in.AgentSocket()); err != nil {
+			return err
+		}
+		since(&wforkAgent, t)
+		c.Close()
+		in.Stop(ctx)
 		m.Unmount()
 		b.fs.DeleteBranch(ctx, n)
 		t = time.Now()
@@ -690,9 +709,11 @@ func (b *bench) breakdown(ctx context.Context, rep *report) error {
 	rep.add(sec, "ns cold", "... + agent answered its handshake (root built, agent up)", coldAgent, "")
 	rep.add(sec, "ns warm", "Start: bind a warm instance (rename, cgroup rename, project)", warm, "")
 	rep.add(sec, "ns warm", "... + agent answered its handshake", warmAgent, "")
+	rep.add(sec, "ns warm fork", "Start with a seed: layer copied, root rebuilt over it, pivot", wfork, "")
+	rep.add(sec, "ns warm fork", "... + agent answered its handshake", wforkAgent, "")
 	rep.add(sec, "agent", "Exec true round trip", ex, "")
 	rep.add(sec, "metadata", "JSON write: temp file, fsync, rename, dir fsync", meta, "")
-	rep.add(sec, "fork", "cp -a --reflink=auto of an upper layer (empty)", cp, "")
+	rep.add(sec, "fork", "copy of an upper layer (empty; in process, reflinks)", cp, "")
 	rep.add(sec, "fork", "freeze + thaw of a sandbox's cgroup", frz, "")
 	return nil
 }
