@@ -55,6 +55,9 @@ type warmPool struct {
 // small host.
 const refillDelay = 50 * time.Millisecond
 
+// refillMax bounds that wait when sandboxes keep being taken.
+const refillMax = 250 * time.Millisecond
+
 // Warm keeps o.N sandboxes started ahead of time in directories under
 // o.Dir, which must be on the same file system as the state directories
 // of the sandboxes they become. Closing the result ends those not taken.
@@ -154,12 +157,16 @@ func (p *warmPool) fill() {
 		// Wait until no sandbox was taken for refillDelay: a fork into
 		// many takes several at once, and their first commands should
 		// not compete with the program starts of their replacements.
+		// Under a steady stream of takes, start one after refillMax anyway.
+		limit := time.After(refillMax)
 		for quiet := false; !quiet; {
 			select {
 			case <-p.stop:
 				return
 			case <-p.wake:
 			case <-time.After(refillDelay):
+				quiet = true
+			case <-limit:
 				quiet = true
 			}
 		}
