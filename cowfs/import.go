@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -32,6 +33,7 @@ func (f *FS) Import(ctx context.Context, dir, name string) (SnapshotID, error) {
 		}
 	}
 	im := &importer{f: f, ctx: ctx, links: map[[2]uint64]*linkGroup{}}
+	im.reuse = f.loadImportReuse(dir, time.Now())
 	top, err := im.walk(unix.AT_FDCWD, dir, dir)
 	if err != nil {
 		return SnapshotID{}, err
@@ -59,6 +61,7 @@ func (f *FS) Import(ctx context.Context, dir, name string) (SnapshotID, error) {
 			return id, err
 		}
 	}
+	im.reuse.save()
 	return id, nil
 }
 
@@ -74,6 +77,7 @@ type importer struct {
 	f     *FS
 	ctx   context.Context
 	links map[[2]uint64]*linkGroup
+	reuse *importReuse // the previous import of the same directory
 }
 
 func randomLinkID() uint64 {
@@ -100,6 +104,9 @@ var importHook func(path string)
 func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 	if err := im.ctx.Err(); err != nil {
 		return nil, err
+	}
+	if n := im.reused(dirfd, name, path); n != nil {
+		return n, nil // unchanged since the last import: not opened
 	}
 	pfd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -183,6 +190,8 @@ func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 		}
 		if g := im.links[n.devino]; g != nil {
 			g.content, g.size, g.xattrs = n.e.ID, n.e.Size, n.e.Xattrs
+		} else {
+			im.reuse.note(path, &st, &n.e, true)
 		}
 	case unix.S_IFLNK:
 		n.e.Type = TypeSymlink

@@ -17,12 +17,19 @@ import (
 
 // openIn opens name inside the agent's root: absolute and relative paths,
 // "..", and symlinks all resolve as if the root were "/" (RESOLVE_IN_ROOT),
-// and /proc magic links are refused.
+// and /proc magic links are refused. The root is opened again each time:
+// the directory a path names can become another one under a running agent
+// (a sandbox's root is replaced when it becomes a fork).
 func (a *Agent) openIn(name string, flags int) (int, error) {
 	if flags&unix.O_PATH == 0 {
 		flags |= unix.O_NOCTTY // openat2 refuses it with O_PATH
 	}
-	fd, err := unix.Openat2(a.rootFD, name, &unix.OpenHow{
+	root, err := unix.Open(a.cfg.Root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open root %s: %w", a.cfg.Root, err)
+	}
+	defer unix.Close(root)
+	fd, err := unix.Openat2(root, name, &unix.OpenHow{
 		Flags:   uint64(flags | unix.O_CLOEXEC),
 		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
 	})

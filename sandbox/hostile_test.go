@@ -98,18 +98,37 @@ func (e *env) runAs(name string, uid uint32, argv ...string) string {
 // started cold and in one bound to a warm instance. Each case is a shell
 // script that prints "ESCAPED" only if the attempt succeeded.
 func TestHostile(t *testing.T) {
-	t.Run("cold", func(t *testing.T) { testHostile(t, newEnv(t, 0)) })
+	t.Run("cold", func(t *testing.T) { testHostile(t, newEnv(t, 0), false) })
 	t.Run("warm", func(t *testing.T) {
 		e := newEnvWith(t, sandbox.Options{Warm: 1})
-		testHostile(t, e)
+		testHostile(t, e, false)
 		if e.rt.WarmBound() != 1 {
 			t.Fatal("the sandbox did not take the warm instance")
 		}
 	})
+	// A warm fork of a sandbox that filled its OS layer with symlinks to
+	// host paths: the fork's root is built over that layer.
+	t.Run("warm fork", func(t *testing.T) {
+		e := newEnvWith(t, sandbox.Options{Warm: 2})
+		testHostile(t, e, true)
+		if e.rt.WarmBound() != 2 {
+			t.Fatalf("%d warm instances bound, want 2 (parent and fork)", e.rt.WarmBound())
+		}
+	})
 }
 
-func testHostile(t *testing.T, e *env) {
-	e.create("h", sandbox.Limits{Pids: 64})
+func testHostile(t *testing.T, e *env, fork bool) {
+	if fork {
+		e.create("hp", sandbox.Limits{Pids: 64})
+		e.mustSh("hp", "ln -s / /etc/host-root; ln -s /proc/1/root /root/pid1root; mkdir -p /run/x; ln -sf / /tmp/up; "+
+			"rm -rf /mnt; ln -s / /mnt; ln -s /run/tine /var/agent-dir; true")
+		e.waitWarm(1)
+		if _, err := e.m.Fork(context.Background(), "hp", sandbox.ForkOptions{N: 1, Names: []string{"h"}}); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		e.create("h", sandbox.Limits{Pids: 64})
+	}
 	a := &attempts{t: t}
 	defer a.log()
 	marker := fmt.Sprintf("/tmp/tine-hostile-%d", os.Getpid())
@@ -139,6 +158,7 @@ func testHostile(t *testing.T, e *env) {
 		{"see the cowfs root", fmt.Sprintf("ls %s 2>/dev/null | grep -q . && echo ESCAPED; true", e.fs.Root())},
 		{"read the cgroup file system", "ls /sys/fs/cgroup 2>/dev/null | grep -q . && echo ESCAPED; true"},
 		{"change the host name", "hostname tine-renamed 2>/dev/null; true"},
+		{"hold the host's FUSE device", "ls -l /proc/$$/fd/ /proc/1/fd/ | grep /dev/fuse && echo ESCAPED; true"},
 	}
 	for _, c := range cases {
 		out, _ := e.sh("h", c.script)

@@ -288,7 +288,17 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		return fail(err)
 	}
 	info.State = Running
-	if err := m.save(info); err != nil {
+	// The agent's connection is made while the metadata is written, so
+	// that the first command finds it; a failure here shows at that
+	// command.
+	dialed := make(chan struct{})
+	go func() {
+		defer close(dialed)
+		m.Agent(ctx, name)
+	}()
+	err = m.save(info)
+	<-dialed
+	if err != nil {
 		return fail(err)
 	}
 	m.startServices(ctx, info, l)
@@ -574,8 +584,8 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 }
 
 // forkParallel is how many forks are made at once: each mostly waits on
-// the disk (fsync) and on the kernel.
-const forkParallel = 8
+// the disk (fsync), on the kernel and on a warm sandbox's bind step.
+const forkParallel = 16
 
 // Rollback returns the sandbox to snapshot id (its id or its label),
 // which must be one of its own: the project and OS layer become the snapshot's and its processes

@@ -202,13 +202,29 @@ func TestCreateExecIsolateDiffRemove(t *testing.T) {
 // as they were at the fork, in the project and in the OS layer, and then
 // change independently of it and of each other.
 func TestForkDiverges(t *testing.T) {
-	e := newEnv(t, 2)
+	forkDiverges(t, newEnv(t, 2), false)
+}
+
+// TestForkDivergesWarm is TestForkDiverges with the forks made from warm
+// sandboxes, whose root is rebuilt over the snapshot's layer.
+func TestForkDivergesWarm(t *testing.T) {
+	forkDiverges(t, newEnvWith(t, sandbox.Options{Warm: 3}), true)
+}
+
+func forkDiverges(t *testing.T, e *env, warm bool) {
 	ctx := context.Background()
 	e.create("p", sandbox.Limits{})
 	e.mustSh("p", fmt.Sprintf("echo parent > %s/state.txt; echo parent > /etc/tine-fork-state; sleep 1000 & true", e.project))
+	if warm {
+		e.waitWarm(3)
+	}
+	bound := e.rt.WarmBound()
 	kids, err := e.m.Fork(ctx, "p", sandbox.ForkOptions{N: 3})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if warm && e.rt.WarmBound() != bound+3 {
+		t.Fatalf("%d of 3 forks took a warm sandbox", e.rt.WarmBound()-bound)
 	}
 	e.mustSh("p", fmt.Sprintf("echo later > %s/state.txt; echo later > /etc/tine-fork-state", e.project))
 	for i, k := range kids {

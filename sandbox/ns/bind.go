@@ -12,6 +12,10 @@ import (
 // bindConfig is what a warm instance's bind step receives on fd 3, with
 // the project as a detached mount (open_tree) in the same message.
 type bindConfig struct {
+	// Fork: a second descriptor, the sandbox's state directory, comes
+	// with the project, and the root is built anew over its forkUpper
+	// layer before the project is mounted (see forkRoot).
+	Fork        bool `json:",omitempty"`
 	ProjectPath string
 	Hide        []string
 	Hostname    string
@@ -19,16 +23,17 @@ type bindConfig struct {
 
 // startBind runs the bind step: this program again, in the sandbox's
 // namespaces and root, with every capability and no seccomp filter,
-// holding the control socket (fd 3). It waits there for its one message,
+// holding the control socket (fd 3) and the host root (fd 4, which it
+// uses only to build a fork's root). It waits there for its one message,
 // does what it says and exits; the host waits for it to be gone before
 // the sandbox runs anything, so no process of the sandbox ever shares it
 // with a privileged one.
-func startBind() error {
+func startBind(hostRoot int) error {
 	// /proc/self/exe still names this program although its file system is
 	// no longer reachable from the new root.
 	_, err := syscall.ForkExec("/proc/self/exe", []string{"tine-sandbox-bind"}, &syscall.ProcAttr{
 		Env:   []string{initEnv + "=" + modeBind},
-		Files: []uintptr{0, 1, 2, 3},
+		Files: []uintptr{0, 1, 2, 3, uintptr(hostRoot)},
 	})
 	if err != nil {
 		return fmt.Errorf("start the bind step: %w", err)
@@ -68,9 +73,15 @@ func bind(b []byte, fds []int) error {
 	if err := json.Unmarshal(b, &c); err != nil {
 		return err
 	}
-	if len(fds) != 1 {
-		return fmt.Errorf("want one project mount, got %d descriptors", len(fds))
+	if want := map[bool]int{false: 1, true: 2}[c.Fork]; len(fds) != want {
+		return fmt.Errorf("want %d descriptors, got %d", want, len(fds))
 	}
+	if c.Fork {
+		if err := forkRoot(fds[1]); err != nil {
+			return err
+		}
+	}
+	unix.Close(hostRootFD)
 	rfd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -98,3 +109,29 @@ func bind(b []byte, fds []int) error {
 
 // bindReady is the bind step's first message.
 const bindReady = "ready"
+
+// hostRootFD is the bind step's descriptor of the host root.
+const hostRootFD = 4
+
+// forkRoot builds the root of a fork in place of the warm one: an overlay
+// of the host root under the fork's own layer (a copy of the snapshot's,
+// forkUpper in the state directory open as stateFD), with /proc, /dev and
+// the rest, and pivots to it. pivot_root moves every process whose root
+// was the old one, the agent among them; the old root, whose layer no one
+// wrote, is detached.
+func forkRoot(stateFD int) error {
+	nr := "/run/.tine-fork-root" // on the warm root's /run tmpfs
+	if err := unix.Mkdir(nr, 0o700); err != nil {
+		return fmt.Errorf("fork root: %w", err)
+	}
+	state := fmt.Sprintf("/proc/self/fd/%d/", stateFD)
+	return buildRoot(&initConfig{
+		Warm:   true,
+		Root:   nr,
+		Lower:  fmt.Sprintf("/proc/self/fd/%d", hostRootFD),
+		Upper:  state + forkUpper,
+		Work:   state + forkWork,
+		RunDir: agentDir,
+		Agent:  agentBin,
+	})
+}

@@ -39,6 +39,7 @@ type initConfig struct {
 	// executes the agent.
 	Warm          bool     `json:",omitempty"`
 	Root          string   // host path the overlay is mounted at
+	Lower         string   `json:",omitempty"` // the overlay's lower layer: "/" when empty
 	Upper, Work   string   // the sandbox's overlay layer
 	ProjectPath   string   // path of the project inside the sandbox
 	ProjectSource string   // host directory serving it (a cowfs mount)
@@ -57,7 +58,10 @@ func Init() {
 	switch os.Getenv(initEnv) {
 	case modeInit:
 		runtime.LockOSThread() // namespaces and exec belong to this thread
-		err := runInit()
+		err := closeInherited()
+		if err == nil {
+			err = runInit()
+		}
 		fmt.Fprintf(os.Stderr, "sandbox init: %v\n", err)
 		os.Exit(125)
 	case modeBind:
@@ -65,6 +69,16 @@ func Init() {
 		runBind()
 		os.Exit(0)
 	}
+}
+
+// closeInherited marks every descriptor above the agent's socket (fd 4)
+// close-on-exec: the host program may hold some without that flag (a
+// FUSE device, pipes), and none may reach the sandbox's processes.
+func closeInherited() error {
+	if err := unix.CloseRange(5, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return fmt.Errorf("mark inherited descriptors close-on-exec: %w", err)
+	}
+	return nil
 }
 
 // readMessage reads one message of at most maxMessage bytes from the
@@ -112,6 +126,15 @@ func runInit() error {
 	if err != nil {
 		return fmt.Errorf("read config from fd 3: %w", err)
 	}
+	hostRoot := -1
+	if c.Warm {
+		// A detached copy of the root mount (overlayfs takes layers from
+		// this namespace or from such a copy), kept for the bind step,
+		// which builds a fork's root over it.
+		if hostRoot, err = unix.OpenTree(unix.AT_FDCWD, "/", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC); err != nil {
+			return fmt.Errorf("open the host root: %w", err)
+		}
+	}
 	if err := buildRoot(&c); err != nil {
 		return err
 	}
@@ -131,9 +154,10 @@ func runInit() error {
 	if c.Warm {
 		// The bind step keeps every capability and no filter, and exits
 		// before the sandbox runs anything but the agent (see bind.go).
-		if err := startBind(); err != nil {
+		if err := startBind(hostRoot); err != nil {
 			return err
 		}
+		unix.Close(hostRoot)
 	}
 	unix.Close(3)
 	if err := dropCapabilities(); err != nil {
@@ -252,7 +276,11 @@ func buildRoot(c *initConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	opts := "lowerdir=/,upperdir=" + c.Upper + ",workdir=" + c.Work
+	lower := c.Lower
+	if lower == "" {
+		lower = "/"
+	}
+	opts := "lowerdir=" + lower + ",upperdir=" + c.Upper + ",workdir=" + c.Work
 	if err := unix.Mount("overlay", c.Root, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mount the root overlay at %s (%s): %w", c.Root, opts, err)
 	}

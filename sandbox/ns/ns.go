@@ -55,6 +55,11 @@ const (
 	workDir  = "work"  // overlayfs's scratch directory
 	rootDir  = "root"  // the overlay's mount point (in the sandbox's mount namespace only)
 	runDir   = "run"   // bound at /run/tine: the agent's socket
+
+	// A warm instance becoming a fork gets its layer here (a copy of the
+	// snapshot's) and renames it to upperDir once its root is rebuilt.
+	forkUpper = "upper.fork"
+	forkWork  = "work.fork"
 )
 
 // makeStateDirs makes a sandbox's state directories under dir. The upper
@@ -209,12 +214,24 @@ type instance struct {
 	cg   *cgroup.Group
 	cmd  *exec.Cmd
 	done chan struct{}
-	log  tail
-	once sync.Once
-	err  error
+	// bound, for a bound warm instance, is closed once its bind step is
+	// gone (or the sandbox was killed because it did not go).
+	bound chan struct{}
+	log   tail
+	once  sync.Once
+	err   error
 }
 
-func (in *instance) AgentSocket() string              { return in.sock }
+// AgentSocket returns the agent's socket path; for a sandbox bound to a
+// warm instance, only once its bind step is gone (see bind), so that no
+// one reaches the sandbox while a privileged process is in it.
+func (in *instance) AgentSocket() string {
+	if in.bound != nil {
+		<-in.bound
+	}
+	return in.sock
+}
+
 func (in *instance) Done() <-chan struct{}            { return in.done }
 func (in *instance) Freeze(ctx context.Context) error { return in.cg.Freeze(ctx) }
 func (in *instance) Thaw(ctx context.Context) error   { return in.cg.Thaw(ctx) }
@@ -253,11 +270,7 @@ func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
 	if err := os.MkdirAll(to, 0o700); err != nil {
 		return fmt.Errorf("copy sandbox state to %s: %w", to, err)
 	}
-	cmd := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", filepath.Join(from, upperDir), filepath.Join(to, upperDir))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("copy sandbox layer %s to %s: %w: %s", from, to, err, out)
-	}
-	return nil
+	return copyLayer(ctx, filepath.Join(from, upperDir), filepath.Join(to, upperDir))
 }
 
 // tail keeps the last 4 KiB written to it: the init step's and the

@@ -25,12 +25,14 @@ import (
 // namespaces, an overlay root with an empty upper layer, /proc, /dev and
 // the rest are built, its agent runs and has answered a handshake, and a
 // privileged bind step waits in it for the project. Start binds one to a
-// sandbox whose state directory does not exist yet and has no Seed: the
-// state directory with its empty upper layer (renamed into place),
-// the cgroups (renamed to Spec.ID), and through the bind step the project
-// (a detached clone of ProjectSource), the hidden paths and the host
-// name. An instance is bound once and never returns to the pool: no state
-// passes from one sandbox to another. See docs/adr/0092.
+// sandbox whose state directory does not exist yet: the state directory
+// with its empty upper layer (renamed into place), the cgroups (renamed
+// to Spec.ID), and through the bind step the project (a detached clone of
+// ProjectSource), the hidden paths and the host name. With a Seed (a
+// fork) the bind step first builds a new root over a copy of the seed's
+// layer and pivots to it. An instance is bound once and never returns to
+// the pool: no state passes from one sandbox to another. See
+// docs/adr/0092 and 0093.
 
 // warmPool keeps warm instances under one directory.
 type warmPool struct {
@@ -47,11 +49,14 @@ type warmPool struct {
 	bound   int
 }
 
-// refillDelay is how long the pool waits after a take before it starts
-// a replacement while it still has instances: starting one costs two
-// program starts, which would compete with the sandbox just bound for the
-// two cores of a small host.
+// refillDelay is how long the pool waits after the last take before it
+// starts a replacement: starting one costs three program starts, which
+// would compete with the sandboxes just bound for the two cores of a
+// small host.
 const refillDelay = 50 * time.Millisecond
+
+// refillMax bounds that wait when sandboxes keep being taken.
+const refillMax = 250 * time.Millisecond
 
 // Warm keeps o.N sandboxes started ahead of time in directories under
 // o.Dir, which must be on the same file system as the state directories
@@ -149,11 +154,20 @@ func (p *warmPool) fill() {
 			return
 		case <-p.wake:
 		}
-		if len(p.ready) > 0 {
+		// Wait until no sandbox was taken for refillDelay: a fork into
+		// many takes several at once, and their first commands should
+		// not compete with the program starts of their replacements.
+		// Under a steady stream of takes, start one after refillMax anyway.
+		limit := time.After(refillMax)
+		for quiet := false; !quiet; {
 			select {
 			case <-p.stop:
 				return
+			case <-p.wake:
 			case <-time.After(refillDelay):
+				quiet = true
+			case <-limit:
+				quiet = true
 			}
 		}
 	}
@@ -245,10 +259,7 @@ func (in *instance) discard() error {
 // is ready.
 func (r *Runtime) startWarm(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
 	p := r.pool()
-	if p == nil || spec.Seed != "" {
-		// A seed cannot go into a layer that is already mounted: overlayfs
-		// caches what it looked up (the agent reads /etc/passwd), so the
-		// copy could be half seen. Forks start cold (docs/adr/0092).
+	if p == nil {
 		return nil, nil
 	}
 	in := p.take()
@@ -273,6 +284,18 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		return fmt.Errorf("move the warm sandbox's state: %w", err)
 	}
 	in.dir, in.sock = spec.Dir, filepath.Join(spec.Dir, runDir, agentSocket)
+	fork := spec.Seed != ""
+	if fork {
+		// A seed cannot go into the layer already mounted (overlayfs
+		// caches what it looked up): the bind step builds a new root over
+		// a copy of it (docs/adr/0093).
+		if err := copyLayer(ctx, filepath.Join(spec.Seed, upperDir), filepath.Join(spec.Dir, forkUpper)); err != nil {
+			return err
+		}
+		if err := os.Mkdir(filepath.Join(spec.Dir, forkWork), 0o700); err != nil {
+			return err
+		}
+	}
 	if err := in.cg.Rename(spec.ID); err != nil {
 		return err
 	}
@@ -286,12 +309,26 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	if err != nil {
 		return fmt.Errorf("clone the project mount %s: %w", spec.ProjectSource, err)
 	}
-	b, err := json.Marshal(bindConfig{ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname})
+	fds := []int{fd}
+	defer func() {
+		for _, f := range fds {
+			unix.Close(f)
+		}
+	}()
+	if fork {
+		// A detached mount rooted at the state directory: overlayfs takes
+		// layers from the caller's namespace or from such a copy.
+		sfd, err := unix.OpenTree(unix.AT_FDCWD, spec.Dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return fmt.Errorf("open the sandbox's state %s: %w", spec.Dir, err)
+		}
+		fds = append(fds, sfd)
+	}
+	b, err := json.Marshal(bindConfig{Fork: fork, ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname})
 	if err == nil && len(b) > maxMessage {
 		err = fmt.Errorf("bind message of %d bytes, more than %d", len(b), maxMessage)
 	}
 	if err != nil {
-		unix.Close(fd)
 		return err
 	}
 	deadline, ok := ctx.Deadline()
@@ -299,8 +336,7 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		deadline = time.Now().Add(warmTimeout)
 	}
 	in.ctl.SetDeadline(deadline)
-	_, _, err = in.ctl.WriteMsgUnix(b, unix.UnixRights(fd), nil)
-	unix.Close(fd)
+	_, _, err = in.ctl.WriteMsgUnix(b, unix.UnixRights(fds...), nil)
 	if err != nil {
 		return fmt.Errorf("send the bind message: %w", err)
 	}
@@ -312,13 +348,45 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	if string(buf[:n]) != "ok" {
 		return errors.New(string(buf[:n]))
 	}
-	// The bind step closes its end as it exits: wait for that, so that it
-	// is gone before anything runs in the sandbox.
-	if n, err := in.ctl.Read(buf); n != 0 || (err != nil && !errors.Is(err, io.EOF)) {
-		return fmt.Errorf("bind step did not exit: %d bytes, %v", n, err)
+	if fork {
+		if err := swapForkLayer(spec.Dir); err != nil {
+			return err
+		}
 	}
-	in.ctl.Close()
+	// The bind step closes its end as it exits, which takes a Go
+	// program a few milliseconds: the host's metadata write goes on
+	// meanwhile, and AgentSocket waits for the end, so that it is gone
+	// before anything runs in the sandbox. One that does not end is
+	// killed with the sandbox.
+	ctl := in.ctl
 	in.ctl = nil
+	in.bound = make(chan struct{})
+	go func() {
+		defer close(in.bound)
+		defer ctl.Close()
+		ctl.SetDeadline(time.Now().Add(warmTimeout))
+		if n, err := ctl.Read(buf); n != 0 || (err != nil && !errors.Is(err, io.EOF)) {
+			in.log.Write(fmt.Appendf(nil, "bind step did not exit: %d bytes, %v\n", n, err))
+			in.kill()
+		}
+	}()
+	return nil
+}
+
+// swapForkLayer gives a bound fork's layer the usual names (the overlay
+// holds its layers by dentry, so renames do not disturb it) and removes
+// the warm root's layer, detached and never written by the sandbox.
+func swapForkLayer(dir string) error {
+	for _, n := range [][2]string{{upperDir, forkUpper}, {workDir, forkWork}} {
+		old := filepath.Join(dir, n[0]+".warm")
+		if err := os.Rename(filepath.Join(dir, n[0]), old); err != nil {
+			return fmt.Errorf("fork layer: %w", err)
+		}
+		if err := os.Rename(filepath.Join(dir, n[1]), filepath.Join(dir, n[0])); err != nil {
+			return fmt.Errorf("fork layer: %w", err)
+		}
+		os.RemoveAll(old)
+	}
 	return nil
 }
 

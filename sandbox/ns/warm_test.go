@@ -1,6 +1,7 @@
 package ns
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -76,7 +77,9 @@ func TestWarmBind(t *testing.T) {
 	if err != nil || strings.TrimSpace(string(b)) != "77" {
 		t.Errorf("pids.max of the renamed group: %q, %v", b, err)
 	}
-	// A seeded start does not take a warm instance: it starts cold.
+	// A seeded start (a fork) takes a warm instance too: its root is
+	// rebuilt over a copy of the seed's layer, with the same project,
+	// hidden paths and host name rules, and the bind step gone.
 	if err := rt.WaitWarm(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -84,20 +87,48 @@ func TestWarmBind(t *testing.T) {
 	os.MkdirAll(filepath.Join(seed, upperDir, "etc"), 0o755)
 	os.WriteFile(filepath.Join(seed, upperDir, "etc", "warm-seeded"), []byte("S"), 0o644)
 	in2, err := rt.Start(ctx, sandbox.Spec{ID: "nswarm2", Hostname: "h2", Dir: filepath.Join(dir, "rt2"),
-		ProjectPath: "/srv/proj-nswarm", ProjectSource: proj, Seed: seed})
+		ProjectPath: "/srv/proj-nswarm", ProjectSource: proj, Hide: []string{hidden}, Seed: seed})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer in2.Stop(context.Background())
-	if rt.WarmBound() != 1 {
-		t.Errorf("%d warm instances bound, want 1: a seeded start must not take one", rt.WarmBound())
+	if rt.WarmBound() != 2 {
+		t.Errorf("%d warm instances bound, want 2: a seeded start takes one too", rt.WarmBound())
 	}
 	c2, err := client.Dial(ctx, in2.AgentSocket())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	if out, code := run(t, c2, "cat", "/etc/warm-seeded"); code != 0 || out != "S" {
-		t.Errorf("seeded start: %q, exit %d", out, code)
+	out, code = run(t, c2, "sh", "-c", "cat /etc/warm-seeded; echo; cat /srv/proj-nswarm/a; echo; hostname; ls "+hidden+
+		" 2>&1 | wc -l; ps -e -o pid=,comm= | wc -l; echo F > /etc/fork-wrote; grep -h CapEff /proc/[0-9]*/status | sort -u")
+	lines = strings.Split(strings.TrimSpace(out), "\n")
+	if code != 0 || len(lines) < 6 || lines[0] != "S" || lines[1] != "A" || lines[2] != "h2" || strings.TrimSpace(lines[3]) != "0" {
+		t.Fatalf("inside the warm fork: exit %d: %q", code, out)
+	}
+	if n := strings.TrimSpace(lines[4]); n != "4" {
+		t.Errorf("%s processes in the warm fork, want 4 (the bind step must be gone): %q", n, out)
+	}
+	for _, l := range lines[5:] {
+		if !strings.HasPrefix(l, "CapEff:") || strings.HasSuffix(l, "1ffffffffff") || strings.HasSuffix(l, "3ffffffffff") {
+			t.Errorf("a process with every capability in the warm fork: %q", l)
+		}
+	}
+	// The fork's writes land in its own layer, under the usual name; the
+	// seed is untouched; the agent's file transfers see the new root.
+	if b, err := os.ReadFile(filepath.Join(dir, "rt2", upperDir, "etc", "fork-wrote")); err != nil || string(b) != "F\n" {
+		t.Errorf("the fork's write in its layer: %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(seed, upperDir, "etc", "fork-wrote")); err == nil {
+		t.Error("the fork wrote into the seed's layer")
+	}
+	for _, n := range []string{forkUpper, forkWork, upperDir + ".warm", workDir + ".warm"} {
+		if _, err := os.Lstat(filepath.Join(dir, "rt2", n)); err == nil {
+			t.Errorf("%s left in the fork's state", n)
+		}
+	}
+	var got bytes.Buffer
+	if _, err := c2.GetFile(ctx, "/etc/warm-seeded", &got); err != nil || got.String() != "S" {
+		t.Errorf("GetFile in the warm fork: %q, %v", got.String(), err)
 	}
 }

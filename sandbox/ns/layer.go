@@ -1,0 +1,185 @@
+package ns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// copyLayer copies an upper layer directory to the new path to, keeping
+// owners, modes, times, every extended attribute (overlayfs's own among
+// them), whiteouts (0/0 character devices), other devices, fifos,
+// symlinks and hard links, with reflinks where the file system has them.
+// It copies in this process (a program start costs more than a small
+// layer's copy); a layer it does not copy that way (deeper than
+// maxLayerDepth, or a call that fails) is copied again by cp -a.
+func copyLayer(ctx context.Context, from, to string) error {
+	c := layerCopy{ctx: ctx, links: map[[2]uint64]string{}}
+	err := c.copy(from, to, 0)
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		os.RemoveAll(to)
+		return fmt.Errorf("copy sandbox layer %s to %s: %w", from, to, ctx.Err())
+	}
+	if err := os.RemoveAll(to); err != nil {
+		return fmt.Errorf("copy sandbox layer %s to %s: clear a partial copy: %w", from, to, err)
+	}
+	cmd := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", from, to)
+	if out, cerr := cmd.CombinedOutput(); cerr != nil {
+		return fmt.Errorf("copy sandbox layer %s to %s: %w: %s (first try: %v)", from, to, cerr, out, err)
+	}
+	return nil
+}
+
+// maxLayerDepth bounds the directory depth copyLayer walks itself.
+const maxLayerDepth = 128
+
+var errTooDeep = errors.New("layer deeper than the in-process copy goes")
+
+type layerCopy struct {
+	ctx   context.Context
+	links map[[2]uint64]string // device and inode of a hard-linked file: its first copy
+}
+
+// copy copies the entry from to the path to, which does not exist.
+func (c *layerCopy) copy(from, to string, depth int) error {
+	if err := c.ctx.Err(); err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(from, &st); err != nil {
+		return err
+	}
+	typ := st.Mode & unix.S_IFMT
+	if typ != unix.S_IFDIR && st.Nlink > 1 {
+		key := [2]uint64{st.Dev, st.Ino}
+		if first, ok := c.links[key]; ok {
+			return unix.Link(first, to)
+		}
+		c.links[key] = to
+	}
+	switch typ {
+	case unix.S_IFDIR:
+		if depth >= maxLayerDepth {
+			return errTooDeep
+		}
+		if err := unix.Mkdir(to, 0o700); err != nil {
+			return err
+		}
+		d, err := os.Open(from)
+		if err != nil {
+			return err
+		}
+		names, err := d.Readdirnames(-1)
+		d.Close()
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			if err := c.copy(filepath.Join(from, n), filepath.Join(to, n), depth+1); err != nil {
+				return err
+			}
+		}
+	case unix.S_IFREG:
+		if err := copyFile(from, to); err != nil {
+			return err
+		}
+	case unix.S_IFLNK:
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlink(from, buf)
+		if err != nil {
+			return err
+		}
+		if err := unix.Symlink(string(buf[:n]), to); err != nil {
+			return err
+		}
+	case unix.S_IFCHR, unix.S_IFBLK, unix.S_IFIFO, unix.S_IFSOCK:
+		if err := unix.Mknod(to, typ|0o600, int(st.Rdev)); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("%s: unknown file type %#o", from, typ)
+	}
+	return copyAttrs(from, to, &st)
+}
+
+// copyFile copies a regular file's bytes, by reflink when the file
+// system can.
+func copyFile(from, to string) error {
+	src, err := os.OpenFile(from, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	if unix.IoctlFileClone(int(dst.Fd()), int(src.Fd())) != nil {
+		if _, err := dst.ReadFrom(src); err != nil { // copy_file_range where it can
+			dst.Close()
+			return err
+		}
+	}
+	return dst.Close()
+}
+
+// copyAttrs gives to the owner, extended attributes, mode and times of
+// from (st), in that order: a chown clears setuid bits, and writing
+// attributes would change the times.
+func copyAttrs(from, to string, st *unix.Stat_t) error {
+	if err := unix.Lchown(to, int(st.Uid), int(st.Gid)); err != nil {
+		return err
+	}
+	if err := copyXattrs(from, to); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFLNK {
+		if err := unix.Chmod(to, st.Mode&07777); err != nil {
+			return err
+		}
+	}
+	ts := []unix.Timespec{st.Atim, st.Mtim}
+	return unix.UtimesNanoAt(unix.AT_FDCWD, to, ts, unix.AT_SYMLINK_NOFOLLOW)
+}
+
+// copyXattrs copies every extended attribute of from to to, neither
+// followed if a symlink.
+func copyXattrs(from, to string) error {
+	sz, err := unix.Llistxattr(from, nil)
+	if err != nil || sz == 0 {
+		if errors.Is(err, unix.ENOTSUP) {
+			err = nil
+		}
+		return err
+	}
+	buf := make([]byte, sz)
+	if sz, err = unix.Llistxattr(from, buf); err != nil {
+		return err
+	}
+	for _, name := range strings.Split(string(buf[:sz]), "\x00") {
+		if name == "" {
+			continue
+		}
+		vs, err := unix.Lgetxattr(from, name, nil)
+		if err != nil {
+			return err
+		}
+		v := make([]byte, vs)
+		if vs, err = unix.Lgetxattr(from, name, v); err != nil {
+			return err
+		}
+		if err := unix.Lsetxattr(to, name, v[:vs], 0); err != nil {
+			return fmt.Errorf("%s: set %s: %w", to, name, err)
+		}
+	}
+	return nil
+}
