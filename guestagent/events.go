@@ -158,7 +158,8 @@ func (t *tracker) scanLocked(emit bool) {
 		for _, p := range procs {
 			seen[p.PID] = true
 			old, ok := t.procs[p.PID]
-			if ok && old.Start.Equal(p.Start) {
+			if ok && sameStart(old.Start, p.Start) {
+				t.procs[p.PID] = p // the kernel's view, when started had to guess
 				continue
 			}
 			if ok && emit { // the pid was reused
@@ -218,4 +219,14 @@ func (t *tracker) publish(e proto.Event) {
 			s.mu.Unlock()
 		}
 	}
+}
+
+// sameStart reports whether two start times of one pid are the same
+// process's: the agent stamps a process it started with its own clock
+// when /proc cannot be read yet, so they may differ by the time a fork
+// and exec take, while a pid is reused only after the kernel has handed
+// out every other one.
+func sameStart(a, b time.Time) bool {
+	d := a.Sub(b)
+	return d < time.Second && d > -time.Second
 }
