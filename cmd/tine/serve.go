@@ -164,38 +164,18 @@ func staticCheck(p string) error {
 	return nil
 }
 
-// hostInfo says what this host can run, and why not.
+// hostInfo says what this host can run, and why not: the runtime probe
+// (ns.Probe), plus whether the guest agent the ns runtime runs is found.
 func hostInfo(root string) *api.Info {
 	info := &api.Info{Version: version, Root: root}
-	nsRoot := api.RuntimeInfo{Name: "ns", Mode: "root", Available: true}
-	var why []string
-	if os.Geteuid() != 0 {
-		why = append(why, "needs root (namespaces, cgroups and overlay mounts)")
-	}
-	if _, err := findAgent(); err != nil {
-		why = append(why, err.Error())
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		why = append(why, "no /dev/fuse (projects are FUSE mounts)")
-	}
-	if _, err := os.Stat("/sys/fs/cgroup/pids"); err != nil {
-		if _, err2 := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err2 != nil {
-			why = append(why, "no pids cgroup under /sys/fs/cgroup")
+	_, agentErr := findAgent()
+	for _, r := range ns.Probe() {
+		ri := api.RuntimeInfo{Name: r.Runtime, Mode: r.Mode, Available: r.OK, Reason: strings.Join(r.Why, "; ")}
+		if r.Runtime == "ns" && agentErr != nil {
+			ri.Available = false
+			ri.Reason = strings.TrimPrefix(ri.Reason+"; "+agentErr.Error(), "; ")
 		}
-	}
-	if len(why) > 0 {
-		nsRoot.Available, nsRoot.Reason = false, strings.Join(why, "; ")
-	}
-	vmInfo := api.RuntimeInfo{Name: "vm", Mode: "root", Available: false}
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		vmInfo.Reason = "no /dev/kvm on this host (no hardware virtualization exposed); besides, sandboxes in VMs are not built yet"
-	} else {
-		vmInfo.Reason = "sandboxes in VMs are not built yet (tine vm runs bare guests and Linux boots on their own)"
-	}
-	info.Runtimes = []api.RuntimeInfo{
-		nsRoot,
-		{Name: "ns", Mode: "rootless", Available: false, Reason: "rootless sandboxes are not built yet; run as root"},
-		vmInfo,
+		info.Runtimes = append(info.Runtimes, ri)
 	}
 	return info
 }

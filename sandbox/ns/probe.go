@@ -63,6 +63,8 @@ func probeAt(h hostPaths) []ProbeResult {
 	rootless.OK = false
 	rootless.Why = append(rootless.Why, "tine does not run namespace sandboxes without root yet")
 	vm := result("vm", "kvm", h.checkKVM())
+	vm.OK = false
+	vm.Why = append(vm.Why, "tine does not run sandboxes in VMs yet (tine vm runs bare guests and Linux boots on their own)")
 	return []ProbeResult{root, rootless, vm}
 }
 

@@ -34,6 +34,9 @@ func TestProbeHost(t *testing.T) {
 		t.Errorf("ns/rootless: %+v", rl)
 	}
 	vm := find(t, rs, "vm", "kvm")
+	if vm.OK || !strings.Contains(strings.Join(vm.Why, "\n"), "in VMs yet") {
+		t.Errorf("vm sandboxes are not built, yet the probe offers them: %+v", vm)
+	}
 	if _, err := os.Stat("/dev/kvm"); err != nil {
 		if vm.OK || !strings.Contains(strings.Join(vm.Why, "\n"), "/dev/kvm") {
 			t.Errorf("vm without /dev/kvm: %+v", vm)
