@@ -13,7 +13,8 @@ import (
 
 // TreeEdit sets one path of a snapshot to an entry (its Name is taken
 // from the path), or removes the path when Entry is nil. A directory
-// entry with a zero ID is an empty directory.
+// entry with a zero ID keeps the contents of the directory it replaces,
+// or is empty when there is none.
 type TreeEdit struct {
 	Path  string
 	Entry *Entry
@@ -132,6 +133,9 @@ func (f *FS) editDir(ctx context.Context, id chunkstore.ID, n *editNode, at stri
 			} else {
 				e := *k.e
 				e.Name = name
+				if old, had := byName[name]; had && old.Type == TypeDir && e.Type == TypeDir && e.ID.IsZero() {
+					e.ID = old.ID
+				}
 				byName[name] = e
 			}
 		}
