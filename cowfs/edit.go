@@ -61,7 +61,8 @@ type editNode struct {
 // EditSnapshot returns a new snapshot: snap with edits applied, kept in
 // the store like any snapshot (DeleteSnapshot drops it). Each directory on
 // the way to an edited path is rewritten once, whatever the number of
-// edits below it. An edit below a path that is not a directory fails.
+// edits below it. Removing a path below one that is removed is a no-op; any
+// other edit below a path that is not a directory fails.
 func (f *FS) EditSnapshot(ctx context.Context, snap SnapshotID, edits []TreeEdit) (SnapshotID, error) {
 	top, err := f.rootEntry(snap)
 	if err != nil {
@@ -148,6 +149,9 @@ func (f *FS) editDir(ctx context.Context, id chunkstore.ID, n *editNode, at stri
 			e.ID, e.Size = sub, 0
 			byName[name] = e
 		} else if len(k.kids) > 0 {
+			if !ok && onlyRemovals(k) {
+				continue // removals below a path that is gone already
+			}
 			if !ok {
 				return id, fmt.Errorf("edit snapshot: %q is not there to hold edits below it", p)
 			}
@@ -164,4 +168,14 @@ func (f *FS) editDir(ctx context.Context, id chunkstore.ID, n *editNode, at stri
 		return id, fmt.Errorf("edit snapshot: store directory %q: %w", at, err)
 	}
 	return nid, nil
+}
+
+// onlyRemovals reports whether every edit below n removes a path.
+func onlyRemovals(n *editNode) bool {
+	for _, k := range n.kids {
+		if k.set && k.e != nil || !onlyRemovals(k) {
+			return false
+		}
+	}
+	return true
 }

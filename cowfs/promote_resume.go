@@ -93,7 +93,8 @@ func (f *FS) PromoteResume(ctx context.Context, from, to SnapshotID, dir string,
 				// Made, but its mode and time may not be set yet.
 				s.Kind, s.Old = ModeChanged, c.New
 			} else {
-				s.skip = true
+				// Done: nothing to write, and no directory to check for it.
+				s.skip, s.Kind = true, ModeChanged
 			}
 		}
 		res.Modes[i] = s.mode

@@ -10,7 +10,7 @@ import (
 func TestMerge(t *testing.T) {
 	for _, tc := range []struct {
 		name, base, ours, theirs, want string
-		conflicts                     int
+		conflicts                      int
 	}{
 		{"both sides edit other lines", "a\nb\nc\nd\ne\n", "A\nb\nc\nd\ne\n", "a\nb\nc\nd\nE\n", "A\nb\nc\nd\nE\n", 0},
 		{"one side only", "a\nb\n", "a\nb\n", "a\nB\nc\n", "a\nB\nc\n", 0},
