@@ -10,6 +10,7 @@ import (
 
 	"tine/cowfs"
 	"tine/guestagent/proto"
+	"tine/merge"
 	"tine/sandbox"
 )
 
@@ -74,8 +75,8 @@ var goTypes = map[string]any{
 	"api.Info": Info{}, "api.RuntimeInfo": RuntimeInfo{}, "api.FSRequest": FSRequest{},
 	"api.FSResponse": FSResponse{},
 	"sandbox.Limits": sandbox.Limits{}, "sandbox.Staleness": sandbox.Staleness{},
-	"sandbox.SnapshotInfo": sandbox.SnapshotInfo{},
-	"cowfs.Conflict":       cowfs.Conflict{}, "cowfs.Refusal": cowfs.Refusal{},
+	"sandbox.SnapshotInfo": sandbox.SnapshotInfo{}, "sandbox.MergeConflict": sandbox.MergeConflict{}, "merge.Conflict": merge.Conflict{},
+	"cowfs.Conflict": cowfs.Conflict{}, "cowfs.Refusal": cowfs.Refusal{},
 	"proto.Started": proto.Started{}, "proto.Exit": proto.Exit{}, "proto.Resize": proto.Resize{},
 	"proto.Signal": proto.Signal{}, "proto.Process": proto.Process{}, "proto.Port": proto.Port{},
 	"proto.Event": proto.Event{},

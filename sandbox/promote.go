@@ -109,7 +109,6 @@ func (m *Manager) Promote(ctx context.Context, name string, o PromoteOptions) (*
 	}
 	res, merged, err := m.mergeInto(ctx, name, dir, base, ours, theirs, o)
 	if err != nil || merged == nil {
-		m.fs.DeleteSnapshot(ctx, ours)
 		return res, err
 	}
 	return res, m.applyMerged(ctx, info, res, &journal{Sandbox: name, Dir: dir, Ours: ours.String(), Merged: merged.String(),

@@ -61,15 +61,11 @@ func (m *Manager) readJournal(name string) (*journal, error) {
 	return &j, nil
 }
 
-// dropJournal removes a journal and the snapshots only it kept.
+// dropJournal removes a journal. The snapshots it names stay: being
+// content-addressed, the same id may be another sandbox's base.
 func (m *Manager) dropJournal(ctx context.Context, j *journal) {
 	os.Remove(m.journalPath(j.Sandbox))
 	syncDir(filepath.Dir(m.journalPath(j.Sandbox)))
-	for _, s := range []string{j.Ours, j.Merged} {
-		if id, err := m.fs.Resolve(ctx, s); err == nil {
-			m.fs.DeleteSnapshot(ctx, id)
-		}
-	}
 }
 
 func syncDir(dir string) error {
