@@ -564,4 +564,3 @@ func (a *app) stopCommand() *cobra.Command {
 		},
 	}
 }
-
