@@ -27,7 +27,7 @@ func TestMatch(t *testing.T) {
 		{"xgithub.com", 443, false},
 		{"api.github.com", 0, true},
 		{"example.com", 1, true},
-		{"10.1.2.3", 85, true},  // a name that is an address is checked as one
+		{"10.1.2.3", 85, true}, // a name that is an address is checked as one
 		{"10.1.2.3", 443, false},
 		{"", 80, false},
 		{"bad..name", 80, false},
