@@ -19,6 +19,7 @@ import (
 	"tine/cowfs"
 	"tine/guestagent/client"
 	"tine/guestagent/proto"
+	"tine/netpolicy"
 )
 
 // Options configures a Manager.
@@ -32,6 +33,8 @@ type Options struct {
 	// sandboxes started ahead of time (namespaces, root and agent), so that
 	// creating or forking one only binds it (docs/adr/0092).
 	Warm int
+	// Network configures the host side of sandboxes' networks.
+	Network NetworkOptions
 }
 
 // Manager owns the sandboxes under one state root: metadata in
@@ -49,6 +52,7 @@ type Manager struct {
 	mu   sync.Mutex
 	live map[string]*live
 	ext  extra // services, logs, snapshot labels, recovery
+	net  networks
 }
 
 // live is a running sandbox's host-side state.
@@ -78,6 +82,7 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 	}
 	sum := sha256.Sum256([]byte(root))
 	m := &Manager{root: root, fs: fs, rt: opts.Runtime, id: hex.EncodeToString(sum[:4]), live: map[string]*live{}}
+	m.net.opts = opts.Network
 	if opts.MountPool > 0 {
 		p, err := fs.NewMountPool(ctx, filepath.Join(root, "mounts"), opts.MountPool, nil)
 		if err != nil {
@@ -158,6 +163,9 @@ type CreateOptions struct {
 	// Services are shell commands (sh -c) started now and at every later
 	// start, fork and rollback.
 	Services []string
+	// Network is the sandbox's network policy (nil: mode none; a fork
+	// takes its parent's).
+	Network *netpolicy.Policy
 }
 
 // Create makes a sandbox and starts it. Its metadata is written once,
@@ -185,6 +193,9 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 	seed, err := m.prepare(ctx, info, o)
 	if err == nil {
 		err = m.inherit(info, o)
+	}
+	if err == nil {
+		err = m.initNetwork(o.Name, o.Network, forkedFrom)
 	}
 	if err == nil {
 		err = m.start(ctx, info, seed)
@@ -287,6 +298,9 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	if l.inst, err = m.rt.Start(ctx, spec); err != nil {
 		return fail(err)
 	}
+	if err = m.startNetwork(ctx, name, l.inst); err != nil {
+		return fail(err)
+	}
 	info.State = Running
 	// The agent's connection is made while the metadata is written, so
 	// that the first command finds it; a failure here shows at that
@@ -316,6 +330,7 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 		return nil
 	}
 	var errs []error
+	m.stopNetwork(name)
 	l.mu.Lock()
 	if l.agent != nil {
 		l.agent.Close()
