@@ -69,12 +69,16 @@ func table(w io.Writer, header string, rows func(tw io.Writer)) error {
 func (a *app) createCommand() *cobra.Command {
 	var req api.CreateRequest
 	var from, disk string
+	var sf specFlags
 	c := &cobra.Command{
 		Use:   "create",
 		Short: "create and start a sandbox from a directory (default: the current one) or a snapshot",
 		Args:  nArgs(),
 		RunE: func(c *cobra.Command, args []string) error {
 			ctx := c.Context()
+			if sf.file != "" || sf.devcontainer != "" {
+				return a.createFromSpec(c, sf, req.Name)
+			}
 			if from == "" {
 				from = "."
 			}
@@ -125,6 +129,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.StringArrayVar(&req.Env, "env", nil, "KEY=VALUE in the environment of its commands (repeatable)")
 	f.Int64Var(&req.Limits.Pids, "pids", 0, "most processes at once (0: no limit)")
 	f.StringVar(&disk, "disk", "", "most bytes written to the project, such as 512M or 1G (default: no limit)")
+	sf.flags(f)
 	return c
 }
 
