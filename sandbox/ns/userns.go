@@ -341,39 +341,51 @@ func (c *initConfig) takeFDs(fds []int) error {
 	return nil
 }
 
-// asSandboxRoot runs f on a thread whose file system ids are the
-// sandbox's root (host m.base) with every capability it had, and which
-// ends with f. overlayfs creates its files with its creator's ids, and
-// through the idmapped upper layer only the mapped ids can own a file:
-// the creator's must be the sandbox root's. The capabilities that a
-// change of file system ids clears are raised again, so that a copy-up
-// still keeps any owner and reads any file.
-func (m *idMap) asSandboxRoot(f func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		// The thread is never unlocked: it ends with this goroutine,
-		// its ids with it.
-		runtime.LockOSThread()
-		done <- func() error {
-			if err := unix.Setfsgid(int(m.base)); err != nil {
-				return err
-			}
-			if err := unix.Setfsuid(int(m.base)); err != nil {
-				return err
-			}
-			hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-			var data [2]unix.CapUserData
-			if err := unix.Capget(&hdr, &data[0]); err != nil {
-				return fmt.Errorf("capget: %w", err)
-			}
-			for i := range data {
-				data[i].Effective = data[i].Permitted
-			}
-			if err := unix.Capset(&hdr, &data[0]); err != nil {
-				return fmt.Errorf("capset: %w", err)
-			}
-			return f()
-		}()
+// asSandboxRoot runs f with this thread's file system ids set to the
+// sandbox's root (host m.base) and every capability it had. overlayfs
+// creates its files with its creator's ids, and through the idmapped
+// upper layer only the mapped ids can own a file: the creator's must be
+// the sandbox root's. The capabilities that a change of file system ids
+// clears are raised again, so that a copy-up still keeps any owner and
+// reads any file. The thread gets its ids and capabilities back after; it
+// is not ended (which would kill the sandboxes started from it: their
+// parent-death signal follows the thread), unless they cannot be put back.
+func (m *idMap) asSandboxRoot(f func() error) (err error) {
+	runtime.LockOSThread()
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var saved [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &saved[0]); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("capget: %w", err)
+	}
+	oldUID, _ := unix.SetfsuidRetUid(-1)
+	oldGID, _ := unix.SetfsgidRetGid(-1)
+	defer func() {
+		unix.Setfsuid(oldUID)
+		unix.Setfsgid(oldGID)
+		c := saved
+		unix.Capset(&hdr, &c[0])
+		var now [2]unix.CapUserData
+		u, _ := unix.SetfsuidRetUid(-1)
+		g, _ := unix.SetfsgidRetGid(-1)
+		if unix.Capget(&hdr, &now[0]) == nil && now == saved && u == oldUID && g == oldGID {
+			runtime.UnlockOSThread()
+		} else if err == nil {
+			err = errors.New("could not restore this thread's file system ids")
+		}
 	}()
-	return <-done
+	if err := unix.Setfsgid(int(m.base)); err != nil {
+		return err
+	}
+	if err := unix.Setfsuid(int(m.base)); err != nil {
+		return err
+	}
+	data := saved
+	for i := range data {
+		data[i].Effective = data[i].Permitted
+	}
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capset: %w", err)
+	}
+	return f()
 }

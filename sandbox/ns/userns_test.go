@@ -91,3 +91,32 @@ func dialWait(t *testing.T, in sandbox.Instance) *client.Client {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestNoUserns runs a sandbox with user namespaces turned off: its root
+// is the host's (the identity mapping).
+func TestNoUserns(t *testing.T) {
+	rt, err := New(buildAgent(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.UseUserns(false)
+	if ok, why := rt.Userns(); ok || why != "turned off" {
+		t.Fatalf("Userns() = %v, %q", ok, why)
+	}
+	dir := t.TempDir()
+	proj := filepath.Join(dir, "proj")
+	os.Mkdir(proj, 0o755)
+	ctx := context.Background()
+	in, err := rt.Start(ctx, sandbox.Spec{ID: "nsnouserns", Hostname: "h", Dir: filepath.Join(dir, "rt"),
+		ProjectPath: "/work/proj-nsnouserns", ProjectSource: proj})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Stop(ctx)
+	c := dialWait(t, in)
+	defer c.Close()
+	out, code := run(t, c, "sh", "-c", "cat /proc/self/uid_map; echo x > /work/proj-nsnouserns/f")
+	if got := strings.Join(strings.Fields(out), " "); code != 0 || got != "0 0 4294967295" {
+		t.Fatalf("exit %d: %q", code, got)
+	}
+}
