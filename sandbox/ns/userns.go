@@ -83,6 +83,9 @@ func (r *Runtime) Userns() (bool, string) {
 // newIDMap makes the user namespace setup, or says why the host does not
 // allow it.
 func newIDMap() (*idMap, error) {
+	if rel, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil && !kernelAtLeast(string(rel), 6, 12) {
+		return nil, fmt.Errorf("Linux %s cannot idmap the project's FUSE mount (6.12 and later can)", strings.TrimSpace(string(rel)))
+	}
 	base, size := idRange()
 	ufd, err := holdUserns(base, size)
 	if err != nil {
