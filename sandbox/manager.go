@@ -84,7 +84,7 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 	m := &Manager{root: root, fs: fs, rt: opts.Runtime, id: hex.EncodeToString(sum[:4]), live: map[string]*live{}}
 	m.net.opts = opts.Network
 	if opts.MountPool > 0 {
-		p, err := fs.NewMountPool(ctx, filepath.Join(root, "mounts"), opts.MountPool, nil)
+		p, err := fs.NewMountPool(ctx, filepath.Join(root, "mounts"), opts.MountPool, projectMountOptions())
 		if err != nil {
 			return nil, fmt.Errorf("sandbox manager: %w", err)
 		}
@@ -286,7 +286,7 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		l.mount, err = m.pool.Mount(ctx, info.Branch)
 	} else {
 		if err = os.MkdirAll(m.mountDir(name), 0o700); err == nil {
-			l.mount, err = m.fs.Mount(ctx, info.Branch, m.mountDir(name), nil)
+			l.mount, err = m.fs.Mount(ctx, info.Branch, m.mountDir(name), projectMountOptions())
 		}
 	}
 	if err != nil {

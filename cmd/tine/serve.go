@@ -181,6 +181,14 @@ func hostInfo(root string) *api.Info {
 	_, agentErr := findAgent()
 	for _, r := range ns.Probe() {
 		ri := api.RuntimeInfo{Name: r.Runtime, Mode: r.Mode, Available: r.OK, Reason: strings.Join(r.Why, "; ")}
+		if r.OK {
+			// What it runs with, where a check says more (the user namespace).
+			for _, c := range r.Checks {
+				if c.Name == "user namespace" {
+					ri.Reason = fmt.Sprintf("user namespace: %v: %s", map[bool]string{true: "yes", false: "no"}[c.OK], c.Detail)
+				}
+			}
+		}
 		if r.Runtime == "ns" && agentErr != nil {
 			ri.Available = false
 			ri.Reason = strings.TrimPrefix(ri.Reason+"; "+agentErr.Error(), "; ")
@@ -221,6 +229,9 @@ func (a *app) infoCommand() *cobra.Command {
 			}
 			for _, r := range info.Runtimes {
 				state := "yes"
+				if r.Available && r.Reason != "" {
+					state = "yes (" + r.Reason + ")"
+				}
 				if !r.Available {
 					state = "no: " + r.Reason
 				}
