@@ -245,9 +245,15 @@ func TestStatusAndStaleness(t *testing.T) {
 	os.WriteFile(filepath.Join(e.project, "added.txt"), nil, 0o644)
 	os.Remove(filepath.Join(e.project, "gone.txt"))
 	os.RemoveAll(filepath.Join(e.project, "gonedir"))
-	st, err = e.m.Status(ctx, "st")
-	if err != nil {
-		t.Fatal(err)
+	// The server may take a while to listen on a loaded host: wait for it.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		st, err = e.m.Status(ctx, "st")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Ports == 1 || time.Now().After(deadline) {
+			break
+		}
 	}
 	t.Logf("status: processes %d ports %d bytes %d stale %+v", st.Processes, st.Ports, st.ProjectBytes, st.Stale)
 	if st.Stale.Changed != 1 || st.Stale.Added != 1 || st.Stale.Removed != 2 || st.Stale.Partial {
