@@ -39,6 +39,10 @@ func (a *app) serveCommand() *cobra.Command {
 			if stop {
 				return a.stopDaemon(c.Context())
 			}
+			// Not root: serve in a user namespace of its own (rootless mode).
+			if err := ns.EnterRootless(); err != nil {
+				return err
+			}
 			return a.serve(c.Context(), group, sandbox.Options{Warm: warm, MountPool: pool}, dash)
 		},
 	}
@@ -184,8 +188,11 @@ func hostInfo(root string) *api.Info {
 		if r.OK {
 			// What it runs with, where a check says more (the user namespace).
 			for _, c := range r.Checks {
-				if c.Name == "user namespace" {
+				switch c.Name {
+				case "user namespace":
 					ri.Reason = fmt.Sprintf("user namespace: %v: %s", map[bool]string{true: "yes", false: "no"}[c.OK], c.Detail)
+				case "in use", "pids limit", "host files", "network":
+					ri.Reason = strings.TrimPrefix(ri.Reason+"; "+c.Name+": "+c.Detail, "; ")
 				}
 			}
 		}

@@ -81,6 +81,9 @@ func Init() {
 	case modeHold:
 		runHold()
 		os.Exit(0)
+	case modeRootlessProbe:
+		runRootlessProbe()
+		os.Exit(0)
 	}
 }
 
@@ -436,6 +439,9 @@ func (r root) devLinks() error {
 // of it: in a user namespace it attaches the one the host made (see
 // userns.go) on its mount point.
 func mountOverlay(c *initConfig) (int, error) {
+	if !c.Userns && Rootless() {
+		return mountRootless(c) // rootless.go
+	}
 	if c.Userns {
 		if c.mountFD < 0 {
 			// The state directory is out of this process's reach: a

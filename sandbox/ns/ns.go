@@ -22,7 +22,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tine/sandbox"
-	"tine/sandbox/internal/cgroup"
 )
 
 // Runtime starts namespace sandboxes. The zero value is not usable: use New.
@@ -109,7 +108,7 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 	if err := makeStateDirs(spec.Dir); err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
-	cg, err := cgroup.New(spec.ID, spec.Limits.Pids)
+	cg, err := newGroup(spec.ID, spec.Limits.Pids) // group.go: cgroups, or rootless mode's
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
@@ -233,7 +232,7 @@ type instance struct {
 	dir  string        // the runtime directory (warm instances: until bound)
 	ctl  *net.UnixConn // a warm instance's control socket, until bound
 	sock string
-	cg   *cgroup.Group
+	cg   group
 	ids  *idMap // its user namespace's mapping; nil without one
 	cmd  *exec.Cmd
 	done chan struct{}

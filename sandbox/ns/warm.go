@@ -61,10 +61,11 @@ const refillMax = 250 * time.Millisecond
 // Warm keeps o.N sandboxes started ahead of time in directories under
 // o.Dir, which must be on the same file system as the state directories
 // of the sandboxes they become. Closing the result ends those not taken.
-// On a host with cgroup v2 (whose groups cannot be renamed) it keeps none
+// On a host with cgroup v2 (whose groups cannot be renamed) and in rootless
+// mode it keeps none
 // and every Start is a cold one.
 func (r *Runtime) Warm(ctx context.Context, o sandbox.WarmOptions) (io.Closer, error) {
-	if o.N <= 0 || !cgroup.CanRename() {
+	if o.N <= 0 || !cgroup.CanRename() || Rootless() {
 		return io.NopCloser(nil), nil
 	}
 	if strings.ContainsAny(o.Dir, ",:\\\n") || !filepath.IsAbs(o.Dir) {
@@ -296,12 +297,12 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 			return err
 		}
 	}
-	if err := in.cg.Rename(spec.ID); err != nil {
+	if err := in.cg.(*cgroup.Group).Rename(spec.ID); err != nil {
 		return err
 	}
 	in.id = spec.ID
 	if spec.Limits.Pids > 0 {
-		if err := in.cg.SetPidsMax(spec.Limits.Pids); err != nil {
+		if err := in.cg.(*cgroup.Group).SetPidsMax(spec.Limits.Pids); err != nil {
 			return err
 		}
 	}
