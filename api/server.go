@@ -26,6 +26,9 @@ type ServerOptions struct {
 	// to w; nil answers POST /v1/fs/{command} with 501 not_implemented.
 	// An *Error it returns chooses the response's code.
 	FS func(ctx context.Context, command string, req FSRequest, w io.Writer) error
+	// Inside, when given, serves each sandbox its own API; the server
+	// lists and answers the approvals sandboxes ask for through it.
+	Inside *Inside
 }
 
 // Server answers the API over a sandbox.Manager. It is an http.Handler;
@@ -79,6 +82,10 @@ func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
 		{"POST", sb + "/exec", s.exec},
 		{"GET", sb + "/exec/ws", s.execWS},
 		{"POST", "/" + Version + "/fs/{command}", s.fs},
+		// Approvals asked for from inside sandboxes (approvals.go).
+		{"GET", "/" + Version + "/approvals", s.approvalsList},
+		{"POST", "/" + Version + "/approvals/{id}/approve", s.approve},
+		{"POST", "/" + Version + "/approvals/{id}/deny", s.deny},
 	}
 	for _, rt := range s.routes {
 		s.mux.HandleFunc(rt.method+" "+rt.path, rt.h)

@@ -53,6 +53,8 @@ type Manager struct {
 	live map[string]*live
 	ext  extra // services, logs, snapshot labels, recovery
 	net  networks
+	// inside serves each sandbox's own API (inside.go).
+	inside InsideAPI
 }
 
 // live is a running sandbox's host-side state.
@@ -295,6 +297,9 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	spec := Spec{ID: "tine-" + m.id + "-" + name, Hostname: name, Dir: m.rtDir(name),
 		ProjectPath: info.ProjectPath, ProjectSource: l.mount.Dir(),
 		Hide: []string{m.root, m.fs.Root()}, Limits: info.Limits, Seed: seed}
+	if spec.APISocket, err = m.insideSocket(name); err != nil {
+		return fail(err)
+	}
 	if l.inst, err = m.rt.Start(ctx, spec); err != nil {
 		return fail(err)
 	}
@@ -359,6 +364,7 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 		return fmt.Errorf("remove sandbox %q: %w", name, ErrNotFound)
 	}
 	errs := []error{m.Stop(ctx, name)}
+	m.forgetInside(name)
 	if err := m.fs.DeleteBranch(ctx, branchName(name)); err != nil && !errors.Is(err, cowfs.ErrNoBranch) {
 		errs = append(errs, err)
 	}

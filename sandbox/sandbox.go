@@ -109,6 +109,10 @@ type Spec struct {
 	// snapshot that the sandbox's state starts as a copy of; Dir must not
 	// exist yet then.
 	Seed string
+	// APISocket, when given, is the host path of a listening Unix socket
+	// that the runtime binds, read-only, at /run/tine/api.sock inside
+	// the sandbox: the sandbox's own API (see api/inside.go).
+	APISocket string
 }
 
 // Instance is one running sandbox's processes.

@@ -92,9 +92,14 @@ func (a *app) serve(ctx context.Context, group string, opts sandbox.Options, das
 	if err != nil {
 		return err
 	}
+	// Each sandbox's own API at /run/tine/api.sock (docs/api.md).
+	inside := api.NewInside(m, api.InsideOptions{})
+	m.SetInsideAPI(inside)
+	defer inside.Close()
 	srv := api.NewServer(m, api.ServerOptions{
-		Info: func(ctx context.Context) (*api.Info, error) { return hostInfo(root), nil },
-		FS:   fsSvc.run,
+		Info:   func(ctx context.Context) (*api.Info, error) { return hostInfo(root), nil },
+		FS:     fsSvc.run,
+		Inside: inside,
 	})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
