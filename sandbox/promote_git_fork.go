@@ -66,3 +66,37 @@ func ForkNames(name string, o ForkOptions) []string {
 	}
 	return names
 }
+
+// GitStaleness says how far a git origin's HEAD moved since the commit a
+// sandbox was made from.
+type GitStaleness struct {
+	Base string `json:"base"`
+	Head string `json:"head"`
+	// Commits counts the commits in Base..Head; Changed the paths that
+	// differ between them, Examples names up to 10.
+	Commits  int      `json:"commits"`
+	Changed  int      `json:"changed"`
+	Examples []string `json:"examples,omitempty"`
+	// Unknown says why it could not be told (HEAD or the base gone).
+	Unknown string `json:"unknown,omitempty"`
+}
+
+// gitStale is the git staleness of a sandbox with a git base.
+func gitStale(ctx context.Context, info *Info) *GitStaleness {
+	if info.GitBase.Commit == "" {
+		return nil
+	}
+	g := &gitRepo{dir: info.ProjectPath}
+	s := &GitStaleness{Base: info.GitBase.Commit}
+	head, err := g.rev(ctx, "HEAD")
+	if err != nil {
+		s.Unknown = "the repository's HEAD: " + err.Error()
+		return s
+	}
+	s.Head = head
+	var r GitPromoteResult
+	(&Manager{}).gitStaleness(ctx, g, s.Base, &r)
+	s.Commits, s.Changed = r.HostCommits, len(r.HostChanged)
+	s.Examples = r.HostChanged[:min(len(r.HostChanged), staleExamples)]
+	return s
+}

@@ -126,6 +126,9 @@ func TestPromoteGitHooks(t *testing.T) {
 	os.WriteFile(filepath.Join(p, "a.txt"), []byte("1\ntwo\n3\n4\n5\n6\n7\n8\n"), 0o644)
 	hostCommit(t, p, "host two")
 	head := hostGit(t, p, "rev-parse", "HEAD")
+	if st, err := e.m.Status(ctx, "g"); err != nil || st.Stale.Git == nil || st.Stale.Git.Commits != 1 || st.Stale.Git.Changed != 1 || st.Stale.Git.Head != head {
+		t.Fatalf("git staleness: %v %+v", err, st)
+	}
 	status0 = hostGit(t, p, "status", "--porcelain")
 	index0, _ = os.ReadFile(filepath.Join(p, ".git", "index"))
 	res, err = e.m.PromoteGit(ctx, "g", sandbox.GitPromoteOptions{Branch: "onto", Onto: "HEAD"})

@@ -179,6 +179,9 @@ type Staleness struct {
 	// Unknown says why staleness could not be told (origin not a host
 	// directory, or gone), when it could not.
 	Unknown string `json:"unknown,omitempty"`
+	// Git is how far the repository's HEAD moved since the sandbox's git
+	// base, from git (nil without a git base).
+	Git *GitStaleness `json:"git,omitempty"`
 }
 
 // Status is a sandbox's metadata with what is live about it now.

@@ -461,6 +461,13 @@ func (a *app) statusCommand() *cobra.Command {
 					fmt.Fprintf(w, "             %s\n", e)
 				}
 			}
+			if gs := st.Git; gs != nil {
+				if gs.Unknown != "" {
+					fmt.Fprintf(w, "git        unknown: %s\n", gs.Unknown)
+				} else {
+					fmt.Fprintf(w, "git        HEAD moved %d commit(s) since %s, %d path(s) changed %s\n", gs.Commits, short(gs.Base), gs.Changed, strings.Join(gs.Examples, " "))
+				}
+			}
 			return nil
 		},
 	}
