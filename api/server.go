@@ -292,7 +292,16 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	infos, err := s.m.Fork(context.WithoutCancel(r.Context()), name, sandbox.ForkOptions{N: req.N, Names: req.Names})
+	fo := sandbox.ForkOptions{N: req.N, Names: req.Names}
+	branches, err := s.forkBranches(r.Context(), name, req, fo)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	infos, err := s.m.Fork(context.WithoutCancel(r.Context()), name, fo)
+	if err == nil {
+		err = s.setForkBranches(infos, branches)
+	}
 	if err != nil {
 		writeError(w, err)
 		return

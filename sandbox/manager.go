@@ -494,7 +494,7 @@ func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) 
 	rand.Read(rnd[:])
 	s := &SnapshotInfo{ID: "snap-" + hex.EncodeToString(rnd[:]), Name: o.Name, Sandbox: name, Runtime: info.Runtime,
 		ProjectPath: info.ProjectPath, Created: time.Now().UTC(), Limits: info.Limits, Env: info.Env,
-		Services: info.Services, HostBase: info.HostBase}
+		Services: info.Services, HostBase: info.HostBase, GitBase: info.GitBase}
 	dir := m.snapDir(s.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)
