@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"time"
 
 	"tine/cowfs"
 	"tine/sandbox"
@@ -36,6 +37,13 @@ type PromoteRequest struct {
 	Author      string `json:"author,omitempty"`
 	Onto        string `json:"onto,omitempty"`
 	KeepCommits bool   `json:"keep_commits,omitempty"`
+	// Verify is a check (sh -c, in the project directory) run first on
+	// the result in a sandbox of its own; nothing is written unless it
+	// exits 0. VerifyTimeoutS bounds it in seconds; KeepVerify keeps its
+	// sandbox for inspection.
+	Verify         string `json:"verify,omitempty"`
+	VerifyTimeoutS int    `json:"verify_timeout_s,omitempty"`
+	KeepVerify     bool   `json:"keep_verify,omitempty"`
 }
 
 // PromoteResponse reports what a promote did or would do. When it was
@@ -57,14 +65,36 @@ type PromoteResponse struct {
 	HostExamples []string `json:"host_examples,omitempty"`
 	Dir          string   `json:"dir,omitempty"`
 	// Git is the outcome of a promotion to a git branch.
-	Git   *sandbox.GitPromoteResult `json:"git,omitempty"`
-	Error *Error                    `json:"error,omitempty"`
+	Git *sandbox.GitPromoteResult `json:"git,omitempty"`
+	// Verify is the check's outcome (its command, exit code and the end
+	// of its output); Record the file in the state root that keeps it.
+	Verify *sandbox.VerifyResult `json:"verify,omitempty"`
+	Record string                `json:"record,omitempty"`
+	Error  *Error                `json:"error,omitempty"`
 }
 
 func (req *PromoteRequest) options() sandbox.PromoteOptions {
 	return sandbox.PromoteOptions{PromoteOptions: cowfs.PromoteOptions{DryRun: req.DryRun,
 		Privileges: cowfs.HostPrivileges{SetID: req.AllowSetid, Devices: req.AllowDevice, Owners: req.KeepOwners}},
-		To: req.To, Partial: req.Partial}
+		To: req.To, Partial: req.Partial, Verify: req.verify()}
+}
+
+func (req *PromoteRequest) verify() sandbox.VerifyOptions {
+	return sandbox.VerifyOptions{Command: req.Verify, Timeout: time.Duration(req.VerifyTimeoutS) * time.Second, Keep: req.KeepVerify}
+}
+
+// promoteErr is the error a promotion answers in its body (true), or
+// false for one answered as an HTTP error.
+func promoteErr(err error) (*Error, bool) {
+	switch {
+	case err == nil:
+		return nil, true
+	case errors.Is(err, sandbox.ErrVerifyFailed):
+		return &Error{Code: "verify_failed", Message: err.Error()}, true
+	case errors.Is(err, cowfs.ErrConflict) || errors.Is(err, cowfs.ErrCannotApply):
+		return &Error{Code: "conflict", Message: err.Error()}, true
+	}
+	return nil, false
 }
 
 func (s *Server) promote(w http.ResponseWriter, r *http.Request) {
@@ -95,21 +125,24 @@ func (s *Server) promote(w http.ResponseWriter, r *http.Request) {
 	default:
 		res, err = s.m.Promote(ctx, name, req.options())
 	}
-	if res == nil || err != nil && !errors.Is(err, cowfs.ErrConflict) && !errors.Is(err, cowfs.ErrCannotApply) {
+	if req.Verify != "" && (req.Resume || req.Abort) {
+		writeError(w, badRequest("\"verify\" goes with a new promotion, not \"resume\" or \"abort\""))
+		return
+	}
+	e, inBody := promoteErr(err)
+	if res == nil || !inBody {
 		writeError(w, err)
 		return
 	}
 	out := promoteResponse(res)
-	if err != nil {
-		out.Error = &Error{Code: "conflict", Message: err.Error()}
-	}
+	out.Error = e
 	writeJSON(w, http.StatusOK, out)
 }
 
 // promoteResponse is the API form of a promotion's result.
 func promoteResponse(res *sandbox.PromoteResult) *PromoteResponse {
 	out := &PromoteResponse{Changes: []Change{}, Merge: res.Merge, Merged: res.Merged,
-		HostChanged: res.HostChanged, HostExamples: res.HostExamples, Dir: res.Dir}
+		HostChanged: res.HostChanged, HostExamples: res.HostExamples, Dir: res.Dir, Verify: res.Verify, Record: res.Record}
 	if c := res.PromoteResult; c != nil {
 		out.Changes, out.Conflicts, out.Refused, out.Applied = changesOf(c.Changes), c.Conflicts, c.Refused, c.Applied
 	}
@@ -147,14 +180,13 @@ func (s *Server) promoteGit(w http.ResponseWriter, ctx context.Context, name str
 		return
 	}
 	res, err := s.m.PromoteGit(ctx, name, sandbox.GitPromoteOptions{Branch: req.GitBranch, Message: req.Message,
-		Author: req.Author, Onto: req.Onto, KeepCommits: req.KeepCommits, DryRun: req.DryRun})
-	if res == nil || err != nil && !errors.Is(err, cowfs.ErrConflict) {
+		Author: req.Author, Onto: req.Onto, KeepCommits: req.KeepCommits, DryRun: req.DryRun, Verify: req.verify()})
+	e, inBody := promoteErr(err)
+	if res == nil || !inBody {
 		writeError(w, err)
 		return
 	}
-	out := &PromoteResponse{Changes: []Change{}, Git: res, Merge: res.Merge, Merged: res.Merged, Applied: res.Applied, Dir: res.Repo}
-	if err != nil {
-		out.Error = &Error{Code: "conflict", Message: err.Error()}
-	}
+	out := &PromoteResponse{Changes: []Change{}, Git: res, Merge: res.Merge, Merged: res.Merged, Applied: res.Applied, Dir: res.Repo,
+		Verify: res.Verify, Record: res.Record, Error: e}
 	writeJSON(w, http.StatusOK, out)
 }

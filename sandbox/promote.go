@@ -22,6 +22,10 @@ type PromoteOptions struct {
 	// Partial applies the changes that merge cleanly when others
 	// conflict; the conflicting paths are left as the host has them.
 	Partial bool
+	// Verify, when its Command is given, runs that check on the merged
+	// result in a sandbox of its own first; nothing is written unless it
+	// passes (see VerifyOptions).
+	Verify VerifyOptions
 }
 
 // MergeConflict is a path changed both on the host and in the sandbox in
@@ -55,6 +59,10 @@ type PromoteResult struct {
 	HostExamples []string `json:"host_examples,omitempty"`
 	// Dir is the host directory promoted into.
 	Dir string `json:"dir"`
+	// Verify is the check's outcome (Verify given); Record the file in
+	// the state root that keeps it.
+	Verify *VerifyResult `json:"verify,omitempty"`
+	Record string        `json:"record,omitempty"`
 }
 
 // ErrMergeConflict reports changes on the host and in the sandbox that
@@ -77,7 +85,7 @@ const maxMergeBytes = 8 << 20
 // ResumePromote or AbortPromote finishes. Once applied in full, HostBase
 // becomes the sandbox's snapshot, so the next promotion carries only what
 // changed since.
-func (m *Manager) Promote(ctx context.Context, name string, o PromoteOptions) (*PromoteResult, error) {
+func (m *Manager) Promote(ctx context.Context, name string, o PromoteOptions) (res *PromoteResult, err error) {
 	info, err := m.Get(name)
 	if err != nil {
 		return nil, err
@@ -108,11 +116,35 @@ func (m *Manager) Promote(ctx context.Context, name string, o PromoteOptions) (*
 		return nil, fmt.Errorf("promote sandbox %q: read %s: %w", name, dir, err)
 	}
 	res, merged, err := m.mergeInto(ctx, name, dir, base, ours, theirs, o)
+	if o.Verify.Command != "" {
+		defer func() {
+			rec := &PromoteRecord{Sandbox: name, Dir: dir, DryRun: o.DryRun, Applied: applied(res), Verify: res.Verify}
+			if err != nil {
+				rec.Error = err.Error()
+			}
+			if rerr := m.recordPromotion(rec); rerr != nil {
+				err = errors.Join(err, rerr)
+			} else {
+				res.Record = rec.Path
+			}
+		}()
+	}
 	if err != nil || merged == nil {
 		return res, err
 	}
-	return res, m.applyMerged(ctx, info, res, &journal{Sandbox: name, Dir: dir, Ours: ours.String(), Merged: merged.String(),
+	if o.Verify.Command != "" {
+		if res.Verify, err = m.verify(ctx, info, *merged, o.Verify); err != nil {
+			return res, fmt.Errorf("promote sandbox %q into %s: nothing was written: %w", name, dir, err)
+		}
+	}
+	err = m.applyMerged(ctx, info, res, &journal{Sandbox: name, Dir: dir, Ours: ours.String(), Merged: merged.String(),
 		Theirs: theirs.String(), Partial: len(res.Merge) > 0, Privileges: o.Privileges, Umask: o.Umask}, o)
+	return res, err
+}
+
+// applied reports whether promotion r wrote its changes.
+func applied(r *PromoteResult) bool {
+	return r != nil && r.PromoteResult != nil && r.PromoteResult.Applied
 }
 
 // projectSnapshot takes a snapshot of the sandbox's project with it

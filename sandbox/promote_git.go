@@ -34,6 +34,10 @@ type GitPromoteOptions struct {
 	KeepCommits bool
 	// DryRun builds the commit's tree and reports it; no branch is made.
 	DryRun bool
+	// Verify, when its Command is given, runs that check on a clean
+	// checkout of the commit in a sandbox of its own first; no branch is
+	// made unless it passes (see VerifyOptions).
+	Verify VerifyOptions
 }
 
 // GitChange is one path the commit changes against its parent.
@@ -71,6 +75,10 @@ type GitPromoteResult struct {
 	HostCommits int      `json:"host_commits"`
 	HostChanged []string `json:"host_changed,omitempty"`
 	Applied     bool     `json:"applied"`
+	// Verify is the check's outcome (Verify given); Record the file in
+	// the state root that keeps it.
+	Verify *VerifyResult `json:"verify,omitempty"`
+	Record string        `json:"record,omitempty"`
 }
 
 // Bounds on what --keep-commits copies out of a sandbox's .git.
@@ -98,6 +106,22 @@ var ErrNoGitBase = errors.New("the sandbox does not record a git commit it was m
 // (the rules of Promote); with KeepCommits the sandbox's own commits come
 // first.
 func (m *Manager) PromoteGit(ctx context.Context, name string, o GitPromoteOptions) (*GitPromoteResult, error) {
+	res, err := m.promoteGit(ctx, name, o)
+	if o.Verify.Command == "" || res == nil {
+		return res, err
+	}
+	rec := &PromoteRecord{Sandbox: name, Branch: res.Branch, Commit: res.Commit, DryRun: o.DryRun, Applied: res.Applied, Verify: res.Verify}
+	if err != nil {
+		rec.Error = err.Error()
+	}
+	if rerr := m.recordPromotion(rec); rerr != nil {
+		return res, errors.Join(err, rerr)
+	}
+	res.Record = rec.Path
+	return res, err
+}
+
+func (m *Manager) promoteGit(ctx context.Context, name string, o GitPromoteOptions) (*GitPromoteResult, error) {
 	info, err := m.Get(name)
 	if err != nil {
 		return nil, err
@@ -206,6 +230,15 @@ func (m *Manager) PromoteGit(ctx context.Context, name string, o GitPromoteOptio
 		}
 	}
 	res.Commit = commit
+	if o.Verify.Command != "" {
+		tree, err := m.commitSnapshot(ctx, g, commit, tmp)
+		if err != nil {
+			return res, fmt.Errorf("promote sandbox %q: %w", name, err)
+		}
+		if res.Verify, err = m.verify(ctx, info, tree, o.Verify); err != nil {
+			return res, fmt.Errorf("promote sandbox %q to branch %q: no branch was made: %w", name, o.Branch, err)
+		}
+	}
 	if o.DryRun {
 		return res, nil
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -11,6 +12,7 @@ import (
 
 func (a *app) promoteCommand() *cobra.Command {
 	var req api.PromoteRequest
+	var verifyTimeout time.Duration
 	c := &cobra.Command{
 		Use:   "promote SB",
 		Short: "merge the sandbox's changes into the directory it came from (three-way), or resume or abort one that stopped",
@@ -28,11 +30,27 @@ repository the sandbox came from instead, with git plumbing and every hook
 off; the work tree, the index and HEAD are not touched. The parent is the
 commit the sandbox was made from; --onto REV merges onto REV three ways;
 --keep-commits keeps the commits the sandbox made itself. --git-branch with
-no name uses the branch a fork --git-branches recorded.`,
+no name uses the branch a fork --git-branches recorded.
+
+With --verify CMD the result is checked first: the merged tree (for a git
+branch, a clean checkout of the commit) is given to a new sandbox with a
+fresh OS layer and no network, CMD runs there (sh -c, in the project
+directory), and nothing is written unless it exits 0. The check's command,
+exit code and the end of its output are kept in the promotion's record in
+the state root.`,
 		Args: rangeArgs(1, 2, "SB [--git-branch NAME]"),
 		RunE: func(c *cobra.Command, args []string) error {
 			if err := gitArgs(c, &req, args); err != nil {
 				return err
+			}
+			if verifyTimeout > 0 {
+				if req.Verify == "" {
+					return usageErr("--verify-timeout goes with --verify")
+				}
+				req.VerifyTimeoutS = max(1, int((verifyTimeout+time.Second-1)/time.Second))
+			}
+			if req.KeepVerify && req.Verify == "" {
+				return usageErr("--keep-verify goes with --verify")
 			}
 			cl, err := a.daemon(c.Context())
 			if err != nil {
@@ -50,6 +68,9 @@ no name uses the branch a fork --git-branches recorded.`,
 				a.printPromoteGit(res)
 			} else {
 				a.printPromote(res, req)
+			}
+			if !a.json {
+				a.printVerify(res)
 			}
 			if res.Error != nil {
 				return fmt.Errorf("sandbox %q: %s", args[0], res.Error.Message)
@@ -75,7 +96,13 @@ no name uses the branch a fork --git-branches recorded.`,
 	f.StringVar(&req.Author, "author", "", "the commit's author, \"Name <email>\" (with --git-branch)")
 	f.StringVar(&req.Onto, "onto", "", "merge onto this revision of the origin (e.g. HEAD) three ways (with --git-branch)")
 	f.BoolVar(&req.KeepCommits, "keep-commits", false, "keep the commits the sandbox made in its copy of the repository (with --git-branch)")
+	f.StringVar(&req.Verify, "verify", "", "run this check (sh -c, in the project directory) on the result in a sandbox of its own first; promote only if it exits 0")
+	f.DurationVar(&verifyTimeout, "verify-timeout", 0, "kill the check after this long (it fails); 0: no limit")
+	f.BoolVar(&req.KeepVerify, "keep-verify", false, "keep the verification sandbox for inspection")
 	c.MarkFlagsMutuallyExclusive("resume", "abort")
+	for _, g := range []string{"resume", "abort"} {
+		c.MarkFlagsMutuallyExclusive(g, "verify")
+	}
 	for _, g := range []string{"to", "partial", "resume", "abort"} {
 		c.MarkFlagsMutuallyExclusive(g, "git-branch")
 	}
@@ -203,4 +230,38 @@ func ended(l string) string {
 		return l
 	}
 	return l + "\n"
+}
+
+// printVerify writes a verified promotion's check for people: the end of
+// its output when it failed, then how it ended and where it is recorded.
+func (a *app) printVerify(res *api.PromoteResponse) {
+	v, w := res.Verify, a.stdout
+	if v == nil {
+		return
+	}
+	if !v.Passed && v.Output != "" {
+		if v.Truncated {
+			fmt.Fprintf(w, "check output (last %d of %d bytes):\n", len(v.Output), v.OutputBytes)
+		} else {
+			fmt.Fprintln(w, "check output:")
+		}
+		fmt.Fprint(w, ended(v.Output))
+	}
+	verdict := "passed"
+	if !v.Passed {
+		verdict = fmt.Sprintf("FAILED (exit %d)", v.ExitCode)
+		if v.TimedOut {
+			verdict = "FAILED (timed out)"
+		} else if v.Signal != 0 {
+			verdict = fmt.Sprintf("FAILED (signal %d)", v.Signal)
+		}
+	}
+	fmt.Fprintf(w, "check %q %s in %.1fs", v.Command, verdict, v.Seconds)
+	if v.Sandbox != "" {
+		fmt.Fprintf(w, "; kept in sandbox %s", v.Sandbox)
+	}
+	fmt.Fprintln(w)
+	if res.Record != "" {
+		fmt.Fprintf(w, "recorded in %s\n", res.Record)
+	}
 }
