@@ -11,7 +11,7 @@ DEBS := fuse3 restic casync fuse-overlayfs btrfs-progs qemu-system-x86 \
 	busybox-static cpio kmod zstd xz-utils lz4 git gcc iproute2 bubblewrap \
 	nftables util-linux curl chromium chromium-driver nodejs acl
 
-.PHONY: all build binaries deps demo test test-full vet fuzz unit unit-full bench bench-chunkstore bench-cowfs bench-vmm bench-sandbox kernels nested-test
+.PHONY: all build binaries deps demo test test-full vet fuzz unit unit-full bench bench-chunkstore bench-cowfs bench-vmm bench-sandbox bench-staleness kernels nested-test
 
 all: build
 
@@ -78,7 +78,7 @@ test: deps kernels vet fuzz unit
 # test-full is test with every long suite run whole (hours, not minutes).
 test-full: deps kernels vet fuzz unit-full
 
-bench: bench-chunkstore bench-cowfs bench-vmm bench-sandbox
+bench: bench-chunkstore bench-cowfs bench-vmm bench-sandbox bench-staleness
 
 bench-chunkstore: deps
 	$(GO) run ./bench/chunkstore
@@ -91,6 +91,9 @@ bench-vmm: deps
 
 bench-sandbox: deps
 	$(GO) run ./bench/sandbox
+
+bench-staleness: deps
+	$(GO) run ./bench/staleness
 
 # kernels fetches Debian's cloud kernel into $(KERNEL_DIR) (idempotent): the
 # bzImage (vmlinuz), an uncompressed vmlinux cut out of it for PVH boots, its

@@ -127,7 +127,12 @@ func compareHost(ctx context.Context, fs *cowfs.FS, snap cowfs.SnapshotID, dir s
 			note(&s.Changed, it.rel+"/")
 			continue
 		}
-		seen += len(entries) + len(names)
+		// Each name once, whichever side holds it.
+		if len(names) > len(entries) {
+			seen += len(names)
+		} else {
+			seen += len(entries)
+		}
 		i, j := 0, 0
 		for i < len(entries) || j < len(names) {
 			switch {
