@@ -261,3 +261,44 @@ func TestNetworkCLI(t *testing.T) {
 		t.Errorf("no policy change in the daemon's audit lines:\n%s", log)
 	}
 }
+
+// TestSecretCLI stores a secret through the CLI and binds it: the file is
+// 0600 in the state root, ls shows no value, a binding to a destination
+// the policy does not allow is a usage error, the sandbox sees the
+// placeholder, the daemon's log never holds the value, rm deletes it.
+func TestSecretCLI(t *testing.T) {
+	c, proj := newSandboxCLI(t)
+	var rb [8]byte
+	rand.Read(rb[:])
+	value := "v-" + hex.EncodeToString(rb[:])
+	t.Setenv("TEST_TOKEN_SOURCE", value)
+	if _, errOut, code := c.run("", "secret", "set", "TOK"); code != 2 || !strings.Contains(errOut, "--from-env") {
+		t.Errorf("secret set without a source: exit %d, %s", code, errOut)
+	}
+	c.ok("secret", "set", "TOK", "--from-env", "TEST_TOKEN_SOURCE")
+	if st, err := os.Stat(filepath.Join(c.root, "secrets", "TOK")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("secret file: %v %v", st, err)
+	}
+	ls := c.ok("secret", "ls", "--json")
+	if !strings.Contains(ls, `"name": "TOK"`) || strings.Contains(ls, value) {
+		t.Errorf("secret ls --json: %s", ls)
+	}
+	bind := "TOK=api.example.test:header:Authorization:Bearer"
+	if _, errOut, code := c.run("", "create", "--from", proj, "--name", "s", "--secret", bind); code != 2 || !strings.Contains(errOut, "--allow api.example.test") {
+		t.Errorf("binding without the destination allowed: exit %d, %s", code, errOut)
+	}
+	if _, errOut, code := c.run("", "create", "--from", proj, "--name", "s", "--secret", "TOK=api.example.test"); code != 2 {
+		t.Errorf("a malformed binding: exit %d, %s", code, errOut)
+	}
+	c.ok("create", "--from", proj, "--name", "s", "--allow", "api.example.test", "--secret", bind)
+	if out := c.ok("exec", "s", "--", "sh", "-c", "echo $TOK"); out != "tine-secret-placeholder-TOK\n" {
+		t.Errorf("the sandbox's variable: %q", out)
+	}
+	c.ok("secret", "rm", "TOK")
+	if _, _, code := c.run("", "secret", "rm", "TOK"); code == 0 {
+		t.Error("removing a removed secret succeeded")
+	}
+	if log, _ := os.ReadFile(filepath.Join(c.root, daemonLog)); strings.Contains(string(log), value) {
+		t.Error("the daemon's log holds the secret")
+	}
+}
