@@ -157,7 +157,7 @@ func (d *testDriver) used(q int) [][2]uint32 {
 // descBuf returns the guest memory of descriptor idx of queue q.
 func (d *testDriver) descBuf(q int, idx uint16) []byte {
 	dq := &d.queues[q]
-	e := d.mem[dq.desc+16*uint64(idx):]
+	e := d.mem[dq.desc+16*uint64(idx%dq.size):]
 	a, n := binary.LittleEndian.Uint64(e), binary.LittleEndian.Uint32(e[8:])
 	return d.mem[a : a+uint64(n)]
 }
