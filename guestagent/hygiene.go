@@ -16,8 +16,12 @@ import (
 // that cache randomness or identity can tell they were cloned.
 const GenerationFile = "/run/tine/generation"
 
-// rndAddEntropy is RNDADDENTROPY: _IOW('R', 0x03, int[2]).
-const rndAddEntropy = 0x40085203
+// rndAddEntropy is RNDADDENTROPY: _IOW('R', 0x03, int[2]);
+// rndReseedCRNG is RNDRESEEDCRNG: _IO('R', 0x07).
+const (
+	rndAddEntropy = 0x40085203
+	rndReseedCRNG = 0x5207
+)
 
 // Hygiene is what a clone is told before it runs user work (see
 // docs/fork-hygiene.md).
@@ -30,8 +34,8 @@ type Hygiene struct {
 	Generation uint64
 }
 
-// ApplyHygiene reseeds the kernel RNG (RNDADDENTROPY, which also credits
-// the entropy and so reseeds the CRNG), sets the wall clock, and writes
+// ApplyHygiene reseeds the kernel RNG (RNDADDENTROPY, then
+// RNDRESEEDCRNG so the CRNG uses it at once), sets the wall clock, and writes
 // the generation counter under root (GenerationFile, relative to root).
 func ApplyHygiene(root string, h Hygiene) error {
 	if len(h.Entropy) > 0 {
@@ -75,6 +79,12 @@ func addEntropy(b []byte) error {
 	copy(buf[8:], b)
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), rndAddEntropy, uintptr(unsafe.Pointer(&buf[0]))); errno != 0 {
 		return fmt.Errorf("guestagent: RNDADDENTROPY: %w", errno)
+	}
+	// Once the kernel's CRNG is initialized, credited entropy waits for
+	// the next scheduled reseed; a clone must not wait: reseed now
+	// (Linux 5.18+; older kernels reseed on their own schedule).
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, f.Fd(), rndReseedCRNG, 0); errno != 0 && errno != unix.ENOTTY && errno != unix.EINVAL {
+		return fmt.Errorf("guestagent: RNDRESEEDCRNG: %w", errno)
 	}
 	return nil
 }

@@ -94,18 +94,7 @@ func NewMachine(ctx context.Context, cfg MachineConfig) (*Machine, error) {
 		return nil, fmt.Errorf("linux machine: %w", err)
 	}
 	m := &Machine{VM: vm}
-	m.UART = serial.New(serial.Config{
-		Base: serial.COM1Base,
-		Out:  cfg.Console,
-		IRQ:  func(high bool) { vm.SetIRQ(serial.COM1IRQ, high) },
-	})
-	devs := append([]PortRange{
-		{serial.COM1Base, serial.Ports, m.UART},
-		{cmosBase, 2, newCMOS()},
-		{i8042Base, 5, &i8042{reset: m.requestReset}},
-		{pm1EvtBase, pmPorts, &pmDevice{powerOff: m.requestReset}},
-	}, cfg.Ports...)
-	if err := addPorts(vm, devs); err != nil {
+	if err := m.addPortDevices(cfg, nil); err != nil {
 		vm.Close()
 		return nil, fmt.Errorf("linux machine: %w", err)
 	}
@@ -135,6 +124,29 @@ func NewMachine(ctx context.Context, cfg MachineConfig) (*Machine, error) {
 		return nil, fmt.Errorf("linux machine: %w", err)
 	}
 	return m, nil
+}
+
+// addPortDevices adds the machine's own port devices and cfg.Ports; the
+// UART starts as a clone of from when given (a fork).
+func (m *Machine) addPortDevices(cfg MachineConfig, from *serial.UART) error {
+	vm := m.VM
+	sc := serial.Config{
+		Base: serial.COM1Base,
+		Out:  cfg.Console,
+		IRQ:  func(high bool) { vm.SetIRQ(serial.COM1IRQ, high) },
+	}
+	if from != nil {
+		m.UART = from.Clone(sc)
+	} else {
+		m.UART = serial.New(sc)
+	}
+	devs := append([]PortRange{
+		{serial.COM1Base, serial.Ports, m.UART},
+		{cmosBase, 2, newCMOS()},
+		{i8042Base, 5, &i8042{reset: m.requestReset}},
+		{pm1EvtBase, pmPorts, &pmDevice{powerOff: m.requestReset}},
+	}, cfg.Ports...)
+	return addPorts(vm, devs)
 }
 
 // addPorts registers devs and fills every other port outside the VMM's
