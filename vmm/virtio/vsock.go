@@ -259,7 +259,13 @@ func (v *Vsock) sendControl(vc *vconn, op uint16, flags uint32) {
 }
 
 // drop closes a connection, telling the guest with RST when asked.
-func (v *Vsock) drop(vc *vconn, rst bool) {
+func (v *Vsock) drop(vc *vconn, rst bool) { v.end(vc, rst, false) }
+
+// end closes a connection. With flush (the guest shut it down), data
+// the guest sent before is still written to the client: the writer
+// closes the connection once its queue is empty, and only the read side
+// is shut now.
+func (v *Vsock) end(vc *vconn, rst, flush bool) {
 	if vc.gone {
 		return
 	}
@@ -268,7 +274,11 @@ func (v *Vsock) drop(vc *vconn, rst bool) {
 	}
 	vc.gone = true
 	delete(v.conns, vc.host)
-	vc.c.Close()
+	if uc, ok := vc.c.(*net.UnixConn); ok && flush && vc.established {
+		uc.CloseRead()
+	} else {
+		vc.c.Close()
+	}
 	signal(vc.rsig)
 	signal(vc.wsig)
 }
@@ -401,7 +411,7 @@ func (v *Vsock) packet(b []byte) error {
 	case VsockOpCreditRequest:
 		v.sendControl(vc, VsockOpCreditUpdate, 0)
 	case VsockOpShutdown, VsockOpRST:
-		v.drop(vc, h.Op == VsockOpShutdown)
+		v.end(vc, h.Op == VsockOpShutdown, true)
 		return nil
 	case VsockOpRequest:
 		v.drop(vc, true)
@@ -520,14 +530,20 @@ func (vc *vconn) writer() {
 		vc.wq = nil
 		vc.wmu.Unlock()
 		if len(q) == 0 {
+			// Guest data is queued with the transport's lock held, so
+			// under it "gone with nothing queued" is final.
 			v.t.mu.Lock()
-			gone := vc.gone
+			vc.wmu.Lock()
+			gone, empty := vc.gone, len(vc.wq) == 0
+			vc.wmu.Unlock()
 			v.t.mu.Unlock()
-			if gone {
+			if gone && empty {
 				vc.c.Close()
 				return
 			}
-			<-vc.wsig
+			if empty {
+				<-vc.wsig
+			}
 			continue
 		}
 		var n uint32

@@ -2,6 +2,7 @@ package virtio
 
 import (
 	"bufio"
+	"io"
 	"net"
 	"path/filepath"
 	"strings"
@@ -184,4 +185,44 @@ func FuzzVsockPacket(f *testing.F) {
 			t.Fatal("transmit chain neither used nor failed")
 		}
 	})
+}
+
+// TestVsockShutdownFlushes: data the guest sent just before shutting the
+// connection down still reaches the client, then the client sees EOF.
+func TestVsockShutdownFlushes(t *testing.T) {
+	for range 20 {
+		dev := &Vsock{GuestCID: 3}
+		d := newTestDriver(t, dev, 8<<20)
+		g := &guestVsock{d: d, dev: dev}
+		path := filepath.Join(t.TempDir(), "vsock.sock")
+		if err := dev.Listen(d.tr, path); err != nil {
+			t.Fatal(err)
+		}
+		g.postRx(4)
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("CONNECT 7\n"))
+		var req VsockHeader
+		waitFor(t, "the connection request", func() bool {
+			for _, h := range g.recv(t) {
+				if h.Op == VsockOpRequest {
+					req = h
+					return true
+				}
+			}
+			return false
+		})
+		g.send(VsockHeader{SrcPort: 7, DstPort: req.SrcPort, Op: VsockOpResponse}, nil)
+		g.send(VsockHeader{SrcPort: 7, DstPort: req.SrcPort, Op: VsockOpRW}, []byte("last words"))
+		g.send(VsockHeader{SrcPort: 7, DstPort: req.SrcPort, Op: VsockOpShutdown, Flags: 3}, nil)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b, err := io.ReadAll(c)
+		if err != nil || !strings.HasSuffix(string(b), "last words") {
+			t.Fatalf("client read %q, %v", b, err)
+		}
+		c.Close()
+		dev.Close()
+	}
 }
