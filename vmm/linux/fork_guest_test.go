@@ -17,6 +17,8 @@ import (
 
 	"tine/chunkstore"
 	"tine/guestagent"
+	"tine/guestagent/client"
+	"tine/guestagent/proto"
 	"tine/vmm/disk"
 	"tine/vmm/virtio"
 )
@@ -27,6 +29,17 @@ import (
 // generation), "hygiene HEX NANOS GEN" (guestagent.ApplyHygiene) and
 // "exit".
 func guestServer(t *testing.T, l net.Listener) {
+	// The guest agent, on its own vsock port, as the vm runtime runs it.
+	a, err := guestagent.New(guestagent.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	al, err := guestagent.ListenVsock(guestAgentPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer al.Close()
+	go a.Serve(al)
 	var st [8]byte
 	rand.Read(st[:])
 	state := "made-before-fork-" + hex.EncodeToString(st[:])
@@ -163,6 +176,61 @@ func TestVirtioGuestFork(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("parent before the fork: %s", before)
+	// Through the agent over vsock: exec, a listener started in the
+	// guest seen by ports, and ps.
+	agent := func(sock string) *client.Client {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			c, err := dialAgent(ctx, sock)
+			if err == nil {
+				return c
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("agent through %s: %v", sock, err)
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+	ac := agent(sock0)
+	if out := execOut(t, ctx, ac, "/bin/busybox", "echo", "hi-from-exec"); out != "hi-from-exec\n" {
+		t.Fatalf("exec output %q", out)
+	}
+	execOut(t, ctx, ac, "/bin/busybox", "sh", "-c", "/bin/busybox setsid /bin/busybox nc -ll -p 8080 -e /bin/busybox echo served </dev/null >/dev/null 2>&1 &")
+	hasListener := func(c *client.Client) bool {
+		ports, err := c.Ports(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range ports {
+			if p.Port == 8080 && strings.HasPrefix(p.Proto, "tcp") {
+				return true
+			}
+		}
+		return false
+	}
+	waitUntil := func(what string, f func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); !f(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+	waitUntil("port 8080 in the agent's ports", func() bool { return hasListener(ac) })
+	procs, err := ac.Ps(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range procs {
+		found = found || strings.Contains(strings.Join(p.Argv, " "), "nc -ll -p 8080")
+	}
+	if !found {
+		t.Errorf("ps does not list the listener: %+v", procs)
+	}
+	ac.Close()
 
 	var disks []*disk.Image
 	var socks []string
@@ -218,6 +286,16 @@ func TestVirtioGuestFork(t *testing.T) {
 			t.Errorf("clone %d RNG output %q equals that of vm %d", i+1, r, j)
 		}
 		rngs[r] = i + 1
+		// The listener started before the fork serves in the clone, and
+		// the agent answers through the clone's own socket.
+		kc := agent(s)
+		if !hasListener(kc) {
+			t.Errorf("clone %d: port 8080 not listed", i+1)
+		}
+		if out := execOut(t, ctx, kc, "/bin/busybox", "sh", "-c", "/bin/busybox nc 127.0.0.1 8080 </dev/null; /bin/busybox cat "+guestagent.GenerationFile); out != "served\n"+strconv.Itoa(i+1)+"\n" {
+			t.Errorf("clone %d: listener and generation through exec: %q", i+1, out)
+		}
+		kc.Close()
 		ns, _ := strconv.ParseInt(field(ans, "time"), 10, 64)
 		skew := time.Unix(0, ns).Sub(sent.Add(rtt / 2))
 		if skew < -time.Second-rtt/2 || skew > time.Second+rtt/2 {
@@ -241,4 +319,50 @@ func TestVirtioGuestFork(t *testing.T) {
 			t.Fatal("machines did not power off")
 		}
 	}
+}
+
+// guestAgentPort is where the guest agent listens in these tests.
+const guestAgentPort = 1024
+
+// dialAgent connects to the guest agent through a VM's vsock socket.
+func dialAgent(ctx context.Context, sock string) (*client.Client, error) {
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		return nil, err
+	}
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(c, "CONNECT %d\n", guestAgentPort)
+	// Read the answer a byte at a time: the agent's hello follows it.
+	var line []byte
+	b := make([]byte, 1)
+	for len(line) < 64 {
+		if _, err := c.Read(b); err != nil {
+			c.Close()
+			return nil, err
+		}
+		if b[0] == '\n' {
+			break
+		}
+		line = append(line, b[0])
+	}
+	if !strings.HasPrefix(string(line), "OK ") {
+		c.Close()
+		return nil, fmt.Errorf("vsock handshake answered %q", line)
+	}
+	c.SetDeadline(time.Time{})
+	return client.New(c)
+}
+
+// execOut runs argv through the agent and returns its stdout.
+func execOut(t *testing.T, ctx context.Context, c *client.Client, argv ...string) string {
+	t.Helper()
+	p, err := c.Exec(ctx, proto.ExecRequest{Argv: argv, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(p.Stdout)
+	if ex, err := p.Wait(ctx); err != nil || ex.Code != 0 {
+		t.Fatalf("exec %q: exit %+v, %v", argv, ex, err)
+	}
+	return string(out)
 }
