@@ -219,6 +219,9 @@ func TestVirtioGuestFork(t *testing.T) {
 		}
 	}
 	waitUntil("port 8080 in the agent's ports", func() bool { return hasListener(ac) })
+	if out := execOut(t, ctx, ac, "/bin/busybox", "sh", "-c", "/bin/busybox sleep 5 | /bin/busybox nc 127.0.0.1 8080"); out != "served\n" {
+		t.Fatalf("the listener in the parent answered %q", out)
+	}
 	procs, err := ac.Ps(ctx)
 	if err != nil {
 		t.Fatal(err)

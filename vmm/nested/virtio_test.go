@@ -20,6 +20,7 @@ export PATH=/bin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
+ip link set lo up
 for m in ` + "MODULES" + `; do insmod /lib/modules/$m.ko || echo "TINE-L2: insmod $m failed"; done
 for i in 1 2 3 4 5 6 7 8 9 10; do [ -e /dev/vda ] && [ -e /dev/hvc0 ] && break; sleep 1; done
 ls /sys/bus/virtio/devices/ | tr '\n' ' '; echo
