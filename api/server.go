@@ -79,6 +79,21 @@ func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
 		{"POST", sb + "/exec", s.exec},
 		{"GET", sb + "/exec/ws", s.execWS},
 		{"POST", "/" + Version + "/fs/{command}", s.fs},
+		// Limits, freezer, audit, exec policy and approvals (limits.go,
+		// audit.go, approvals.go).
+		{"GET", sb + "/limits", s.getLimits},
+		{"PUT", sb + "/limits", s.putLimits},
+		{"POST", sb + "/freeze", s.freeze},
+		{"POST", sb + "/thaw", s.thaw},
+		{"GET", sb + "/audit", s.auditLog},
+		{"GET", sb + "/audit/verify", s.auditVerify},
+		{"GET", "/" + Version + "/audit", s.auditLog},
+		{"GET", "/" + Version + "/audit/verify", s.auditVerify},
+		{"GET", sb + "/policy/exec", s.getExecPolicy},
+		{"PUT", sb + "/policy/exec", s.putExecPolicy},
+		{"GET", "/" + Version + "/approvals", s.approvals},
+		{"POST", "/" + Version + "/approvals/{id}/approve", s.approve},
+		{"POST", "/" + Version + "/approvals/{id}/deny", s.deny},
 	}
 	for _, rt := range s.routes {
 		s.mux.HandleFunc(rt.method+" "+rt.path, rt.h)

@@ -131,20 +131,22 @@ var shells = map[string]bool{"sh": true, "bash": true, "dash": true, "zsh": true
 
 // Decide says what the policy does with argv. The command line is argv
 // joined by spaces; for "sh -c SCRIPT" (and bash, dash, zsh, ash) each
-// command of the script, split at ; & | and newlines, is decided too, and
-// the strictest answer of all is taken. This is a best effort: see the
+// command of the script, split at ; & | ( ) ` and newlines, is decided
+// instead, and the strictest answer of them is taken. This is a best effort: see the
 // package comment.
 func (p *Policy) Decide(argv []string) Decision {
-	line := strings.Join(argv, " ")
-	d := p.decide(line)
 	if len(argv) >= 3 && shells[path.Base(argv[0])] && strings.HasPrefix(argv[1], "-") && strings.Contains(argv[1], "c") {
-		for _, part := range splitScript(argv[2]) {
-			if e := p.decide(part); e.Action.rank() > d.Action.rank() {
-				d = e
+		if parts := splitScript(argv[2]); len(parts) > 0 {
+			var d Decision
+			for i, part := range parts {
+				if e := p.decide(part); i == 0 || e.Action.rank() > d.Action.rank() {
+					d = e
+				}
 			}
+			return d
 		}
 	}
-	return d
+	return p.decide(strings.Join(argv, " "))
 }
 
 // splitScript splits a shell script at its command separators.

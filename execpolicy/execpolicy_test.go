@@ -20,7 +20,9 @@ func TestDecide(t *testing.T) {
 		{[]string{"ls"}, Ask},
 		{[]string{"sh", "-c", "npm test && rm -rf /"}, Deny},
 		{[]string{"/bin/bash", "-lc", "npm test; ls"}, Ask},
-		{[]string{"sh", "-c", "npm test"}, Ask}, // the whole line "sh -c npm test" matches only "*"
+		{[]string{"sh", "-c", "npm test"}, Allow},
+		{[]string{"sh", "-c", "npm test $(rm -rf /)"}, Deny},
+		{[]string{"sh", "-c", "echo `rm -rf /`"}, Deny},
 	} {
 		if d := p.Decide(c.argv); d.Action != c.want {
 			t.Errorf("%q: %s by %q, want %s", c.argv, d.Action, d.Rule, c.want)

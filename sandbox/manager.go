@@ -48,7 +48,8 @@ type Manager struct {
 
 	mu   sync.Mutex
 	live map[string]*live
-	ext  extra // services, logs, snapshot labels, recovery
+	ext  extra       // services, logs, snapshot labels, recovery
+	pol  policyState // audit logs, exec policy, approvals, deadlines (policy.go)
 }
 
 // live is a running sandbox's host-side state.
@@ -97,6 +98,7 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 		}
 		m.warm = c
 	}
+	m.startWatch()
 	infos, err := m.List()
 	if err != nil {
 		m.Close(ctx)
@@ -116,6 +118,7 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 
 // Close stops every running sandbox (they stay, Stopped) and the mount pool.
 func (m *Manager) Close(ctx context.Context) error {
+	defer m.stopWatch()
 	m.mu.Lock()
 	names := make([]string, 0, len(m.live))
 	for n := range m.live {
@@ -187,11 +190,15 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 		err = m.inherit(info, o)
 	}
 	if err == nil {
+		m.inheritPolicy(forkedFrom, o.Name)
+	}
+	if err == nil {
 		err = m.start(ctx, info, seed)
 	}
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("create sandbox %q: %w", o.Name, err), m.Remove(ctx, o.Name))
 	}
+	m.audit(o.Name, "create", map[string]any{"from": info.From, "forked_from": forkedFrom, "limits": info.Limits, "services": info.Services})
 	return info, nil
 }
 
@@ -243,7 +250,11 @@ func (m *Manager) Start(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	return m.start(ctx, info, "")
+	if err := m.start(ctx, info, ""); err != nil {
+		return err
+	}
+	m.audit(name, "start", nil)
+	return nil
 }
 
 // start runs the sandbox of info, its runtime state made from seed when
@@ -315,6 +326,8 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 	if !ok {
 		return nil
 	}
+	defer m.audit(name, "stop", nil)
+	defer m.forgetWatch(name)
 	var errs []error
 	l.mu.Lock()
 	if l.agent != nil {
@@ -353,6 +366,7 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("remove sandbox %q: %w", name, err)
 	}
+	m.audit(name, "remove", nil)
 	return nil
 }
 
@@ -439,9 +453,14 @@ func (m *Manager) Agent(ctx context.Context, name string) (*client.Client, error
 // Exec starts a command in the sandbox. An empty req.Env takes the
 // sandbox's Env.
 func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) (*client.Process, error) {
-	c, err := m.Agent(ctx, name)
+	// The exec policy and the audit record: policy.go, audit.go.
+	decided, err := m.checkExec(ctx, name, req)
 	if err != nil {
 		return nil, err
+	}
+	c, err := m.Agent(ctx, name)
+	if err != nil {
+		return m.auditExec(name, req, decided, nil, err)
 	}
 	if len(req.Env) == 0 {
 		info, err := m.Get(name)
@@ -450,7 +469,8 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 		}
 		req.Env = info.Env
 	}
-	return c.Exec(ctx, req)
+	p, err := c.Exec(ctx, req)
+	return m.auditExec(name, req, decided, p, err)
 }
 
 // Snapshot fixes the sandbox at one instant, labelled o.Name if given
@@ -493,14 +513,15 @@ func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) 
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)
 	}
+	m.audit(name, "snapshot", map[string]any{"id": s.ID, "name": s.Name})
 	return s, nil
 }
 
 // freezeWhile runs fn with the sandbox's processes frozen, if it runs.
 func (m *Manager) freezeWhile(ctx context.Context, name string, fn func() error) error {
 	l, err := m.running(name)
-	if errors.Is(err, ErrNotRunning) {
-		return fn()
+	if errors.Is(err, ErrNotRunning) || m.frozenWhy(name) != "" {
+		return fn() // not running, or frozen already (and kept so)
 	}
 	if err := l.inst.Freeze(ctx); err != nil {
 		return errors.Join(err, l.inst.Thaw(context.Background()))
@@ -580,6 +601,7 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 		}
 		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
 	}
+	m.audit(name, "fork", map[string]any{"snapshot": s.ID, "forks": names})
 	return out, nil
 }
 
@@ -625,6 +647,7 @@ func (m *Manager) Rollback(ctx context.Context, name, id string) error {
 	if err := m.fs.Rollback(ctx, info.Branch, snap); err != nil {
 		return fmt.Errorf("rollback sandbox %q: %w", name, err)
 	}
+	m.audit(name, "rollback", map[string]any{"snapshot": id})
 	if wasRunning {
 		return m.Start(ctx, name)
 	}

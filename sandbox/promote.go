@@ -47,6 +47,7 @@ func (m *Manager) Promote(ctx context.Context, name string, o cowfs.PromoteOptio
 		if err := m.save(info); err != nil {
 			return res, fmt.Errorf("promote sandbox %q: applied, but recording the new base failed (the next promotion will report conflicts): %w", name, err)
 		}
+		m.audit(name, "promote", map[string]any{"to": info.ProjectPath, "snapshot": snap.String()})
 	}
 	return res, nil
 }

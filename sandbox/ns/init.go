@@ -47,6 +47,8 @@ type initConfig struct {
 	Hide          []string // host paths covered by an empty read-only tmpfs
 	Hostname      string
 	Agent         string // host path of the agent binary
+	// TmpfsBytes bounds /tmp, /run and /dev/shm (0: the default).
+	TmpfsBytes int64 `json:",omitempty"`
 }
 
 // Init runs the sandbox's init step when the process was started as one by
@@ -295,8 +297,12 @@ func buildRoot(c *initConfig) error {
 		func() error {
 			return r.mount("tmpfs", "dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755", false)
 		},
-		func() error { return r.mount("tmpfs", "tmp", "tmpfs", nosuidNodev, "mode=1777", false) },
-		func() error { return r.mount("tmpfs", "run", "tmpfs", nosuidNodev, "mode=755", false) },
+		func() error {
+			return r.mount("tmpfs", "tmp", "tmpfs", nosuidNodev, tmpfsOptions("1777", c.TmpfsBytes), false)
+		},
+		func() error {
+			return r.mount("tmpfs", "run", "tmpfs", nosuidNodev, tmpfsOptions("755", c.TmpfsBytes), false)
+		},
 	}
 	for _, p := range []string{"sys", "sysrq-trigger", "irq", "bus", "fs"} {
 		steps = append(steps, func() error { return r.readOnly("proc/"+p, false) })
@@ -316,7 +322,9 @@ func buildRoot(c *initConfig) error {
 		func() error {
 			return r.mount("devpts", "dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620", false)
 		},
-		func() error { return r.mount("tmpfs", "dev/shm", "tmpfs", noexec, "mode=1777", false) },
+		func() error {
+			return r.mount("tmpfs", "dev/shm", "tmpfs", noexec, tmpfsOptions("1777", c.TmpfsBytes), false)
+		},
 		func() error { return devLinks(c.Root) },
 		func() error { return r.mount(c.RunDir, strings.TrimPrefix(agentDir, "/"), "", unix.MS_BIND, "", false) },
 		// The agent binary, read-only, so that ps names it and no one in

@@ -89,8 +89,11 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		}
 	}
 	if _, err := os.Lstat(spec.Dir); errors.Is(err, os.ErrNotExist) {
-		if in, err := r.startWarm(ctx, spec); in != nil || err != nil {
-			return in, err
+		// Warm sandboxes have the default tmpfs bounds.
+		if spec.Limits.TmpfsBytes == 0 {
+			if in, err := r.startWarm(ctx, spec); in != nil || err != nil {
+				return in, err
+			}
 		}
 		if spec.Seed != "" {
 			if err := r.CopyState(ctx, spec.Seed, spec.Dir); err != nil {
@@ -107,7 +110,11 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
-	in := &instance{id: spec.ID, sock: filepath.Join(spec.Dir, runDir, agentSocket), cg: cg, done: make(chan struct{})}
+	in := &instance{id: spec.ID, dir: spec.Dir, sock: filepath.Join(spec.Dir, runDir, agentSocket), cg: cg, done: make(chan struct{})}
+	if err := in.applyLimits(spec.Limits, spec.Dir); err != nil {
+		cg.Remove(context.Background())
+		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+	}
 	cfg := initConfig{
 		Root:          filepath.Join(spec.Dir, rootDir),
 		Upper:         filepath.Join(spec.Dir, upperDir),
@@ -118,6 +125,7 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		Hide:          spec.Hide,
 		Hostname:      spec.Hostname,
 		Agent:         r.agent,
+		TmpfsBytes:    spec.Limits.TmpfsBytes,
 	}
 	ctl, err := in.start(r, cfg)
 	if err != nil {

@@ -300,10 +300,8 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		return err
 	}
 	in.id = spec.ID
-	if spec.Limits.Pids > 0 {
-		if err := in.cg.SetPidsMax(spec.Limits.Pids); err != nil {
-			return err
-		}
+	if err := in.applyLimits(spec.Limits, spec.Dir); err != nil {
+		return err
 	}
 	fd, err := unix.OpenTree(unix.AT_FDCWD, spec.ProjectSource, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {

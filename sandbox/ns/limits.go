@@ -1,0 +1,64 @@
+package ns
+
+import (
+	"fmt"
+
+	"tine/sandbox"
+	"tine/sandbox/internal/cgroup"
+)
+
+// cgroupLimits turns a sandbox's limits into its cgroup's. IO limits
+// apply to the disks holding the host root (the lower layer) and dir
+// (the sandbox's own layer).
+func cgroupLimits(l sandbox.Limits, dir string) (cgroup.Limits, error) {
+	cl := cgroup.Limits{Pids: l.Pids, MemoryBytes: l.MemoryBytes, CPUs: l.CPUs}
+	if l.IOReadBPS == 0 && l.IOWriteBPS == 0 && l.IOReadIOPS == 0 && l.IOWriteIOPS == 0 {
+		return cl, nil
+	}
+	seen := map[[2]uint32]bool{}
+	for _, p := range []string{"/", dir} {
+		maj, min, err := cgroup.BlockDevice(p)
+		if err != nil {
+			return cl, err
+		}
+		if seen[[2]uint32{maj, min}] {
+			continue
+		}
+		seen[[2]uint32{maj, min}] = true
+		cl.IO = append(cl.IO, cgroup.IOLimit{Major: maj, Minor: min, ReadBPS: l.IOReadBPS,
+			WriteBPS: l.IOWriteBPS, ReadIOPS: l.IOReadIOPS, WriteIOPS: l.IOWriteIOPS})
+	}
+	return cl, nil
+}
+
+// applyLimits sets the cgroup's limits for spec.
+func (in *instance) applyLimits(l sandbox.Limits, dir string) error {
+	cl, err := cgroupLimits(l, dir)
+	if err != nil {
+		return err
+	}
+	if err := in.cg.Set(cl); err != nil {
+		return fmt.Errorf("sandbox %s: %w", in.id, err)
+	}
+	return nil
+}
+
+// SetLimits changes the running sandbox's cgroup limits.
+func (in *instance) SetLimits(l sandbox.Limits) error { return in.applyLimits(l, in.dir) }
+
+// Usage reads the sandbox's cgroup counters.
+func (in *instance) Usage() (sandbox.Usage, error) {
+	s, err := in.cg.Stats()
+	return sandbox.Usage{CPUNanos: s.CPUNanos, MemoryBytes: s.MemoryBytes, MemoryPeak: s.MemoryPeak,
+		OOMKills: s.OOMKills, Pids: s.Pids}, err
+}
+
+// tmpfsOptions bounds a sandbox memory file system of mode: its size,
+// and its inodes (one per 4 KiB of size), so that neither files nor empty
+// names exhaust the host's memory.
+func tmpfsOptions(mode string, size int64) string {
+	if size <= 0 {
+		size = sandbox.DefaultTmpfsBytes
+	}
+	return fmt.Sprintf("mode=%s,size=%d,nr_inodes=%d", mode, size, max(size/4096, 1024))
+}
