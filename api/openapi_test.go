@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"tine/audit"
 	"tine/cowfs"
+	"tine/execpolicy"
 	"tine/guestagent/proto"
 	"tine/sandbox"
 )
@@ -78,7 +80,12 @@ var goTypes = map[string]any{
 	"cowfs.Conflict":       cowfs.Conflict{}, "cowfs.Refusal": cowfs.Refusal{},
 	"proto.Started": proto.Started{}, "proto.Exit": proto.Exit{}, "proto.Resize": proto.Resize{},
 	"proto.Signal": proto.Signal{}, "proto.Process": proto.Process{}, "proto.Port": proto.Port{},
-	"proto.Event": proto.Event{},
+	"proto.Event":        proto.Event{},
+	"api.LimitsResponse": LimitsResponse{}, "sandbox.Usage": sandbox.Usage{}, "audit.Record": audit.Record{},
+	"audit.Head": audit.Head{}, "audit.Report": audit.Report{}, "api.VerifyResponse": VerifyResponse{},
+	"execpolicy.Rule": execpolicy.Rule{}, "execpolicy.Policy": execpolicy.Policy{},
+	"sandbox.Approval": sandbox.Approval{}, "api.ApprovalsResponse": ApprovalsResponse{},
+	"api.DecisionRequest": DecisionRequest{},
 }
 
 // jsonFields returns the JSON names of a struct's fields as encoding/json
