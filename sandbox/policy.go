@@ -150,7 +150,7 @@ func (m *Manager) checkExec(ctx context.Context, name string, req proto.ExecRequ
 		return how, nil
 	case execpolicy.Deny:
 		m.audit(name, "exec-denied", map[string]any{"argv": req.Argv, "cwd": req.Dir, "rule": d.Rule, "command": d.Command})
-		return "", fmt.Errorf("exec %q in sandbox %q: %w by the exec policy (rule %q); change it with tine policy exec %s", req.Argv, name, ErrDenied, d.Rule, name)
+		return "", fmt.Errorf("exec %q in sandbox %q: %w by the exec policy (rule %q); change it with tine exec-policy %s", req.Argv, name, ErrDenied, d.Rule, name)
 	}
 	var rnd [6]byte
 	rand.Read(rnd[:])

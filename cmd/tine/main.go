@@ -116,6 +116,11 @@ func (a *app) rootCommand() *cobra.Command {
 		c.GroupID = "sandbox"
 		root.AddCommand(c)
 	}
+	for _, c := range []*cobra.Command{a.updateCommand(), a.limitsCommand(), a.freezeCommand(), a.thawCommand(),
+		a.auditCommand(), a.execPolicyCommand(), a.approvalsCommand(), a.decideCommand(true), a.decideCommand(false)} {
+		c.GroupID = "sandbox"
+		root.AddCommand(c)
+	}
 	for _, c := range []*cobra.Command{a.infoCommand(), a.serveCommand(), a.completionCommand(), a.initCommand()} {
 		c.GroupID = "host"
 		root.AddCommand(c)
