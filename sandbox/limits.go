@@ -24,6 +24,11 @@ type LimitsExt struct {
 	// TmpfsBytes bounds each of the sandbox's memory file systems (/tmp,
 	// /run, /dev/shm); 0 takes DefaultTmpfsBytes. It is fixed at start.
 	TmpfsBytes int64 `json:"tmpfs_bytes,omitempty"`
+	// LayerBytes bounds the disk space of the sandbox's OS layer (what it
+	// writes outside the project and its tmpfs); 0 takes
+	// DefaultLayerBytes. It is checked every few seconds, not at each
+	// write: a sandbox found over it is frozen (see docs/policy.md).
+	LayerBytes int64 `json:"layer_bytes,omitempty"`
 	// Lifetime, when positive, removes the sandbox that long after it was
 	// created.
 	Lifetime time.Duration `json:"lifetime,omitempty"`
@@ -36,6 +41,10 @@ type LimitsExt struct {
 // no TmpfsBytes.
 const DefaultTmpfsBytes = 512 << 20
 
+// DefaultLayerBytes bounds the OS layer of a sandbox that sets no
+// LayerBytes.
+const DefaultLayerBytes = 10 << 30
+
 // Check reports a limit out of range, naming it.
 func (l Limits) Check() error {
 	for _, f := range []struct {
@@ -43,7 +52,7 @@ func (l Limits) Check() error {
 		v    int64
 	}{{"pids", l.Pids}, {"project_bytes", l.ProjectBytes}, {"memory_bytes", l.MemoryBytes},
 		{"io_read_bps", l.IOReadBPS}, {"io_write_bps", l.IOWriteBPS}, {"io_read_iops", l.IOReadIOPS},
-		{"io_write_iops", l.IOWriteIOPS}, {"tmpfs_bytes", l.TmpfsBytes},
+		{"io_write_iops", l.IOWriteIOPS}, {"tmpfs_bytes", l.TmpfsBytes}, {"layer_bytes", l.LayerBytes},
 		{"lifetime", int64(l.Lifetime)}, {"idle", int64(l.Idle)}} {
 		if f.v < 0 {
 			return fmt.Errorf("limit %s: %d: want 0 (no limit) or more", f.name, f.v)
@@ -75,6 +84,9 @@ type Usage struct {
 type Limiter interface {
 	SetLimits(l Limits) error
 	Usage() (Usage, error)
+	// LayerBytes returns the disk space its OS layer takes, counting at
+	// most max bytes (a walk stops there).
+	LayerBytes(max int64) (int64, error)
 }
 
 // UpdateLimits changes the limits of a sandbox: they are saved, and

@@ -444,3 +444,35 @@ func TestAuditLifecycle(t *testing.T) {
 		t.Fatal("a truncated log passes verification")
 	}
 }
+
+// TestLayerBound: a sandbox writing past its OS-layer bound is frozen
+// within seconds, with an audit record; once thawed and cleaned it runs.
+func TestLayerBound(t *testing.T) {
+	e := newEnv(t, 0)
+	lim := sandbox.Limits{Pids: 64}
+	lim.LayerBytes = 16 << 20
+	e.create("layer", lim)
+	done := make(chan string, 1)
+	go func() {
+		out, _ := e.sh("layer", "head -c 67108864 /dev/zero > /var/tmp/fill && echo wrote")
+		done <- out
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for e.m.Frozen("layer") == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("not frozen 20 s after writing 64 MiB into a 16 MiB OS layer")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	why := e.m.Frozen("layer")
+	e.waitAudit("layer", "layer-full", time.Second)
+	if err := e.m.Thaw(context.Background(), "layer"); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	e.mustSh("layer", "rm /var/tmp/fill")
+	if err := exec.Command("true").Run(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("64 MiB into a 16 MiB OS layer: frozen (%s); thawed and cleaned, it runs", why)
+}

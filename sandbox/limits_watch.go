@@ -15,7 +15,13 @@ type watchState struct {
 	oom        uint64    // OOM kills at the last look
 	lastActive time.Time // last command started or ended, or CPU used
 	execs      int       // commands running
+	layerCPU   uint64    // CPU time at the last OS-layer check
+	layerAt    time.Time // when that check was
 }
+
+// layerEvery is how often a sandbox that used CPU since has its OS layer
+// measured.
+const layerEvery = 3 * time.Second
 
 // watchEvery is how often the watch loop looks at the sandboxes.
 const watchEvery = time.Second
@@ -29,6 +35,9 @@ const (
 	EventOOMKill = "oom-kill"
 	EventFrozen  = "frozen"
 	EventThawed  = "thawed"
+	// EventLayerFull: the sandbox's OS layer passed its bound and the
+	// sandbox was frozen.
+	EventLayerFull = "layer-full"
 )
 
 // startWatch runs the loop that removes sandboxes past their lifetime,
@@ -101,7 +110,14 @@ func (m *Manager) watchOnce(ctx context.Context, now time.Time) {
 		w.cpu = u.CPUNanos
 		idle := info.Limits.Idle > 0 && now.Sub(w.lastActive) >= info.Limits.Idle
 		frozen := m.pol.frozen[name] != ""
+		checkLayer := !frozen && u.CPUNanos != w.layerCPU && now.Sub(w.layerAt) >= layerEvery
+		if checkLayer {
+			w.layerCPU, w.layerAt = u.CPUNanos, now
+		}
 		m.pol.mu.Unlock()
+		if checkLayer {
+			m.checkLayer(ctx, info)
+		}
 		if oom > 0 {
 			m.audit(name, "oom-kill", map[string]any{"kills": oom, "memory_limit": info.Limits.MemoryBytes,
 				"memory_peak": u.MemoryPeak})
@@ -274,4 +290,29 @@ func (m *Manager) publish(name, typ string) {
 		default:
 		}
 	}
+}
+
+// checkLayer freezes a sandbox whose OS layer is over its bound.
+func (m *Manager) checkLayer(ctx context.Context, info *Info) {
+	lv, err := m.running(info.Name)
+	if err != nil {
+		return
+	}
+	lim, ok := lv.inst.(Limiter)
+	if !ok {
+		return
+	}
+	bound := info.Limits.LayerBytes
+	if bound == 0 {
+		bound = DefaultLayerBytes
+	}
+	n, err := lim.LayerBytes(bound)
+	if err != nil || n <= bound {
+		return
+	}
+	if err := m.freeze(ctx, info.Name, "over its OS-layer bound"); err != nil {
+		return
+	}
+	m.audit(info.Name, "layer-full", map[string]any{"bytes": n, "layer_bytes": bound})
+	m.publish(info.Name, EventLayerFull)
 }

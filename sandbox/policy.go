@@ -157,6 +157,13 @@ func (m *Manager) checkExec(ctx context.Context, name string, req proto.ExecRequ
 	a := &Approval{ID: "ap-" + hex.EncodeToString(rnd[:]), Sandbox: name, Argv: req.Argv, Cwd: req.Dir,
 		Rule: d.Rule, Asked: time.Now().UTC(), Frozen: p.FreezeOnAsk}
 	w := make(chan bool, 1)
+	if a.Frozen {
+		// Frozen before it is listed, so that whoever sees it waiting
+		// sees the sandbox frozen.
+		if err := m.freeze(ctx, name, "waiting for approval "+a.ID); err != nil {
+			return "", fmt.Errorf("exec %q in sandbox %q: the policy asks for approval with the sandbox frozen: %w", req.Argv, name, err)
+		}
+	}
 	m.pol.mu.Lock()
 	if m.pol.approvals == nil {
 		m.pol.approvals, m.pol.waiters = map[string]*Approval{}, map[string]chan bool{}
@@ -165,11 +172,6 @@ func (m *Manager) checkExec(ctx context.Context, name string, req proto.ExecRequ
 	m.pol.mu.Unlock()
 	m.audit(name, "approval-asked", map[string]any{"id": a.ID, "argv": req.Argv, "cwd": req.Dir, "rule": d.Rule})
 	m.publish(name, "approval-asked")
-	if a.Frozen {
-		if err := m.freeze(ctx, name, "waiting for approval "+a.ID); err != nil {
-			m.Decide(a.ID, false, "tine: the sandbox could not be frozen: "+err.Error())
-		}
-	}
 	var ok bool
 	select {
 	case ok = <-w:

@@ -17,7 +17,7 @@ type limitFlags struct {
 	f                                 *pflag.FlagSet
 	cpus                              float64
 	pids                              int64
-	memory, disk, tmpfs               string
+	memory, disk, tmpfs, layer        string
 	ioRead, ioWrite, ioRIOPS, ioWIOPS string
 	lifetime, idle                    time.Duration
 }
@@ -29,6 +29,7 @@ func (lf *limitFlags) bind(f *pflag.FlagSet, withPidsDisk bool) {
 	f.Float64Var(&lf.cpus, "cpus", 0, "CPU time per second, in CPUs, such as 0.5 or 2 (0: no limit)")
 	f.StringVar(&lf.memory, "memory", "", "most memory, tmpfs files included, such as 512M or 4G (0: no limit); over it a process of this sandbox is killed")
 	f.StringVar(&lf.tmpfs, "tmpfs", "", "size of each of /tmp, /run and /dev/shm (default 512M; fixed at start)")
+	f.StringVar(&lf.layer, "layer", "", "disk space of the OS layer (writes outside the project), such as 20G (default 10G); a sandbox found over it is frozen")
 	f.StringVar(&lf.ioRead, "io-read-bps", "", "read bytes per second from the host's disks, such as 50M (0: no limit)")
 	f.StringVar(&lf.ioWrite, "io-write-bps", "", "written bytes per second, such as 20M (0: no limit)")
 	f.StringVar(&lf.ioRIOPS, "io-read-iops", "", "read operations per second (0: no limit)")
@@ -66,7 +67,7 @@ func (lf *limitFlags) apply(l *sandbox.Limits) error {
 		return nil
 	}
 	for _, e := range []error{
-		size("memory", lf.memory, &l.MemoryBytes), size("tmpfs", lf.tmpfs, &l.TmpfsBytes),
+		size("memory", lf.memory, &l.MemoryBytes), size("tmpfs", lf.tmpfs, &l.TmpfsBytes), size("layer", lf.layer, &l.LayerBytes),
 		size("io-read-bps", lf.ioRead, &l.IOReadBPS), size("io-write-bps", lf.ioWrite, &l.IOWriteBPS),
 		count("io-read-iops", lf.ioRIOPS, &l.IOReadIOPS), count("io-write-iops", lf.ioWIOPS, &l.IOWriteIOPS),
 		size("disk", lf.disk, &l.ProjectBytes),
@@ -178,6 +179,11 @@ func (a *app) printLimits(name string, r *api.LimitsResponse) error {
 	fmt.Fprintf(w, "pids        %s\n", opt(l.Pids, num))
 	fmt.Fprintf(w, "disk        %s (project)\n", opt(l.ProjectBytes, hb))
 	fmt.Fprintf(w, "tmpfs       %s each (/tmp, /run, /dev/shm)\n", humanBytes(tmpfs))
+	layer := l.LayerBytes
+	if layer == 0 {
+		layer = sandbox.DefaultLayerBytes
+	}
+	fmt.Fprintf(w, "OS layer    %s\n", humanBytes(layer))
 	fmt.Fprintf(w, "io          read %s, write %s, read %s iops, write %s iops\n",
 		opt(l.IOReadBPS, ps), opt(l.IOWriteBPS, ps), opt(l.IOReadIOPS, num), opt(l.IOWriteIOPS, num))
 	fmt.Fprintf(w, "lifetime    %s\n", dur(l.Lifetime))

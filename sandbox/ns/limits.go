@@ -1,7 +1,12 @@
 package ns
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
 
 	"tine/sandbox"
 	"tine/sandbox/internal/cgroup"
@@ -61,4 +66,28 @@ func tmpfsOptions(mode string, size int64) string {
 		size = sandbox.DefaultTmpfsBytes
 	}
 	return fmt.Sprintf("mode=%s,size=%d,nr_inodes=%d", mode, size, max(size/4096, 1024))
+}
+
+// LayerBytes sums the disk blocks of the sandbox's upper layer, stopping
+// once the sum passes max.
+func (in *instance) LayerBytes(max int64) (int64, error) {
+	var n int64
+	stop := errors.New("over")
+	err := filepath.WalkDir(filepath.Join(in.dir, upperDir), func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // gone meanwhile
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil {
+			n += st.Blocks * 512
+		}
+		if n > max {
+			return stop
+		}
+		return nil
+	})
+	if err != nil && err != stop {
+		return n, err
+	}
+	return n, nil
 }
