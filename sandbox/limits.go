@@ -4,8 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"reflect"
+	"strings"
 	"time"
 )
+
+// IsZero reports whether l sets no limit.
+func (l Limits) IsZero() bool { return reflect.DeepEqual(l, Limits{}) }
 
 // LimitsExt are the limits beyond pids and the project quota (see
 // docs/policy.md). Zero means the default: no limit, except TmpfsBytes.
@@ -29,6 +35,13 @@ type LimitsExt struct {
 	// DefaultLayerBytes. It is checked every few seconds, not at each
 	// write: a sandbox found over it is frozen (see docs/policy.md).
 	LayerBytes int64 `json:"layer_bytes,omitempty"`
+	// Devices are host device nodes (paths under /dev) passed through to
+	// the sandbox at the same path, allowed by its device cgroup. Fixed
+	// at start.
+	Devices []string `json:"devices,omitempty"`
+	// GPU passes the host's NVIDIA devices through (/dev/nvidia*) and
+	// binds the driver's libraries and tools read-only. Fixed at start.
+	GPU bool `json:"gpu,omitempty"`
 	// Lifetime, when positive, removes the sandbox that long after it was
 	// created.
 	Lifetime time.Duration `json:"lifetime,omitempty"`
@@ -56,6 +69,21 @@ func (l Limits) Check() error {
 		{"lifetime", int64(l.Lifetime)}, {"idle", int64(l.Idle)}} {
 		if f.v < 0 {
 			return fmt.Errorf("limit %s: %d: want 0 (no limit) or more", f.name, f.v)
+		}
+	}
+	if len(l.Devices) > 256 {
+		return fmt.Errorf("limit devices: %d, more than 256", len(l.Devices))
+	}
+	for _, d := range l.Devices {
+		if !strings.HasPrefix(d, "/dev/") || strings.Contains(d, "..") || strings.ContainsAny(d, ",:\\\n") {
+			return fmt.Errorf("device %q: want a path under /dev", d)
+		}
+		st, err := os.Stat(d)
+		if err != nil {
+			return fmt.Errorf("device %q: %w", d, err)
+		}
+		if st.Mode()&os.ModeDevice == 0 {
+			return fmt.Errorf("device %q: not a device node", d)
 		}
 	}
 	if l.CPUs < 0 || l.CPUs > 4096 {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +18,9 @@ import (
 	"tine/execpolicy"
 	"tine/guestagent/proto"
 	"tine/sandbox"
+	"tine/sandbox/internal/cgroup"
+
+	"golang.org/x/sys/unix"
 )
 
 // auditKinds returns the kinds of a sandbox's audit records, in order,
@@ -475,4 +479,85 @@ func TestLayerBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("64 MiB into a 16 MiB OS layer: frozen (%s); thawed and cleaned, it runs", why)
+}
+
+// TestDevicePassthrough: a device given is usable inside at the same
+// path and allowed by the sandbox's device cgroup, which allows nothing
+// else beyond the base set; a host device not given is absent.
+func TestDevicePassthrough(t *testing.T) {
+	const dev = "/dev/cpu_dma_latency"
+	if _, err := os.Stat(dev); err != nil {
+		t.Skipf("this host has no %s to pass through: %v", dev, err)
+	}
+	e := newEnv(t, 0)
+	lim := sandbox.Limits{Pids: 64}
+	lim.Devices = []string{dev}
+	e.create("dev", lim)
+	e.create("nodev", sandbox.Limits{Pids: 64})
+	if out := e.mustSh("dev", "od -An -tu4 -N4 "+dev); strings.TrimSpace(out) == "" {
+		t.Fatalf("read %s: %q", dev, out)
+	}
+	if out, code := e.sh("nodev", "test -e "+dev); code == 0 {
+		t.Fatalf("%s visible in a sandbox not given it: %q", dev, out)
+	}
+	if out, code := e.sh("dev", "ls /dev/vda /dev/kmsg"); code == 0 {
+		t.Fatalf("host devices visible: %q", out)
+	}
+	if !cgroup.DevicesEnforced() {
+		t.Log("this host's cgroups do not enforce device rules (v2 without a BPF program): the bind is the only gate")
+		return
+	}
+	lists, _ := filepath.Glob("/sys/fs/cgroup/devices/tine/tine-*-dev/devices.list")
+	if len(lists) != 1 {
+		t.Fatalf("device cgroup of the sandbox: %v", lists)
+	}
+	b, _ := os.ReadFile(lists[0])
+	var st unix.Stat_t
+	unix.Stat(dev, &st)
+	want := fmt.Sprintf("c %d:%d rwm", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+	if !strings.Contains(string(b), want) || strings.Contains(string(b), "a *:*") || strings.Contains(string(b), "b 254") {
+		t.Fatalf("devices.list lacks %q or allows more:\n%s", want, b)
+	}
+	// The same node, made by the host in the other sandbox's /dev, is
+	// refused there by its device cgroup, though the file is there.
+	if out, code := e.sh("nodev", "head -c 1 /dev/full >/dev/null && echo ok"); code != 0 || out != "ok\n" {
+		t.Fatalf("base device /dev/full: %q", out)
+	}
+	procs, _ := filepath.Glob("/sys/fs/cgroup/pids/tine/tine-*-nodev/cgroup.procs")
+	if len(procs) != 1 {
+		t.Fatalf("pids cgroup of the other sandbox: %v", procs)
+	}
+	pb, _ := os.ReadFile(procs[0])
+	pid := strings.Fields(string(pb))[0]
+	node := "/proc/" + pid + "/root" + dev
+	if err := unix.Mknod(node, unix.S_IFCHR|0o666, int(st.Rdev)); err != nil {
+		t.Fatalf("mknod %s from the host: %v", node, err)
+	}
+	if out, code := e.sh("nodev", "ls -l "+dev+" && od -An -tu4 -N4 "+dev); code == 0 || !strings.Contains(out, "not permitted") {
+		t.Fatalf("a device outside the sandbox's rules opened: exit %d: %q", code, out)
+	}
+	t.Logf("%s passed through (%s); devices.list:\n%s", dev, want, b)
+}
+
+// TestGPUPassthrough runs where the NVIDIA driver is loaded: nvidia-smi
+// inside lists the GPUs, and the driver's libraries are read-only.
+func TestGPUPassthrough(t *testing.T) {
+	if m, _ := filepath.Glob("/dev/nvidia*"); len(m) == 0 {
+		t.Skip("no /dev/nvidia* on this host (no NVIDIA GPU or driver): --gpu cannot be tested here")
+	}
+	e := newEnv(t, 0)
+	lim := sandbox.Limits{Pids: 256}
+	lim.GPU = true
+	e.create("gpu", lim)
+	out := e.mustSh("gpu", "ls /dev/nvidia*; nvidia-smi -L")
+	if !strings.Contains(out, "GPU 0") {
+		t.Fatalf("nvidia-smi -L in the sandbox: %q", out)
+	}
+	lib := strings.TrimSpace(e.mustSh("gpu", "ldconfig -p | grep -m1 'libcuda.so' | sed 's/.*=> //'"))
+	if lib != "" {
+		if o, code := e.sh("gpu", "touch $(readlink -f "+lib+")"); code == 0 || !strings.Contains(o, "Read-only") {
+			t.Fatalf("driver library %s writable in the sandbox: %q", lib, o)
+		}
+	}
+	t.Logf("nvidia-smi in the sandbox:\n%s", out)
 }

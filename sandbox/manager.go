@@ -229,7 +229,7 @@ func (m *Manager) prepare(ctx context.Context, info *Info, o CreateOptions) (str
 		if info.Env == nil {
 			info.Env = s.Env
 		}
-		if info.Limits == (Limits{}) {
+		if info.Limits.IsZero() {
 			info.Limits = s.Limits
 		}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -20,6 +21,8 @@ type limitFlags struct {
 	memory, disk, tmpfs, layer        string
 	ioRead, ioWrite, ioRIOPS, ioWIOPS string
 	lifetime, idle                    time.Duration
+	gpu                               bool
+	devices                           []string
 }
 
 // bind adds the limit flags to f; withPidsDisk adds --pids and --disk
@@ -36,6 +39,8 @@ func (lf *limitFlags) bind(f *pflag.FlagSet, withPidsDisk bool) {
 	f.StringVar(&lf.ioWIOPS, "io-write-iops", "", "write operations per second (0: no limit)")
 	f.DurationVar(&lf.lifetime, "lifetime", 0, "remove the sandbox this long after it was created, such as 30m (0: never)")
 	f.DurationVar(&lf.idle, "idle", 0, "freeze the sandbox once it ran no command and used no CPU for this long, such as 5m (0: never); a command thaws it")
+	f.BoolVar(&lf.gpu, "gpu", false, "pass the host's NVIDIA GPUs through, with the driver's libraries read-only (at start)")
+	f.StringArrayVar(&lf.devices, "device", nil, "host device node to pass through at the same path, such as /dev/dri/renderD128 (repeatable; at start)")
 	if withPidsDisk {
 		f.Int64Var(&lf.pids, "pids", 0, "most processes at once (0: no limit)")
 		f.StringVar(&lf.disk, "disk", "", "most bytes written to the project, such as 512M or 1G (0: no limit)")
@@ -81,6 +86,12 @@ func (lf *limitFlags) apply(l *sandbox.Limits) error {
 	}
 	if lf.f.Changed("pids") {
 		l.Pids = lf.pids
+	}
+	if lf.f.Changed("gpu") {
+		l.GPU = lf.gpu
+	}
+	if lf.f.Changed("device") {
+		l.Devices = lf.devices
 	}
 	if lf.f.Changed("lifetime") {
 		l.Lifetime = lf.lifetime
@@ -186,6 +197,9 @@ func (a *app) printLimits(name string, r *api.LimitsResponse) error {
 	fmt.Fprintf(w, "OS layer    %s\n", humanBytes(layer))
 	fmt.Fprintf(w, "io          read %s, write %s, read %s iops, write %s iops\n",
 		opt(l.IOReadBPS, ps), opt(l.IOWriteBPS, ps), opt(l.IOReadIOPS, num), opt(l.IOWriteIOPS, num))
+	if l.GPU || len(l.Devices) > 0 {
+		fmt.Fprintf(w, "devices     gpu %v %s\n", l.GPU, strings.Join(l.Devices, " "))
+	}
 	fmt.Fprintf(w, "lifetime    %s\n", dur(l.Lifetime))
 	fmt.Fprintf(w, "idle        %s\n", dur(l.Idle))
 	if r.Frozen != "" {

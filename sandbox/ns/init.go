@@ -49,6 +49,10 @@ type initConfig struct {
 	Agent         string // host path of the agent binary
 	// TmpfsBytes bounds /tmp, /run and /dev/shm (0: the default).
 	TmpfsBytes int64 `json:",omitempty"`
+	// Devices are host device nodes bound at the same path; ReadOnly are
+	// host files bound read-only over themselves (see devices.go).
+	Devices  []string `json:",omitempty"`
+	ReadOnly []string `json:",omitempty"`
 }
 
 // Init runs the sandbox's init step when the process was started as one by
@@ -326,6 +330,7 @@ func buildRoot(c *initConfig) error {
 			return r.mount("tmpfs", "dev/shm", "tmpfs", noexec, tmpfsOptions("1777", c.TmpfsBytes), false)
 		},
 		func() error { return devLinks(c.Root) },
+		func() error { return passDevices(r, c) },
 		func() error { return r.mount(c.RunDir, strings.TrimPrefix(agentDir, "/"), "", unix.MS_BIND, "", false) },
 		// The agent binary, read-only, so that ps names it and no one in
 		// the sandbox can write the host's copy.
@@ -426,6 +431,21 @@ func dropCapabilities() error {
 	}
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
 		return fmt.Errorf("clear ambient capabilities: %w", err)
+	}
+	return nil
+}
+
+// passDevices binds the devices and read-only files of c (devices.go).
+func passDevices(r root, c *initConfig) error {
+	for _, d := range c.Devices {
+		if err := r.mount(d, strings.TrimPrefix(d, "/"), "", unix.MS_BIND, "", true); err != nil {
+			return err
+		}
+	}
+	for _, f := range c.ReadOnly {
+		if err := r.readOnly(strings.TrimPrefix(f, "/"), true); err != nil {
+			return err
+		}
 	}
 	return nil
 }

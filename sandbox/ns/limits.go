@@ -17,6 +17,11 @@ import (
 // (the sandbox's own layer).
 func cgroupLimits(l sandbox.Limits, dir string) (cgroup.Limits, error) {
 	cl := cgroup.Limits{Pids: l.Pids, MemoryBytes: l.MemoryBytes, CPUs: l.CPUs}
+	pt, err := devicesFor(l)
+	if err != nil {
+		return cl, err
+	}
+	cl.Devices = pt.rules
 	if l.IOReadBPS == 0 && l.IOWriteBPS == 0 && l.IOReadIOPS == 0 && l.IOWriteIOPS == 0 {
 		return cl, nil
 	}

@@ -89,8 +89,8 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		}
 	}
 	if _, err := os.Lstat(spec.Dir); errors.Is(err, os.ErrNotExist) {
-		// Warm sandboxes have the default tmpfs bounds.
-		if spec.Limits.TmpfsBytes == 0 {
+		// Warm sandboxes have the default tmpfs bounds and no devices.
+		if spec.Limits.TmpfsBytes == 0 && len(spec.Limits.Devices) == 0 && !spec.Limits.GPU {
 			if in, err := r.startWarm(ctx, spec); in != nil || err != nil {
 				return in, err
 			}
@@ -110,6 +110,11 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
+	pt, err := devicesFor(spec.Limits)
+	if err != nil {
+		cg.Remove(context.Background())
+		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+	}
 	in := &instance{id: spec.ID, dir: spec.Dir, sock: filepath.Join(spec.Dir, runDir, agentSocket), cg: cg, done: make(chan struct{})}
 	if err := in.applyLimits(spec.Limits, spec.Dir); err != nil {
 		cg.Remove(context.Background())
@@ -126,6 +131,8 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		Hostname:      spec.Hostname,
 		Agent:         r.agent,
 		TmpfsBytes:    spec.Limits.TmpfsBytes,
+		Devices:       pt.Devices,
+		ReadOnly:      pt.ReadOnly,
 	}
 	ctl, err := in.start(r, cfg)
 	if err != nil {

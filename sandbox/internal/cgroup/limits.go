@@ -11,7 +11,7 @@ import (
 
 // v1Controllers are the v1 hierarchies a group is made in, when mounted:
 // pids first and freezer last (see Group.dirs).
-var v1Controllers = []string{"pids", "memory", "cpu", "cpuacct", "blkio", "freezer"}
+var v1Controllers = []string{"pids", "memory", "cpu", "cpuacct", "blkio", "devices", "freezer"}
 
 // v1Dirs lists the group's directory in each v1 hierarchy the host has;
 // pids and freezer are always listed (New fails without them).
@@ -62,6 +62,50 @@ type Limits struct {
 	CPUs float64
 	// IO are throttles per block device.
 	IO []IOLimit
+	// Devices, when not nil, are the only device nodes the group's tasks
+	// may open or create (v1 devices controller). v2 needs a BPF program
+	// for this, which is not built: there Devices is not enforced and
+	// DevicesEnforced reports false.
+	Devices []DeviceRule
+}
+
+// DeviceRule allows one device, or a range: Minor -1 is every minor.
+type DeviceRule struct {
+	Type         byte // 'c' or 'b'
+	Major, Minor int64
+}
+
+func (r DeviceRule) String() string {
+	mi := "*"
+	if r.Minor >= 0 {
+		mi = strconv.FormatInt(r.Minor, 10)
+	}
+	return fmt.Sprintf("%c %d:%s rwm", r.Type, r.Major, mi)
+}
+
+// DevicesEnforced reports whether this host's cgroups enforce Devices.
+func DevicesEnforced() bool {
+	if V2() {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(Root, "devices", "devices.allow"))
+	return err == nil
+}
+
+// setDevices replaces the group's device allow-list with rules.
+func (g *Group) setDevices(rules []DeviceRule) error {
+	if rules == nil || g.v2 || g.dir("devices") == "" {
+		return nil
+	}
+	if err := g.write("devices", "devices.deny", "a"); err != nil {
+		return err
+	}
+	for _, r := range rules {
+		if err := g.write("devices", "devices.allow", r.String()); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // IOLimit throttles one block device; zero fields do not throttle.
@@ -106,7 +150,7 @@ func (g *Group) Set(l Limits) error {
 	if l.Pids < 0 || l.MemoryBytes < 0 || l.CPUs < 0 {
 		return errors.New("cgroup: limits must be 0 (no limit) or more")
 	}
-	errs := []error{g.SetPidsMax(l.Pids), g.setMemory(l.MemoryBytes), g.setCPU(l.CPUs)}
+	errs := []error{g.SetPidsMax(l.Pids), g.setMemory(l.MemoryBytes), g.setCPU(l.CPUs), g.setDevices(l.Devices)}
 	errs = append(errs, g.setIO(l.IO)...)
 	return errors.Join(errs...)
 }
