@@ -44,6 +44,9 @@ const (
 // freezes idle ones and reports OOM kills, until stopWatch.
 func (m *Manager) startWatch() {
 	m.pol.loopOnce.Do(func() {
+		if err := m.Audit("", "open", map[string]any{"root": m.root, "pid": os.Getpid()}); err != nil {
+			fmt.Fprintf(os.Stderr, "tine: audit: %v\n", err)
+		}
 		m.pol.stop, m.pol.done = make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(m.pol.done)
@@ -71,6 +74,7 @@ func (m *Manager) stopWatch() {
 		}
 		<-m.pol.done
 	}
+	m.Audit("", "close", map[string]any{"pid": os.Getpid()})
 	m.closeAudit()
 }
 
