@@ -8,7 +8,8 @@ TEST_TIMEOUT ?= 45m
 
 # Debian packages the tests, the demo and the benchmarks use.
 DEBS := fuse3 restic casync fuse-overlayfs btrfs-progs qemu-system-x86 \
-	busybox-static cpio kmod zstd xz-utils lz4 git gcc iproute2 bubblewrap
+	busybox-static cpio kmod zstd xz-utils lz4 git gcc iproute2 bubblewrap \
+	nftables util-linux curl chromium chromium-driver nodejs
 
 .PHONY: all build binaries deps demo test test-full vet fuzz unit unit-full bench bench-chunkstore bench-cowfs bench-vmm bench-sandbox kernels nested-test
 
@@ -26,6 +27,10 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 	$(GO) mod download
+	# The MCP tests drive tine mcp with the TypeScript SDK's client. Debian
+	# packages npm apart from nodejs; other nodejs builds carry their own.
+	command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+	npm ci --prefix mcp/testdata/node --no-audit --no-fund --silent
 
 # binaries builds tine and the guest agent, static (CGO off), into bin/.
 binaries:

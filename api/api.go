@@ -7,7 +7,6 @@ package api
 import (
 	"time"
 
-	"tine/cowfs"
 	"tine/guestagent/proto"
 	"tine/sandbox"
 )
@@ -72,22 +71,6 @@ type Change struct {
 	// the old one's.
 	Size int64  `json:"size,omitempty"`
 	Mode uint32 `json:"mode,omitempty"`
-}
-
-// PromoteRequest is the body of POST /v1/sandboxes/{name}/promote.
-type PromoteRequest struct {
-	DryRun      bool `json:"dry_run,omitempty"`
-	AllowSetid  bool `json:"allow_setid,omitempty"`
-	AllowDevice bool `json:"allow_devices,omitempty"`
-	KeepOwners  bool `json:"keep_owners,omitempty"`
-}
-
-// PromoteResponse reports what a promote did or would do.
-type PromoteResponse struct {
-	Changes   []Change         `json:"changes"`
-	Conflicts []cowfs.Conflict `json:"conflicts,omitempty"`
-	Refused   []cowfs.Refusal  `json:"refused,omitempty"`
-	Applied   bool             `json:"applied"`
 }
 
 // ExecRequest starts a command: the body of POST /v1/sandboxes/{name}/exec

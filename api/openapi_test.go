@@ -12,6 +12,7 @@ import (
 	"tine/cowfs"
 	"tine/execpolicy"
 	"tine/guestagent/proto"
+	"tine/merge"
 	"tine/sandbox"
 )
 
@@ -76,8 +77,8 @@ var goTypes = map[string]any{
 	"api.Info": Info{}, "api.RuntimeInfo": RuntimeInfo{}, "api.FSRequest": FSRequest{},
 	"api.FSResponse": FSResponse{},
 	"sandbox.Limits": sandbox.Limits{}, "sandbox.Staleness": sandbox.Staleness{},
-	"sandbox.SnapshotInfo": sandbox.SnapshotInfo{},
-	"cowfs.Conflict":       cowfs.Conflict{}, "cowfs.Refusal": cowfs.Refusal{},
+	"sandbox.SnapshotInfo": sandbox.SnapshotInfo{}, "sandbox.MergeConflict": sandbox.MergeConflict{}, "merge.Conflict": merge.Conflict{},
+	"cowfs.Conflict": cowfs.Conflict{}, "cowfs.Refusal": cowfs.Refusal{},
 	"proto.Started": proto.Started{}, "proto.Exit": proto.Exit{}, "proto.Resize": proto.Resize{},
 	"proto.Signal": proto.Signal{}, "proto.Process": proto.Process{}, "proto.Port": proto.Port{},
 	"proto.Event":        proto.Event{},

@@ -197,11 +197,6 @@ func (req *FSRequest) validate() error {
 	return nil
 }
 
-func (req *PromoteRequest) options() cowfs.PromoteOptions {
-	return cowfs.PromoteOptions{DryRun: req.DryRun,
-		Privileges: cowfs.HostPrivileges{SetID: req.AllowSetid, Devices: req.AllowDevice, Owners: req.KeepOwners}}
-}
-
 // validate checks an exec request; the process needs a command line.
 func (req *ExecRequest) validate() error {
 	if len(req.Argv) == 0 || req.Argv[0] == "" {

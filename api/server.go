@@ -383,24 +383,6 @@ func (s *Server) diff(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, changesOf(changes))
 }
 
-func (s *Server) promote(w http.ResponseWriter, r *http.Request) {
-	name, ok := s.known(w, r)
-	if !ok {
-		return
-	}
-	var req PromoteRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	res, err := s.m.Promote(context.WithoutCancel(r.Context()), name, req.options())
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, &PromoteResponse{Changes: changesOf(res.Changes),
-		Conflicts: res.Conflicts, Refused: res.Refused, Applied: res.Applied})
-}
-
 func (s *Server) ps(w http.ResponseWriter, r *http.Request) {
 	c, ok := s.agent(w, r)
 	if !ok {

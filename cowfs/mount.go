@@ -133,8 +133,10 @@ func fuseOptions(fsName string, opts *MountOptions) *gofs.Options {
 			AllowOther:  opts.AllowOther,
 			Options:     []string{"default_permissions"},
 			DirectMount: true,
-			MaxWrite:    1 << 20,
-			Debug:       opts.Debug,
+			// Sandboxes in a user namespace see the mount idmapped (sandbox/ns).
+			IDMappedMount: true,
+			MaxWrite:      1 << 20,
+			Debug:         opts.Debug,
 			// Attributes with directory listings only when the caller goes
 			// on to stat the entries (the kernel's adaptive mode).
 			ExtraCapabilities: fuse.CAP_READDIRPLUS_AUTO,

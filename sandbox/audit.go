@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"tine/audit"
+	"tine/gateway"
 	"tine/guestagent/client"
 	"tine/guestagent/proto"
 )
@@ -178,4 +179,18 @@ func (m *Manager) auditExec(name string, req proto.ExecRequest, d string, p *cli
 		}
 	}()
 	return p, nil
+}
+
+// netAuditor is where a sandbox's gateway records its events: the
+// auditor the network options give, else the sandbox's audit log.
+func (m *Manager) netAuditor(name string) gateway.Auditor {
+	if m.net.opts.Audit != nil {
+		return m.net.opts.Audit
+	}
+	l, err := m.AuditLog(name)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "tine: sandbox %q: network events not audited: %v\n", name, err)
+		return nil
+	}
+	return l
 }

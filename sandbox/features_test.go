@@ -245,9 +245,15 @@ func TestStatusAndStaleness(t *testing.T) {
 	os.WriteFile(filepath.Join(e.project, "added.txt"), nil, 0o644)
 	os.Remove(filepath.Join(e.project, "gone.txt"))
 	os.RemoveAll(filepath.Join(e.project, "gonedir"))
-	st, err = e.m.Status(ctx, "st")
-	if err != nil {
-		t.Fatal(err)
+	// The server may take a while to listen on a loaded host: wait for it.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		st, err = e.m.Status(ctx, "st")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Ports == 1 || time.Now().After(deadline) {
+			break
+		}
 	}
 	t.Logf("status: processes %d ports %d bytes %d stale %+v", st.Processes, st.Ports, st.ProjectBytes, st.Stale)
 	if st.Stale.Changed != 1 || st.Stale.Added != 1 || st.Stale.Removed != 2 || st.Stale.Partial {
@@ -289,7 +295,7 @@ func TestPromote(t *testing.T) {
 	ctx := context.Background()
 	e.create("pr", sandbox.Limits{})
 	e.mustSh("pr", fmt.Sprintf("echo v2 > %s/src/main.txt; echo new > %s/new.txt", e.project, e.project))
-	res, err := e.m.Promote(ctx, "pr", cowfs.PromoteOptions{})
+	res, err := e.m.Promote(ctx, "pr", sandbox.PromoteOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +306,7 @@ func TestPromote(t *testing.T) {
 		t.Fatalf("host main.txt: %q", b)
 	}
 	e.mustSh("pr", fmt.Sprintf("echo v3 > %s/new.txt", e.project))
-	if res, err = e.m.Promote(ctx, "pr", cowfs.PromoteOptions{}); err != nil || len(res.Changes) != 1 {
+	if res, err = e.m.Promote(ctx, "pr", sandbox.PromoteOptions{}); err != nil || len(res.Changes) != 1 {
 		t.Fatalf("second promote: %+v %v", res, err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(e.project, "new.txt")); string(b) != "v3\n" {
@@ -309,7 +315,7 @@ func TestPromote(t *testing.T) {
 	// The host edits the file the sandbox edits too: a conflict, nothing written.
 	os.WriteFile(filepath.Join(e.project, "new.txt"), []byte("host\n"), 0o644)
 	e.mustSh("pr", fmt.Sprintf("echo v4 > %s/new.txt", e.project))
-	if _, err := e.m.Promote(ctx, "pr", cowfs.PromoteOptions{}); !errors.Is(err, cowfs.ErrConflict) {
+	if _, err := e.m.Promote(ctx, "pr", sandbox.PromoteOptions{}); !errors.Is(err, cowfs.ErrConflict) {
 		t.Fatalf("conflicting promote: %v", err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(e.project, "new.txt")); string(b) != "host\n" {
@@ -330,7 +336,7 @@ func TestPromote(t *testing.T) {
 	if _, err := e.m.Create(ctx, sandbox.CreateOptions{Name: "orphan", Snapshot: s.ID}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.m.Promote(ctx, "orphan", cowfs.PromoteOptions{}); err == nil || !strings.Contains(err.Error(), "does not record the host directory") {
+	if _, err := e.m.Promote(ctx, "orphan", sandbox.PromoteOptions{}); err == nil || !strings.Contains(err.Error(), "does not record the host directory") {
 		t.Fatalf("promote of a sandbox without a host base: %v", err)
 	}
 }

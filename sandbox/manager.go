@@ -19,6 +19,7 @@ import (
 	"tine/cowfs"
 	"tine/guestagent/client"
 	"tine/guestagent/proto"
+	"tine/netpolicy"
 )
 
 // Options configures a Manager.
@@ -32,6 +33,8 @@ type Options struct {
 	// sandboxes started ahead of time (namespaces, root and agent), so that
 	// creating or forking one only binds it (docs/adr/0092).
 	Warm int
+	// Network configures the host side of sandboxes' networks.
+	Network NetworkOptions
 }
 
 // Manager owns the sandboxes under one state root: metadata in
@@ -48,7 +51,8 @@ type Manager struct {
 
 	mu   sync.Mutex
 	live map[string]*live
-	ext  extra       // services, logs, snapshot labels, recovery
+	ext  extra // services, logs, snapshot labels, recovery
+	net  networks
 	pol  policyState // audit logs, exec policy, approvals, deadlines (policy.go)
 }
 
@@ -79,8 +83,9 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 	}
 	sum := sha256.Sum256([]byte(root))
 	m := &Manager{root: root, fs: fs, rt: opts.Runtime, id: hex.EncodeToString(sum[:4]), live: map[string]*live{}}
+	m.net.opts = opts.Network
 	if opts.MountPool > 0 {
-		p, err := fs.NewMountPool(ctx, filepath.Join(root, "mounts"), opts.MountPool, nil)
+		p, err := fs.NewMountPool(ctx, filepath.Join(root, "mounts"), opts.MountPool, projectMountOptions())
 		if err != nil {
 			return nil, fmt.Errorf("sandbox manager: %w", err)
 		}
@@ -161,6 +166,9 @@ type CreateOptions struct {
 	// Services are shell commands (sh -c) started now and at every later
 	// start, fork and rollback.
 	Services []string
+	// Network is the sandbox's network policy (nil: mode none; a fork
+	// takes its parent's).
+	Network *netpolicy.Policy
 }
 
 // Create makes a sandbox and starts it. Its metadata is written once,
@@ -191,6 +199,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 	}
 	if err == nil {
 		m.inheritPolicy(forkedFrom, o.Name)
+		err = m.initNetwork(o.Name, o.Network, forkedFrom)
 	}
 	if err == nil {
 		err = m.start(ctx, info, seed)
@@ -286,7 +295,7 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		l.mount, err = m.pool.Mount(ctx, info.Branch)
 	} else {
 		if err = os.MkdirAll(m.mountDir(name), 0o700); err == nil {
-			l.mount, err = m.fs.Mount(ctx, info.Branch, m.mountDir(name), nil)
+			l.mount, err = m.fs.Mount(ctx, info.Branch, m.mountDir(name), projectMountOptions())
 		}
 	}
 	if err != nil {
@@ -296,6 +305,9 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		ProjectPath: info.ProjectPath, ProjectSource: l.mount.Dir(),
 		Hide: []string{m.root, m.fs.Root()}, Limits: info.Limits, Seed: seed}
 	if l.inst, err = m.rt.Start(ctx, spec); err != nil {
+		return fail(err)
+	}
+	if err = m.startNetwork(ctx, name, l.inst); err != nil {
 		return fail(err)
 	}
 	info.State = Running
@@ -329,6 +341,7 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 	defer m.audit(name, "stop", nil)
 	defer m.forgetWatch(name)
 	var errs []error
+	m.stopNetwork(name)
 	l.mu.Lock()
 	if l.agent != nil {
 		l.agent.Close()

@@ -121,7 +121,8 @@ func (a *app) rootCommand() *cobra.Command {
 		c.GroupID = "sandbox"
 		root.AddCommand(c)
 	}
-	for _, c := range []*cobra.Command{a.infoCommand(), a.serveCommand(), a.completionCommand(), a.initCommand()} {
+	for _, c := range []*cobra.Command{a.infoCommand(), a.serveCommand(), a.completionCommand(), a.initCommand(),
+		a.mcpCommand()} {
 		c.GroupID = "host"
 		root.AddCommand(c)
 	}

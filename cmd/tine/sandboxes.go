@@ -70,12 +70,16 @@ func (a *app) createCommand() *cobra.Command {
 	var req api.CreateRequest
 	var from, disk string
 	var lf limitFlags
+	var sf specFlags
 	c := &cobra.Command{
 		Use:   "create",
 		Short: "create and start a sandbox from a directory (default: the current one) or a snapshot",
 		Args:  nArgs(),
 		RunE: func(c *cobra.Command, args []string) error {
 			ctx := c.Context()
+			if sf.file != "" || sf.devcontainer != "" {
+				return a.createFromSpec(c, sf, req.Name)
+			}
 			if from == "" {
 				from = "."
 			}
@@ -130,6 +134,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.Int64Var(&req.Limits.Pids, "pids", 0, "most processes at once (0: no limit)")
 	f.StringVar(&disk, "disk", "", "most bytes written to the project, such as 512M or 1G (default: no limit)")
 	lf.bind(f, false) // limits.go
+	sf.flags(f)
 	return c
 }
 
@@ -568,59 +573,4 @@ func (a *app) stopCommand() *cobra.Command {
 			})
 		},
 	}
-}
-
-func (a *app) promoteCommand() *cobra.Command {
-	var req api.PromoteRequest
-	c := &cobra.Command{
-		Use:   "promote SB",
-		Short: "apply the sandbox's changes to the directory it came from, after a conflict check",
-		Args:  nArgs("SB"),
-		RunE: func(c *cobra.Command, args []string) error {
-			cl, err := a.daemon(c.Context())
-			if err != nil {
-				return err
-			}
-			res, err := cl.Promote(c.Context(), args[0], req)
-			if err != nil && res == nil {
-				return sbErr(args[0], err)
-			}
-			if a.json {
-				if werr := writeJSON(a.stdout, res); werr != nil {
-					return werr
-				}
-			} else {
-				for _, ch := range res.Changes {
-					fmt.Fprintf(a.stdout, "%s %s\n", changeLetter(ch.Kind), changePath(ch))
-				}
-				for _, cf := range res.Conflicts {
-					fmt.Fprintf(a.stdout, "conflict: %v\n", cf)
-				}
-				for _, r := range res.Refused {
-					fmt.Fprintf(a.stdout, "refused: %v\n", r)
-				}
-				switch {
-				case res.Applied:
-					fmt.Fprintf(a.stdout, "applied %d changes\n", len(res.Changes))
-				case req.DryRun && len(res.Conflicts)+len(res.Refused) == 0:
-					fmt.Fprintf(a.stdout, "dry run: %d changes would apply; nothing written\n", len(res.Changes))
-				default:
-					fmt.Fprintln(a.stdout, "nothing written")
-				}
-			}
-			if err != nil {
-				return sbErr(args[0], err)
-			}
-			if !res.Applied && !req.DryRun {
-				return fmt.Errorf("sandbox %q: not promoted: %d conflicts, %d refused; see the list above", args[0], len(res.Conflicts), len(res.Refused))
-			}
-			return nil
-		},
-	}
-	f := c.Flags()
-	f.BoolVar(&req.DryRun, "dry-run", false, "list the changes and check for conflicts; write nothing")
-	f.BoolVar(&req.AllowSetid, "allow-setid", false, "keep setuid and setgid bits")
-	f.BoolVar(&req.AllowDevice, "allow-devices", false, "create character and block device nodes")
-	f.BoolVar(&req.KeepOwners, "keep-owners", false, "keep the sandbox's uid and gid (default: the running user's)")
-	return c
 }

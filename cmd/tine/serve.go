@@ -26,6 +26,7 @@ func (a *app) serveCommand() *cobra.Command {
 	var group string
 	var stop bool
 	var warm, pool int
+	var dash string
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "run the daemon: owns the state root's store, mounts and sandboxes; answers the API on ROOT/" + api.SocketName,
@@ -38,18 +39,19 @@ func (a *app) serveCommand() *cobra.Command {
 			if stop {
 				return a.stopDaemon(c.Context())
 			}
-			return a.serve(c.Context(), group, sandbox.Options{Warm: warm, MountPool: pool})
+			return a.serve(c.Context(), group, sandbox.Options{Warm: warm, MountPool: pool}, dash)
 		},
 	}
 	c.Flags().StringVar(&group, "group", "", "also let members of this group use the socket (default: root only)")
 	c.Flags().BoolVar(&stop, "stop", false, "stop the daemon that serves the state root (its sandboxes stop, their files stay)")
 	c.Flags().IntVar(&warm, "warm", 2, "sandboxes kept started ahead of time, so that create answers at once")
 	c.Flags().IntVar(&pool, "mount-pool", 2, "project mounts kept made ahead of time")
+	c.Flags().StringVar(&dash, "dashboard", "", "also serve the web dashboard and the API on this TCP address (e.g. 127.0.0.1:8080), behind a token")
 	return c
 }
 
 // serve runs the daemon until ctx ends.
-func (a *app) serve(ctx context.Context, group string, opts sandbox.Options) (err error) {
+func (a *app) serve(ctx context.Context, group string, opts sandbox.Options, dash string) (err error) {
 	root, err := filepath.Abs(a.root)
 	if err != nil {
 		return err
@@ -92,6 +94,14 @@ func (a *app) serve(ctx context.Context, group string, opts sandbox.Options) (er
 	})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
+	if dash != "" {
+		stopDash, err := a.serveDashboard(dash, srv)
+		if err != nil {
+			srv.Close()
+			return err
+		}
+		defer stopDash()
+	}
 	fmt.Fprintf(a.stderr, "tine serve: %s: listening on %s (pid %d)\n", time.Now().Format(time.RFC3339), filepath.Join(root, api.SocketName), os.Getpid())
 	select {
 	case <-ctx.Done():
@@ -171,6 +181,14 @@ func hostInfo(root string) *api.Info {
 	_, agentErr := findAgent()
 	for _, r := range ns.Probe() {
 		ri := api.RuntimeInfo{Name: r.Runtime, Mode: r.Mode, Available: r.OK, Reason: strings.Join(r.Why, "; ")}
+		if r.OK {
+			// What it runs with, where a check says more (the user namespace).
+			for _, c := range r.Checks {
+				if c.Name == "user namespace" {
+					ri.Reason = fmt.Sprintf("user namespace: %v: %s", map[bool]string{true: "yes", false: "no"}[c.OK], c.Detail)
+				}
+			}
+		}
 		if r.Runtime == "ns" && agentErr != nil {
 			ri.Available = false
 			ri.Reason = strings.TrimPrefix(ri.Reason+"; "+agentErr.Error(), "; ")
@@ -211,6 +229,9 @@ func (a *app) infoCommand() *cobra.Command {
 			}
 			for _, r := range info.Runtimes {
 				state := "yes"
+				if r.Available && r.Reason != "" {
+					state = "yes (" + r.Reason + ")"
+				}
 				if !r.Available {
 					state = "no: " + r.Reason
 				}

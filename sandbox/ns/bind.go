@@ -15,7 +15,10 @@ type bindConfig struct {
 	// Fork: a second descriptor, the sandbox's state directory, comes
 	// with the project, and the root is built anew over its forkUpper
 	// layer before the project is mounted (see forkRoot).
-	Fork        bool `json:",omitempty"`
+	Fork bool `json:",omitempty"`
+	// Userns: the sandbox runs in a user namespace; a fork's second
+	// descriptor is then its root overlay, made by the host (userns.go).
+	Userns      bool `json:",omitempty"`
 	ProjectPath string
 	Hide        []string
 	Hostname    string
@@ -76,12 +79,20 @@ func bind(b []byte, fds []int) error {
 	if want := map[bool]int{false: 1, true: 2}[c.Fork]; len(fds) != want {
 		return fmt.Errorf("want %d descriptors, got %d", want, len(fds))
 	}
-	if c.Fork {
+	if c.Fork && c.Userns {
+		if err := forkRootUserns(fds[1]); err != nil {
+			return err
+		}
+	} else if c.Fork {
 		if err := forkRoot(fds[1]); err != nil {
 			return err
 		}
 	}
-	unix.Close(hostRootFD)
+	if !c.Userns {
+		// (In a user namespace the init step passed none, and fd 4 may
+		// be one of fds.)
+		unix.Close(hostRootFD)
+	}
 	rfd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -133,5 +144,36 @@ func forkRoot(stateFD int) error {
 		Work:   state + forkWork,
 		RunDir: agentDir,
 		Agent:  agentBin,
+	})
+}
+
+// forkRootUserns is forkRoot in a user namespace: the overlay comes made
+// (see userns.go), and /proc and /sys move over from the warm root.
+func forkRootUserns(overlayFD int) error {
+	nr := "/run/.tine-fork-root"
+	if err := unix.Mkdir(nr, 0o700); err != nil {
+		return fmt.Errorf("fork root: %w", err)
+	}
+	mp, err := unix.Open(nr, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("fork root: %w", err)
+	}
+	// buildRoot closes both; bind closes the descriptors it was given.
+	ofd, err := unix.Dup(overlayFD)
+	if err != nil {
+		unix.Close(mp)
+		return fmt.Errorf("fork root: %w", err)
+	}
+	return buildRoot(&initConfig{
+		Warm:        true,
+		Userns:      true,
+		Root:        nr,
+		overlayFD:   ofd,
+		mountFD:     mp,
+		runFD:       -1,
+		agentFD:     -1,
+		RunDir:      agentDir,
+		Agent:       agentBin,
+		moveProcSys: true,
 	})
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 
@@ -53,6 +52,17 @@ type initConfig struct {
 	// host files bound read-only over themselves (see devices.go).
 	Devices  []string `json:",omitempty"`
 	ReadOnly []string `json:",omitempty"`
+
+	// Userns: the sandbox runs in a user namespace, and the overlay, its
+	// mount point, RunDir, Agent and the project come as descriptors
+	// with the message (see userns.go's initFDs and takeFDs).
+	Userns bool `json:",omitempty"`
+	// set by takeFDs
+	overlayFD, mountFD, projectFD, runFD, agentFD int
+	// moveProcSys: move /proc and /sys of the current root into the new
+	// one instead of mounting them (a fork's root in a user namespace,
+	// where no other proc or sysfs is left to make new ones allowed).
+	moveProcSys bool
 }
 
 // Init runs the sandbox's init step when the process was started as one by
@@ -74,6 +84,9 @@ func Init() {
 		runtime.LockOSThread()
 		runBind()
 		os.Exit(0)
+	case modeHold:
+		runHold()
+		os.Exit(0)
 	}
 }
 
@@ -91,7 +104,7 @@ func closeInherited() error {
 // control socket, with the descriptors passed along it.
 func readMessage(fd int) ([]byte, []int, error) {
 	buf := make([]byte, maxMessage)
-	oob := make([]byte, unix.CmsgSpace(4*4))
+	oob := make([]byte, unix.CmsgSpace(8*4))
 	n, oobn, flags, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
 	if err != nil {
 		return nil, nil, err
@@ -124,16 +137,22 @@ func readMessage(fd int) ([]byte, []int, error) {
 // runInit builds the sandbox's root, locks the process down and executes
 // the agent. It returns only on failure.
 func runInit() error {
-	b, _, err := readMessage(3)
+	b, fds, err := readMessage(3)
 	var c initConfig
 	if err == nil {
 		err = json.Unmarshal(b, &c)
+	}
+	if err == nil && c.Userns {
+		err = c.takeFDs(fds)
+	} else if err == nil && len(fds) > 0 {
+		closeAll(fds)
+		err = fmt.Errorf("%d descriptors with the config, want none", len(fds))
 	}
 	if err != nil {
 		return fmt.Errorf("read config from fd 3: %w", err)
 	}
 	hostRoot := -1
-	if c.Warm {
+	if c.Warm && !c.Userns {
 		// A detached copy of the root mount (overlayfs takes layers from
 		// this namespace or from such a copy), kept for the bind step,
 		// which builds a fork's root over it.
@@ -163,7 +182,9 @@ func runInit() error {
 		if err := startBind(hostRoot); err != nil {
 			return err
 		}
-		unix.Close(hostRoot)
+		if hostRoot >= 0 {
+			unix.Close(hostRoot)
+		}
 	}
 	unix.Close(3)
 	if err := dropCapabilities(); err != nil {
@@ -282,22 +303,24 @@ func buildRoot(c *initConfig) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	lower := c.Lower
-	if lower == "" {
-		lower = "/"
-	}
-	opts := "lowerdir=" + lower + ",upperdir=" + c.Upper + ",workdir=" + c.Work
-	if err := unix.Mount("overlay", c.Root, "overlay", 0, opts); err != nil {
-		return fmt.Errorf("mount the root overlay at %s (%s): %w", c.Root, opts, err)
-	}
-	fd, err := unix.Open(c.Root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	fd, err := mountOverlay(c)
 	if err != nil {
-		return fmt.Errorf("open %s: %w", c.Root, err)
+		return err
 	}
 	r := root{fd}
 	steps := []func() error{
-		func() error { return r.mount("proc", "proc", "proc", noexec, "", false) },
-		func() error { return r.mount("sysfs", "sys", "sysfs", noexec|unix.MS_RDONLY, "", false) },
+		func() error {
+			if c.moveProcSys {
+				return nil // moved last (see below)
+			}
+			return r.mount("proc", "proc", "proc", noexec, "", false)
+		},
+		func() error {
+			if c.moveProcSys {
+				return nil
+			}
+			return r.mount("sysfs", "sys", "sysfs", noexec|unix.MS_RDONLY, "", false)
+		},
 		func() error {
 			return r.mount("tmpfs", "dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755", false)
 		},
@@ -309,10 +332,18 @@ func buildRoot(c *initConfig) error {
 		},
 	}
 	for _, p := range []string{"sys", "sysrq-trigger", "irq", "bus", "fs"} {
-		steps = append(steps, func() error { return r.readOnly("proc/"+p, false) })
+		steps = append(steps, func() error {
+			if c.moveProcSys {
+				return nil // moved with its masks
+			}
+			return r.readOnly("proc/"+p, false)
+		})
 	}
 	for _, p := range []string{"kcore", "keys", "timer_list"} {
 		steps = append(steps, func() error {
+			if c.moveProcSys {
+				return nil
+			}
 			if _, err := os.Stat("/proc/" + p); err != nil {
 				return nil
 			}
@@ -329,28 +360,49 @@ func buildRoot(c *initConfig) error {
 		func() error {
 			return r.mount("tmpfs", "dev/shm", "tmpfs", noexec, tmpfsOptions("1777", c.TmpfsBytes), false)
 		},
-		func() error { return devLinks(c.Root) },
+		func() error { return r.devLinks() },
 		func() error { return passDevices(r, c) },
-		func() error { return r.mount(c.RunDir, strings.TrimPrefix(agentDir, "/"), "", unix.MS_BIND, "", false) },
+		func() error {
+			if c.Userns && c.runFD >= 0 {
+				return r.attach(c.runFD, strings.TrimPrefix(agentDir, "/"), false)
+			}
+			return r.mount(c.RunDir, strings.TrimPrefix(agentDir, "/"), "", unix.MS_BIND, "", false)
+		},
 		// The agent binary, read-only, so that ps names it and no one in
 		// the sandbox can write the host's copy.
-		func() error { return r.mount(c.Agent, strings.TrimPrefix(agentBin, "/"), "", unix.MS_BIND, "", true) },
+		func() error {
+			if c.Userns && c.agentFD >= 0 {
+				return r.attach(c.agentFD, strings.TrimPrefix(agentBin, "/"), true)
+			}
+			return r.mount(c.Agent, strings.TrimPrefix(agentBin, "/"), "", unix.MS_BIND, "", true)
+		},
 		func() error { return r.readOnly(strings.TrimPrefix(agentBin, "/"), true) },
 	)
 	if !c.Warm {
-		steps = append(steps, func() error { return r.mount(c.ProjectSource, c.ProjectPath, "", unix.MS_BIND, "", false) })
+		steps = append(steps, func() error {
+			if c.Userns {
+				return r.attach(c.projectFD, c.ProjectPath, false)
+			}
+			return r.mount(c.ProjectSource, c.ProjectPath, "", unix.MS_BIND, "", false)
+		})
 		for _, h := range c.Hide {
 			steps = append(steps, func() error { return r.hide(h) })
 		}
+	}
+	if c.moveProcSys {
+		// Last: the steps above name their targets through /proc/self/fd.
+		steps = append(steps, func() error { return r.move("/sys", "sys") },
+			func() error { return r.move("/proc", "proc") })
 	}
 	for _, s := range steps {
 		if err := s(); err != nil {
 			return err
 		}
 	}
+	err = unix.Fchdir(fd)
 	unix.Close(fd)
-	if err := unix.Chdir(c.Root); err != nil {
-		return fmt.Errorf("enter %s: %w", c.Root, err)
+	if err != nil {
+		return fmt.Errorf("enter the new root %s: %w", c.Root, err)
 	}
 	// The old root ends up under the new one and is detached at once.
 	if err := unix.PivotRoot(".", "."); err != nil {
@@ -378,12 +430,88 @@ func (r root) hide(rel string) error {
 
 // devLinks adds the usual symlinks of /dev (a fresh tmpfs, so no one
 // else wrote in it).
-func devLinks(rootDir string) error {
+func (r root) devLinks() error {
+	dev, err := r.open("dev", false, false)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(dev)
 	for name, target := range map[string]string{"ptmx": "pts/ptmx", "fd": "/proc/self/fd",
 		"stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
-		if err := os.Symlink(target, filepath.Join(rootDir, "dev", name)); err != nil {
+		if err := unix.Symlinkat(target, dev, name); err != nil {
 			return fmt.Errorf("make /dev/%s: %w", name, err)
 		}
+	}
+	return nil
+}
+
+// mountOverlay mounts the sandbox's overlay root and returns a descriptor
+// of it: in a user namespace it attaches the one the host made (see
+// userns.go) on its mount point.
+func mountOverlay(c *initConfig) (int, error) {
+	if c.Userns {
+		if c.mountFD < 0 {
+			// The state directory is out of this process's reach: a
+			// mount point on a small tmpfs over /tmp, which goes with the
+			// host root at the pivot.
+			if err := unix.Mount("tmpfs", "/tmp", "tmpfs", noexec, "mode=700,size=4k"); err != nil {
+				return -1, fmt.Errorf("mount point for the root: %w", err)
+			}
+			if err := unix.Mkdir("/tmp/root", 0o700); err != nil {
+				return -1, fmt.Errorf("mount point for the root: %w", err)
+			}
+			fd, err := unix.Open("/tmp/root", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return -1, fmt.Errorf("mount point for the root: %w", err)
+			}
+			c.mountFD = fd
+		}
+		err := unix.MoveMount(c.overlayFD, "", c.mountFD, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH)
+		unix.Close(c.mountFD)
+		if err != nil {
+			return -1, fmt.Errorf("attach the root overlay: %w", err)
+		}
+		return c.overlayFD, nil
+	}
+	lower := c.Lower
+	if lower == "" {
+		lower = "/"
+	}
+	opts := "lowerdir=" + lower + ",upperdir=" + c.Upper + ",workdir=" + c.Work
+	if err := unix.Mount("overlay", c.Root, "overlay", 0, opts); err != nil {
+		return -1, fmt.Errorf("mount the root overlay at %s (%s): %w", c.Root, opts, err)
+	}
+	fd, err := unix.Open(c.Root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open %s: %w", c.Root, err)
+	}
+	return fd, nil
+}
+
+// attach mounts the detached mount fd at rel (made if missing, as an
+// empty file when file is set).
+func (r root) attach(fd int, rel string, file bool) error {
+	target, err := r.open(rel, true, file)
+	if err != nil {
+		return fmt.Errorf("mount point %s: %w", rel, err)
+	}
+	defer unix.Close(target)
+	if err := unix.MoveMount(fd, "", target, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mount at %s: %w", rel, err)
+	}
+	return nil
+}
+
+// move moves the mount at from (a path in the current root), with those
+// under it, to rel.
+func (r root) move(from, rel string) error {
+	target, err := r.open(rel, true, false)
+	if err != nil {
+		return fmt.Errorf("mount point %s: %w", rel, err)
+	}
+	defer unix.Close(target)
+	if err := unix.MoveMount(unix.AT_FDCWD, from, target, "", unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move %s to %s: %w", from, rel, err)
 	}
 	return nil
 }

@@ -31,6 +31,12 @@ type Runtime struct {
 
 	mu   sync.Mutex
 	warm *warmPool
+
+	// User namespaces (userns.go).
+	idOnce   sync.Once
+	ids      *idMap
+	idErr    error
+	noUserns bool
 }
 
 // New returns a runtime whose sandboxes run the agent binary at agentPath
@@ -178,6 +184,21 @@ func (in *instance) start(r *Runtime, cfg initConfig) (*net.UnixConn, error) {
 	}
 	ctl := c.(*net.UnixConn)
 	cmd := exec.Command(exe)
+	// User namespace (userns.go): the descriptors the init step builds on.
+	ids, _ := r.usernsSetup()
+	if len(cfg.Devices) > 0 || len(cfg.ReadOnly) > 0 {
+		// Host device nodes belong to host users the namespace does not
+		// map: a sandbox given devices runs without one (docs/policy.md).
+		ids = nil
+	}
+	var passed []int
+	if ids != nil {
+		if passed, err = ids.initFDs(&cfg); err != nil {
+			ctl.Close()
+			return nil, err
+		}
+		defer closeAll(passed)
+	}
 	cmd.Args = []string{"tine-sandbox-init"}
 	cmd.Env = []string{initEnv + "=" + modeInit}
 	cmd.ExtraFiles = []*os.File{child, lf} // fd 3, fd 4
@@ -187,6 +208,12 @@ func (in *instance) start(r *Runtime, cfg initConfig) (*net.UnixConn, error) {
 			syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
 		// A sandbox does not outlive the process serving its project.
 		Pdeathsig: syscall.SIGKILL,
+	}
+	if ids != nil {
+		in.ids = ids
+		ids.usernsAttr(cmd.SysProcAttr)
+		// Executed as the sandbox's root, which may not reach exe's directory.
+		cmd.Path = "/proc/self/exe"
 	}
 	if err := cmd.Start(); err != nil {
 		ctl.Close()
@@ -209,7 +236,7 @@ func (in *instance) start(r *Runtime, cfg initConfig) (*net.UnixConn, error) {
 		err = fmt.Errorf("%d bytes, more than %d", len(b), maxMessage)
 	}
 	if err == nil {
-		_, err = ctl.Write(b)
+		_, _, err = ctl.WriteMsgUnix(b, rights(passed), nil)
 	}
 	if err != nil {
 		return fail(fmt.Errorf("send the init config: %w", err))
@@ -227,6 +254,7 @@ type instance struct {
 	ctl  *net.UnixConn // a warm instance's control socket, until bound
 	sock string
 	cg   *cgroup.Group
+	ids  *idMap // its user namespace's mapping; nil without one
 	cmd  *exec.Cmd
 	done chan struct{}
 	// bound, for a bound warm instance, is closed once its bind step is

@@ -80,7 +80,7 @@ func TestStartPlainDir(t *testing.T) {
 			break
 		}
 		if i > 200 {
-			t.Fatal(err)
+			t.Fatal(err, in.(*instance).log.String())
 		}
 		time.Sleep(time.Millisecond)
 	}

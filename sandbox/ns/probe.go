@@ -31,7 +31,10 @@ type ProbeResult struct {
 }
 
 // Probe reports which runtimes and modes this host can run, and why not.
-// It only reads files and opens devices; it changes nothing.
+// It reads files and opens devices; where ns/root can run it also starts
+// one short-lived process in a new user namespace to see whether
+// sandboxes get one (the "user namespace" check of ns/root, which does
+// not decide OK). It changes nothing.
 func Probe() []ProbeResult { return probeAt(hostPaths{}) }
 
 // hostPaths roots the files a probe reads, so that tests can give it
@@ -59,6 +62,11 @@ func probeAt(h hostPaths) []ProbeResult {
 	seccomp := h.checkSeccomp()
 
 	root := result("ns", "root", admin, overlay, fuse, pids, freezer, seccomp)
+	if h.root == "" && root.OK {
+		// Not a prerequisite: sandboxes run without one where the host
+		// does not allow it (userns.go).
+		root.Checks = append(root.Checks, probeUserns())
+	}
 	rootless := result("ns", "rootless", h.checkUserns(), h.checkMaxUserns(), h.checkFusermount(), overlay, fuse, pids, seccomp)
 	rootless.OK = false
 	rootless.Why = append(rootless.Why, "tine does not run namespace sandboxes without root yet")
@@ -276,4 +284,29 @@ func (h hostPaths) checkKVM() Check {
 	}
 	c.OK, c.Detail = true, "KVM API version 12"
 	return c
+}
+
+// probeUserns says whether sandboxes run in a user namespace here, and
+// why not, by setting one up as a runtime does.
+func probeUserns() Check {
+	c := Check{Name: "user namespace"}
+	m, err := newIDMap()
+	if err != nil {
+		c.Detail = "sandboxes run without one (root in a sandbox is host root, with reduced capabilities): " + err.Error()
+		return c
+	}
+	unix.Close(m.userns)
+	unix.Close(m.lower)
+	c.OK = true
+	c.Detail = fmt.Sprintf("sandbox uids and gids 0..%d are host %d..%d", m.size-1, m.base, m.base+m.size-1)
+	return c
+}
+
+// kernelAtLeast compares a kernel release ("6.18.0-foo") with major.minor.
+func kernelAtLeast(rel string, major, minor int) bool {
+	var a, b int
+	if _, err := fmt.Sscanf(strings.TrimSpace(rel), "%d.%d", &a, &b); err != nil {
+		return false
+	}
+	return a > major || a == major && b >= minor
 }

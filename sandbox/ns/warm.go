@@ -303,8 +303,13 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	if err := in.applyLimits(spec.Limits, spec.Dir); err != nil {
 		return err
 	}
-	fd, err := unix.OpenTree(unix.AT_FDCWD, spec.ProjectSource, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
-	if err != nil {
+	var fd int
+	var err error
+	if in.ids != nil {
+		if fd, err = in.ids.clone(spec.ProjectSource); err != nil {
+			return projectIdmapErr(err)
+		}
+	} else if fd, err = unix.OpenTree(unix.AT_FDCWD, spec.ProjectSource, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC); err != nil {
 		return fmt.Errorf("clone the project mount %s: %w", spec.ProjectSource, err)
 	}
 	fds := []int{fd}
@@ -313,7 +318,13 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 			unix.Close(f)
 		}
 	}()
-	if fork {
+	if fork && in.ids != nil {
+		ofd, err := in.ids.overlay(spec.Dir, forkUpper, forkWork)
+		if err != nil {
+			return fmt.Errorf("fork root: %w", err)
+		}
+		fds = append(fds, ofd)
+	} else if fork {
 		// A detached mount rooted at the state directory: overlayfs takes
 		// layers from the caller's namespace or from such a copy.
 		sfd, err := unix.OpenTree(unix.AT_FDCWD, spec.Dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
@@ -322,7 +333,7 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		}
 		fds = append(fds, sfd)
 	}
-	b, err := json.Marshal(bindConfig{Fork: fork, ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname})
+	b, err := json.Marshal(bindConfig{Fork: fork, Userns: in.ids != nil, ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname})
 	if err == nil && len(b) > maxMessage {
 		err = fmt.Errorf("bind message of %d bytes, more than %d", len(b), maxMessage)
 	}

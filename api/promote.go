@@ -1,0 +1,100 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"tine/cowfs"
+	"tine/sandbox"
+)
+
+// PromoteRequest is the body of POST /v1/sandboxes/{name}/promote: a
+// three-way promotion into a directory (the default), the resume or
+// abort of one that stopped partway, or a commit on a new git branch.
+type PromoteRequest struct {
+	DryRun      bool `json:"dry_run,omitempty"`
+	AllowSetid  bool `json:"allow_setid,omitempty"`
+	AllowDevice bool `json:"allow_devices,omitempty"`
+	KeepOwners  bool `json:"keep_owners,omitempty"`
+	// To is the host directory to promote into (default: the one the
+	// sandbox was made from).
+	To string `json:"to,omitempty"`
+	// Partial applies what merges cleanly when some paths conflict.
+	Partial bool `json:"partial,omitempty"`
+	// Resume finishes, Abort undoes, a promotion that stopped partway.
+	Resume bool `json:"resume,omitempty"`
+	Abort  bool `json:"abort,omitempty"`
+}
+
+// PromoteResponse reports what a promote did or would do. When it was
+// refused for conflicts, Applied is false and Error says why; the lists
+// say where.
+type PromoteResponse struct {
+	Changes   []Change         `json:"changes"`
+	Conflicts []cowfs.Conflict `json:"conflicts,omitempty"`
+	Refused   []cowfs.Refusal  `json:"refused,omitempty"`
+	Applied   bool             `json:"applied"`
+	// Merge lists the paths changed on both sides that could not be
+	// combined, with both sides; Merged the text files combined line by
+	// line.
+	Merge  []sandbox.MergeConflict `json:"merge_conflicts,omitempty"`
+	Merged []string                `json:"merged,omitempty"`
+	// HostChanged counts the paths the host changed since the sandbox's
+	// base; HostExamples names a few.
+	HostChanged  int      `json:"host_changed"`
+	HostExamples []string `json:"host_examples,omitempty"`
+	Dir          string   `json:"dir,omitempty"`
+	Error        *Error   `json:"error,omitempty"`
+}
+
+func (req *PromoteRequest) options() sandbox.PromoteOptions {
+	return sandbox.PromoteOptions{PromoteOptions: cowfs.PromoteOptions{DryRun: req.DryRun,
+		Privileges: cowfs.HostPrivileges{SetID: req.AllowSetid, Devices: req.AllowDevice, Owners: req.KeepOwners}},
+		To: req.To, Partial: req.Partial}
+}
+
+func (s *Server) promote(w http.ResponseWriter, r *http.Request) {
+	name, ok := s.known(w, r)
+	if !ok {
+		return
+	}
+	var req PromoteRequest
+	if !decode(w, r, &req) {
+		return
+	}
+	if req.Resume && req.Abort {
+		writeError(w, badRequest("give at most one of \"resume\" and \"abort\""))
+		return
+	}
+	ctx := context.WithoutCancel(r.Context())
+	var res *sandbox.PromoteResult
+	var err error
+	switch {
+	case req.Resume:
+		res, err = s.m.ResumePromote(ctx, name)
+	case req.Abort:
+		res, err = s.m.AbortPromote(ctx, name)
+	default:
+		res, err = s.m.Promote(ctx, name, req.options())
+	}
+	if res == nil || err != nil && !errors.Is(err, cowfs.ErrConflict) && !errors.Is(err, cowfs.ErrCannotApply) {
+		writeError(w, err)
+		return
+	}
+	out := promoteResponse(res)
+	if err != nil {
+		out.Error = &Error{Code: "conflict", Message: err.Error()}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// promoteResponse is the API form of a promotion's result.
+func promoteResponse(res *sandbox.PromoteResult) *PromoteResponse {
+	out := &PromoteResponse{Changes: []Change{}, Merge: res.Merge, Merged: res.Merged,
+		HostChanged: res.HostChanged, HostExamples: res.HostExamples, Dir: res.Dir}
+	if c := res.PromoteResult; c != nil {
+		out.Changes, out.Conflicts, out.Refused, out.Applied = changesOf(c.Changes), c.Conflicts, c.Refused, c.Applied
+	}
+	return out
+}

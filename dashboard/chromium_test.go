@@ -1,0 +1,280 @@
+package dashboard_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"tine/api"
+	"tine/api/client"
+	"tine/cowfs"
+	"tine/dashboard"
+	"tine/sandbox"
+	"tine/sandbox/ns"
+)
+
+var agentPath string
+
+func TestMain(m *testing.M) {
+	ns.Init()
+	dir, err := os.MkdirTemp("", "dashboard-agent")
+	if err != nil {
+		panic(err)
+	}
+	agentPath = filepath.Join(dir, "tine-agent")
+	cmd := exec.Command("go", "build", "-o", agentPath, "tine/cmd/tine-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build agent: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// daemon serves a manager over a fresh store; it returns the API handler
+// and a client of it.
+func daemon(t *testing.T) (*api.Server, *client.Client) {
+	base := t.TempDir()
+	fs, err := cowfs.Open(filepath.Join(base, "cowfs"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := ns.New(agentPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(base, "state")
+	m, err := sandbox.Open(context.Background(), root, fs, sandbox.Options{Runtime: rt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := api.Listen(root, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := api.NewServer(m, api.ServerOptions{})
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		srv.Close()
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("Serve: %v", err)
+		}
+		m.Close(context.Background())
+		fs.Close()
+	})
+	return srv, client.New(filepath.Join(root, api.SocketName))
+}
+
+// webDriver speaks the W3C WebDriver protocol to chromedriver.
+type webDriver struct {
+	t       *testing.T
+	base    string
+	session string
+}
+
+const elementKey = "element-6066-11e4-a52e-4f735466cecf"
+
+func (d *webDriver) call(method, path string, in any) json.RawMessage {
+	d.t.Helper()
+	var body io.Reader
+	if in != nil {
+		b, _ := json.Marshal(in)
+		body = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, d.base+path, body)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		d.t.Fatalf("webdriver %s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	var out struct{ Value json.RawMessage }
+	b, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(b, &out); err != nil || resp.StatusCode != 200 {
+		d.t.Fatalf("webdriver %s %s: %s: %s", method, path, resp.Status, b)
+	}
+	return out.Value
+}
+
+// find waits up to 20 s for an element matching css and returns its id.
+func (d *webDriver) find(css string) string {
+	d.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		v := d.call("POST", "/session/"+d.session+"/elements", map[string]string{"using": "css selector", "value": css})
+		var els []map[string]string
+		json.Unmarshal(v, &els)
+		if len(els) > 0 {
+			return els[0][elementKey]
+		}
+		if time.Now().After(deadline) {
+			d.screenshot("timeout")
+			d.t.Fatalf("no element %q on the page after 20 s", css)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (d *webDriver) click(css string) {
+	d.call("POST", "/session/"+d.session+"/element/"+d.find(css)+"/click", map[string]any{})
+}
+
+func (d *webDriver) typeIn(css, text string) {
+	d.call("POST", "/session/"+d.session+"/element/"+d.find(css)+"/value", map[string]any{"text": text})
+}
+
+func (d *webDriver) text(css string) string {
+	var s string
+	json.Unmarshal(d.call("GET", "/session/"+d.session+"/element/"+d.find(css)+"/text", nil), &s)
+	return s
+}
+
+// screenshot saves the page as NAME.png in the test's artifact directory.
+func (d *webDriver) screenshot(name string) {
+	var b64 string
+	json.Unmarshal(d.call("GET", "/session/"+d.session+"/screenshot", nil), &b64)
+	png, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil || !bytes.HasPrefix(png, []byte("\x89PNG")) {
+		d.t.Fatalf("screenshot %s: not a PNG (%v)", name, err)
+	}
+	p := filepath.Join(d.t.ArtifactDir(), name+".png")
+	if err := os.WriteFile(p, png, 0o644); err != nil {
+		d.t.Fatal(err)
+	}
+	d.t.Logf("screenshot %s (%d bytes)", p, len(png))
+}
+
+func freePort(t *testing.T) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestDashboardInChromium drives the page in Debian's headless Chromium
+// through chromedriver: create a sandbox, see it in the tree, fork it from
+// its panel, see the fork appear under it, show the promote plan, with a
+// screenshot at each step.
+func TestDashboardInChromium(t *testing.T) {
+	driver, err := exec.LookPath("chromedriver")
+	if err != nil {
+		t.Fatalf("chromedriver is not installed (Debian's chromium-driver): run \"make deps\": %v", err)
+	}
+	srv, c := daemon(t)
+	const token = "dash-token"
+	web := httptest.NewServer(dashboard.Handler(srv, token))
+	defer web.Close()
+	proj := filepath.Join(t.TempDir(), "proj")
+	os.MkdirAll(proj, 0o755)
+	os.WriteFile(filepath.Join(proj, "a.txt"), []byte("a\n"), 0o644)
+
+	// Without the token: nothing, neither the page nor the API.
+	for _, p := range []string{"/ui/", "/v1/sandboxes"} {
+		resp, err := http.Get(web.URL + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s without token: %d", p, resp.StatusCode)
+		}
+	}
+
+	port := freePort(t)
+	cd := exec.Command(driver, fmt.Sprintf("--port=%d", port))
+	cd.Stdout, cd.Stderr = io.Discard, io.Discard
+	if err := cd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cd.Process.Kill(); cd.Wait() }()
+	d := &webDriver{t: t, base: fmt.Sprintf("http://127.0.0.1:%d", port)}
+	for i := 0; ; i++ {
+		resp, err := http.Get(d.base + "/status")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if i > 100 {
+			t.Fatalf("chromedriver does not answer: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	browser := "/usr/bin/chromium"
+	v := d.call("POST", "/session", map[string]any{"capabilities": map[string]any{"alwaysMatch": map[string]any{
+		"goog:chromeOptions": map[string]any{"binary": browser,
+			"args": []string{"--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,900"}},
+	}}})
+	var sess struct{ SessionID string }
+	json.Unmarshal(v, &sess)
+	d.session = sess.SessionID
+	defer d.call("DELETE", "/session/"+d.session, nil)
+
+	d.call("POST", "/session/"+d.session+"/url", map[string]string{"url": web.URL + "/?token=" + token})
+	d.find("#empty:not([hidden])")
+	d.screenshot("1-empty")
+
+	d.typeIn("#create-from", proj)
+	d.typeIn("#create-name", "web")
+	d.click("#create-btn")
+	d.find(`li[data-sandbox="web"] .state.running`)
+	d.find("#detail:not([hidden])")
+	if got := d.text("#d-name"); got != "web" {
+		t.Errorf("detail shows %q", got)
+	}
+	d.screenshot("2-created")
+
+	d.click("#b-fork")
+	d.find(`li[data-sandbox="web"] ul li[data-sandbox="web-1"] .state.running`)
+	d.screenshot("3-forked")
+	list, err := c.List(t.Context())
+	if err != nil || len(list) != 2 || list[1].ForkedFrom != "web" {
+		t.Errorf("after the fork button: %+v %v", list, err)
+	}
+
+	// A change in the fork shows in its diff; promote shows the plan first.
+	if err := c.PutFile(t.Context(), "web-1", filepath.Join(proj, "new.txt"), 0o644, strings.NewReader("new\n")); err != nil {
+		t.Fatal(err)
+	}
+	d.click(`li[data-sandbox="web-1"] > .node`)
+	d.find(`#diff li.kind-added`)
+	d.click("#b-promote")
+	d.find("#plan:not([hidden])")
+	if got := d.text("#plan-list"); !strings.Contains(got, "new.txt") {
+		t.Errorf("plan shows %q", got)
+	}
+	d.screenshot("4-promote-plan")
+	if _, err := os.Stat(filepath.Join(proj, "new.txt")); err == nil {
+		t.Errorf("showing the plan wrote the host")
+	}
+	d.click("#b-apply")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if b, err := os.ReadFile(filepath.Join(proj, "new.txt")); err == nil && string(b) == "new\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			d.screenshot("5-apply-timeout")
+			t.Fatalf("apply did not promote new.txt")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	d.screenshot("5-promoted")
+}

@@ -1,0 +1,110 @@
+package mcp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"unicode/utf8"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// maxResourceBytes is the largest file the files resource returns.
+const maxResourceBytes = 4 << 20
+
+// uriPrefix begins every resource of a sandbox.
+const uriPrefix = "tine://sandboxes/"
+
+func (t *tools) registerResources(s *sdk.Server) {
+	s.AddResourceTemplate(&sdk.ResourceTemplate{
+		Name: "sandbox-file", Title: "A file in a sandbox",
+		URITemplate: uriPrefix + "{sandbox}/files{+path}",
+		Description: "The contents of one file inside a sandbox, by its absolute path (at most 4 MiB): tine://sandboxes/SB/files/abs/path.",
+	}, t.readResource)
+	s.AddResourceTemplate(&sdk.ResourceTemplate{
+		Name: "sandbox-diff", Title: "A sandbox's changes",
+		URITemplate: uriPrefix + "{sandbox}/diff",
+		Description: "The sandbox's project changes since its origin, as JSON.",
+		MIMEType:    "application/json",
+	}, t.readResource)
+}
+
+// limitedBuffer fails a write past its limit.
+type limitedBuffer struct {
+	bytes.Buffer
+	limit int
+}
+
+var errTooLarge = errors.New("too large")
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	if b.Len()+len(p) > b.limit {
+		return 0, errTooLarge
+	}
+	return b.Buffer.Write(p)
+}
+
+// parseURI splits tine://sandboxes/SB/files/PATH or tine://sandboxes/SB/diff.
+func parseURI(uri string) (sb, kind, path string, err error) {
+	rest, ok := strings.CutPrefix(uri, uriPrefix)
+	if !ok {
+		return "", "", "", fmt.Errorf("resource %q: want %sSANDBOX/files/PATH or %sSANDBOX/diff", uri, uriPrefix, uriPrefix)
+	}
+	sb, rest, _ = strings.Cut(rest, "/")
+	if sb, err = url.PathUnescape(sb); err != nil || sb == "" {
+		return "", "", "", fmt.Errorf("resource %q: bad sandbox name", uri)
+	}
+	switch {
+	case rest == "diff":
+		return sb, "diff", "", nil
+	case strings.HasPrefix(rest, "files/"):
+		p, err := url.PathUnescape(strings.TrimPrefix(rest, "files"))
+		if err != nil {
+			return "", "", "", fmt.Errorf("resource %q: bad path: %v", uri, err)
+		}
+		return sb, "files", p, nil
+	}
+	return "", "", "", fmt.Errorf("resource %q: want %sSANDBOX/files/PATH or %sSANDBOX/diff", uri, uriPrefix, uriPrefix)
+}
+
+func (t *tools) readResource(ctx context.Context, req *sdk.ReadResourceRequest) (*sdk.ReadResourceResult, error) {
+	uri := req.Params.URI
+	sb, kind, path, err := parseURI(uri)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.sc.check(ctx, sb); err != nil {
+		return nil, sdk.ResourceNotFoundError(uri)
+	}
+	switch kind {
+	case "diff":
+		cs, err := t.c.Diff(ctx, sb, "")
+		if err != nil {
+			return nil, err
+		}
+		b, err := json.MarshalIndent(changes(cs), "", "  ")
+		if err != nil {
+			return nil, err
+		}
+		return &sdk.ReadResourceResult{Contents: []*sdk.ResourceContents{{URI: uri, MIMEType: "application/json", Text: string(b)}}}, nil
+	default:
+		buf := &limitedBuffer{limit: maxResourceBytes}
+		if err := t.c.GetFile(ctx, sb, path, buf); err != nil {
+			if errors.Is(err, errTooLarge) {
+				return nil, fmt.Errorf("%s in sandbox %s is larger than %d bytes; read it in parts with the exec tool (head, tail, sed -n)", path, sb, maxResourceBytes)
+			}
+			return nil, err
+		}
+		rc := &sdk.ResourceContents{URI: uri}
+		if utf8.Valid(buf.Bytes()) {
+			rc.MIMEType, rc.Text = "text/plain", buf.String()
+		} else {
+			rc.MIMEType, rc.Blob = "application/octet-stream", buf.Bytes()
+		}
+		return &sdk.ReadResourceResult{Contents: []*sdk.ResourceContents{rc}}, nil
+	}
+}

@@ -1,0 +1,162 @@
+package spec
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"tine/api"
+	"tine/api/client"
+	"tine/cowfs"
+	"tine/guestagent/proto"
+	"tine/sandbox"
+	"tine/sandbox/ns"
+)
+
+var agentPath string
+
+func TestMain(m *testing.M) {
+	ns.Init()
+	dir, err := os.MkdirTemp("", "spec-agent")
+	if err != nil {
+		panic(err)
+	}
+	agentPath = filepath.Join(dir, "tine-agent")
+	cmd := exec.Command("go", "build", "-o", agentPath, "tine/cmd/tine-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build agent: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// daemon serves a manager over a fresh store and returns its client.
+func daemon(t *testing.T) *client.Client {
+	base := t.TempDir()
+	fs, err := cowfs.Open(filepath.Join(base, "cowfs"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := ns.New(agentPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(base, "state")
+	m, err := sandbox.Open(context.Background(), root, fs, sandbox.Options{Runtime: rt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := api.Listen(root, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := api.NewServer(m, api.ServerOptions{})
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		srv.Close()
+		if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+			t.Errorf("Serve: %v", err)
+		}
+		m.Close(context.Background())
+		fs.Close()
+	})
+	return client.New(filepath.Join(root, api.SocketName))
+}
+
+func cat(t *testing.T, c *client.Client, sb *api.Sandbox, file string) string {
+	t.Helper()
+	var out bytes.Buffer
+	ex, err := c.Exec(t.Context(), sb.Name, api.ExecRequest{ExecRequest: proto.ExecRequest{Argv: []string{"cat", filepath.Join(sb.ProjectPath, file)}}}, client.ExecIO{Stdout: &out})
+	if err != nil || ex.Code != 0 {
+		t.Fatalf("cat %s in %s: %v %+v", file, sb.Name, err, ex)
+	}
+	return out.String()
+}
+
+// TestBuildCache: setup steps run once; the same spec over the same files
+// starts from the cached snapshot; a changed step runs again from that
+// step on; changed files run everything.
+func TestBuildCache(t *testing.T) {
+	c := daemon(t)
+	proj := filepath.Join(t.TempDir(), "proj")
+	os.MkdirAll(proj, 0o755)
+	os.WriteFile(filepath.Join(proj, "in.txt"), []byte("one\n"), 0o644)
+	b := &Builder{Client: c, Cache: Cache{Dir: filepath.Join(t.TempDir(), "cache")}}
+	spec := func(step2 string) *Spec {
+		s, err := Parse([]byte(fmt.Sprintf("env: {WHO: spec}\nsetup:\n  - cat in.txt > s1; date +%%s%%N >> s1; echo $WHO >> s1\n  - %s\nservices:\n  - sleep 1000\n", step2)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Base.Dir = proj
+		return s
+	}
+	build := func(s *Spec, wantCached, wantRan int) (*api.Sandbox, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		r, err := b.Build(t.Context(), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		if r.Cached != wantCached || r.Ran != wantRan {
+			t.Fatalf("cached %d ran %d, want %d and %d", r.Cached, r.Ran, wantCached, wantRan)
+		}
+		return r.Sandbox, took
+	}
+	first, cold := build(spec("date +%s%N > s2"), 0, 2)
+	s1, s2 := cat(t, c, first, "s1"), cat(t, c, first, "s2")
+	if !strings.HasPrefix(s1, "one\n") || !strings.HasSuffix(s1, "spec\n") {
+		t.Errorf("s1 %q", s1)
+	}
+	st, err := c.Get(t.Context(), first.Name)
+	if err != nil || len(st.Services) != 1 {
+		t.Errorf("services of the built sandbox: %+v %v", st, err)
+	}
+
+	again, warm := build(spec("date +%s%N > s2"), 2, 0)
+	if cat(t, c, again, "s1") != s1 || cat(t, c, again, "s2") != s2 {
+		t.Errorf("a cached build ran a step again")
+	}
+	t.Logf("create with 2 setup steps: %v cold, %v from the cache", cold, warm)
+
+	changed, _ := build(spec("date +%s%N > s2; echo changed >> s2"), 1, 1)
+	if cat(t, c, changed, "s1") != s1 {
+		t.Errorf("step 1 ran again although only step 2 changed")
+	}
+	if got := cat(t, c, changed, "s2"); got == s2 || !strings.HasSuffix(got, "changed\n") {
+		t.Errorf("step 2 was not run again: %q", got)
+	}
+
+	os.WriteFile(filepath.Join(proj, "in.txt"), []byte("two\n"), 0o644)
+	other, _ := build(spec("date +%s%N > s2"), 0, 2)
+	if got := cat(t, c, other, "s1"); !strings.HasPrefix(got, "two\n") {
+		t.Errorf("changed base: s1 %q", got)
+	}
+
+	// A failing step names itself; the ones before it stay cached.
+	bad := spec("exit 7")
+	if _, err := b.Build(t.Context(), bad); err == nil || !strings.Contains(err.Error(), "setup step 2") || !strings.Contains(err.Error(), "exited with 7") {
+		t.Errorf("failing step: %v", err)
+	}
+	// Builders do not stay behind.
+	list, _ := c.List(t.Context())
+	if len(list) != 4 {
+		var names []string
+		for _, s := range list {
+			names = append(names, s.Name)
+		}
+		t.Errorf("sandboxes left: %v, want the 4 built", names)
+	}
+}

@@ -1,0 +1,183 @@
+package spec
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const full = `
+name: web
+base:
+  dir: app
+setup:
+  - apt-get install -y jq
+  - name: deps
+    run: make deps
+services:
+  - python3 -m http.server 8000
+env:
+  GREETING: hi
+limits:
+  pids: 256
+  disk: 2G
+`
+
+func TestParse(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "tine.yaml")
+	os.WriteFile(p, []byte(full), 0o644)
+	s, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Name != "web" || s.Base.Dir != filepath.Join(dir, "app") || len(s.Setup) != 2 || s.Setup[0].Run != "apt-get install -y jq" ||
+		s.Setup[1].Name != "deps" || s.Services[0].Run != "python3 -m http.server 8000" || s.Limits.Pids != 256 || len(s.Pending) != 0 {
+		t.Fatalf("%+v", s)
+	}
+	if env := s.EnvList(); !slices.Contains(env, "GREETING=hi") || !strings.HasPrefix(env[0], "PATH=") {
+		t.Errorf("env %v", env)
+	}
+	if n, _ := ParseSize(s.Limits.Disk); n != 2<<30 {
+		t.Errorf("disk %d", n)
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, c := range []struct{ doc, want string }{
+		{"nmae: x\n", "field nmae not found"},
+		{"setup:\n  - run: x\n    shell: bash\n", "field shell not found"},
+		{"name: 'bad name'\n", "want 1-63"},
+		{"env:\n  1X: y\n", "env \"1X\""},
+		{"limits:\n  disk: lots\n", "limits.disk"},
+		{"expose: [70000]\n", "expose 70000"},
+		{"lifetime: forever\n", "lifetime"},
+		{"setup:\n  - ''\n", "setup[0]: empty run"},
+		{"base:\n  os: windows\n", "base.os"},
+	} {
+		_, err := Parse([]byte(c.doc))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want %q", c.doc, err, c.want)
+		}
+	}
+}
+
+// TestPending: fields whose mechanism is missing are named, not ignored.
+func TestPending(t *testing.T) {
+	s, err := Parse([]byte("base:\n  image: debian:12\nnetwork:\n  allow: [github.com]\nexpose: [8000]\nlifetime: 2h\nsecrets:\n  - env: TOKEN\n    from: env:GH_TOKEN\n    destinations: [api.github.com]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	joined := strings.Join(s.Pending, "\n")
+	for _, want := range []string{"base.image", "network", "expose", "lifetime", "secrets"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("pending %q lacks %s", joined, want)
+		}
+	}
+	if _, err := (&Builder{}).Build(t.Context(), s); err == nil || !strings.Contains(err.Error(), "network") {
+		t.Errorf("Build of a spec with pending fields: %v", err)
+	}
+}
+
+const devc = `// A devcontainer, as editors write it.
+{
+  "name": "proj",
+  /* the image */
+  "image": "mcr.microsoft.com/devcontainers/go:1",
+  "containerEnv": { "A": "1", "URL": "http://x//y" },
+  "remoteEnv": { "PATH": "${containerEnv:PATH}:/x", "B": "2" },
+  "forwardPorts": [8080,],
+  "onCreateCommand": "echo one",
+  "postCreateCommand": ["sh", "-c", "echo 'two'"],
+  "updateContentCommand": { "b": "echo four", "a": "echo three" },
+  "postStartCommand": "sleep 1000",
+}
+`
+
+func TestDevcontainer(t *testing.T) {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, ".devcontainer"), 0o755)
+	p := filepath.Join(dir, ".devcontainer", "devcontainer.json")
+	os.WriteFile(p, []byte(devc), 0o644)
+	s, err := LoadDevcontainer(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Base.Dir != dir || s.Base.Image == "" || s.Name != "proj" {
+		t.Errorf("base %+v name %q", s.Base, s.Name)
+	}
+	var runs []string
+	for _, st := range s.Setup {
+		runs = append(runs, st.Run)
+	}
+	want := []string{"echo one", "echo three", "echo four", `'sh' '-c' 'echo '\''two'\'''`}
+	if !slices.Equal(runs, want) {
+		t.Errorf("setup %q, want %q", runs, want)
+	}
+	if len(s.Services) != 1 || s.Services[0].Run != "sleep 1000" {
+		t.Errorf("services %+v", s.Services)
+	}
+	if s.Env["A"] != "1" || s.Env["URL"] != "http://x//y" || s.Env["B"] != "2" || s.Env["PATH"] != "" {
+		t.Errorf("env %v", s.Env)
+	}
+	if len(s.Expose) != 1 || s.Expose[0] != 8080 {
+		t.Errorf("expose %v", s.Expose)
+	}
+	if j := strings.Join(s.Pending, "\n"); !strings.Contains(j, "base.image") || !strings.Contains(j, "expose") {
+		t.Errorf("pending %q", j)
+	}
+}
+
+// TestDevcontainerInitializeCommand: the host-side command is refused,
+// with the reason.
+func TestDevcontainerInitializeCommand(t *testing.T) {
+	for _, v := range []string{`"touch /tmp/pwned"`, `["touch", "/tmp/pwned"]`, `{"x": "touch /tmp/pwned"}`} {
+		_, err := ParseDevcontainer([]byte(`{"initializeCommand": ` + v + `, "postCreateCommand": "true"}`))
+		if err == nil || !strings.Contains(err.Error(), "initializeCommand runs on the host") {
+			t.Errorf("initializeCommand %s: %v", v, err)
+		}
+	}
+	s, err := ParseDevcontainer([]byte(`{"features": {"ghcr.io/devcontainers/features/node:1": {}}}`))
+	if err != nil || !strings.Contains(strings.Join(s.Pending, ""), "features") {
+		t.Errorf("features: %v %v", s, err)
+	}
+}
+
+func TestStripJSONC(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"a": "//not a comment", /* c */ "b": [1, 2,], }`: `{"a":"//not a comment","b":[1,2]}`,
+		"{\"a\": 1 // end\n}":                              `{"a":1}`,
+		`{"a": "quote \" /* x */"}`:                        `{"a":"quote \" /* x */"}`,
+	} {
+		var v any
+		if err := json.Unmarshal(StripJSONC([]byte(in)), &v); err != nil {
+			t.Errorf("%s: %v (%s)", in, err, StripJSONC([]byte(in)))
+			continue
+		}
+		got, _ := json.Marshal(v)
+		var w any
+		json.Unmarshal([]byte(want), &w)
+		wb, _ := json.Marshal(w)
+		if string(got) != string(wb) {
+			t.Errorf("%s: got %s want %s", in, got, wb)
+		}
+	}
+}
+
+func TestKeys(t *testing.T) {
+	a, _ := Parse([]byte("setup: [one, two, three]\n"))
+	b, _ := Parse([]byte("setup: [one, TWO, three]\n"))
+	ka, kb := Keys(a, "root-1"), Keys(b, "root-1")
+	if ka[0] != kb[0] || ka[1] == kb[1] || ka[2] == kb[2] {
+		t.Errorf("a changed step 2 must keep key 1 and change keys 2 and 3: %v %v", ka, kb)
+	}
+	if k := Keys(a, "root-2"); k[0] == ka[0] {
+		t.Errorf("another base gives the same key")
+	}
+	if k := Keys(a, "root-1"); !slices.Equal(k, ka) {
+		t.Errorf("keys not stable")
+	}
+}
