@@ -493,7 +493,12 @@ func TestDevicePassthrough(t *testing.T) {
 	lim := sandbox.Limits{Pids: 64}
 	lim.Devices = []string{dev}
 	e.create("dev", lim)
-	e.create("nodev", sandbox.Limits{Pids: 64})
+	// The other sandbox is given /dev/full (in its base set anyway), so
+	// that it too runs without a user namespace, where a node the host
+	// makes in its /dev could be opened but for the device cgroup.
+	other := sandbox.Limits{Pids: 64}
+	other.Devices = []string{"/dev/full"}
+	e.create("nodev", other)
 	if out := e.mustSh("dev", "od -An -tu4 -N4 "+dev); strings.TrimSpace(out) == "" {
 		t.Fatalf("read %s: %q", dev, out)
 	}
