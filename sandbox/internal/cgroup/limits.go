@@ -45,8 +45,16 @@ func enableV2(top string) error {
 	if len(on) == 0 {
 		on = []string{"+pids"}
 	}
-	if err := os.WriteFile(filepath.Join(top, "cgroup.subtree_control"), []byte(strings.Join(on, " ")), 0); err != nil {
-		return fmt.Errorf("cgroup: enable the %s controllers in %s: %w", strings.Join(on, " "), top, err)
+	ctl := filepath.Join(top, "cgroup.subtree_control")
+	if err := os.WriteFile(ctl, []byte(strings.Join(on, " ")), 0); err != nil {
+		// One at a time: a controller the host will not delegate here
+		// leaves its limits unenforced (Set then fails naming it), the
+		// others still work; pids is required.
+		for _, c := range on {
+			if werr := os.WriteFile(ctl, []byte(c), 0); werr != nil && c == "+pids" {
+				return fmt.Errorf("cgroup: enable the pids controller in %s: %w", top, werr)
+			}
+		}
 	}
 	return nil
 }
@@ -155,7 +163,17 @@ func (g *Group) Set(l Limits) error {
 	return errors.Join(errs...)
 }
 
+// v2Missing reports a v2 interface file the group lacks (its controller
+// not enabled here).
+func (g *Group) v2Missing(file string) bool {
+	_, err := os.Stat(filepath.Join(g.dirs[0], file))
+	return g.v2 && err != nil
+}
+
 func (g *Group) setMemory(n int64) error {
+	if g.v2 && n == 0 && g.v2Missing("memory.max") {
+		return nil
+	}
 	if g.v2 {
 		v := "max"
 		if n > 0 {
@@ -202,6 +220,9 @@ func (g *Group) setCPU(cpus float64) error {
 	quota := int64(-1)
 	if cpus > 0 {
 		quota = max(int64(cpus*cfsPeriod), 1000)
+	}
+	if g.v2 && quota < 0 && g.v2Missing("cpu.max") {
+		return nil
 	}
 	if g.v2 {
 		v := "max " + strconv.Itoa(cfsPeriod)
