@@ -69,3 +69,36 @@ func FuzzParseDecide(f *testing.F) {
 		}
 	})
 }
+
+// TestBypassAttempts: spellings of a denied command. Those the splitter
+// sees are denied; the others miss the deny rule, and with "*": "ask"
+// they come to a person instead of running (docs/policy.md).
+func TestBypassAttempts(t *testing.T) {
+	p, _ := ParseMap([]byte(`{"npm *": "allow", "rm -rf *": "deny", "*": "ask"}`))
+	for _, c := range []struct {
+		argv []string
+		want Action
+	}{
+		{[]string{"sh", "-c", "rm -rf /"}, Deny},
+		{[]string{"sh", "-c", "npm test; rm -rf /"}, Deny},
+		{[]string{"sh", "-c", "npm test && rm -rf /"}, Deny},
+		{[]string{"sh", "-c", "npm test || rm -rf /"}, Deny},
+		{[]string{"sh", "-c", "npm test | rm -rf /"}, Deny},
+		{[]string{"sh", "-c", "npm test\nrm -rf /"}, Deny},
+		{[]string{"sh", "-c", "npm test $(rm -rf /)"}, Deny},
+		{[]string{"bash", "-c", "npm `rm -rf /`"}, Deny},
+		{[]string{"/usr/bin/bash", "-ec", "(rm -rf /)"}, Deny},
+		{[]string{"sh", "-c", "npm   test   ;   rm   -rf   /"}, Deny},
+		// Missed by the deny rule, caught by "*": ask.
+		{[]string{"/bin/rm", "-rf", "/"}, Ask},
+		{[]string{"rm", "-r", "-f", "/"}, Ask},
+		{[]string{"sh", "-c", "r''m -rf /"}, Ask},
+		{[]string{"env", "rm", "-rf", "/"}, Ask},
+		{[]string{"python3", "-c", "import shutil; shutil.rmtree('/')"}, Ask},
+		{[]string{"npm", "exec", "--", "rimraf", "/"}, Allow}, // allowed by "npm *": a rule allows what it says
+	} {
+		if d := p.Decide(c.argv); d.Action != c.want {
+			t.Errorf("%q: %s by %q, want %s", c.argv, d.Action, d.Rule, c.want)
+		}
+	}
+}
