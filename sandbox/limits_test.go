@@ -566,3 +566,33 @@ func TestGPUPassthrough(t *testing.T) {
 	}
 	t.Logf("nvidia-smi in the sandbox:\n%s", out)
 }
+
+// TestIOLimit: direct writes under a 1 MiB/s write limit take about a
+// second per MiB; the limit removed, the same writes are quick.
+func TestIOLimit(t *testing.T) {
+	e := newEnv(t, 0)
+	lim := sandbox.Limits{Pids: 64}
+	lim.IOWriteBPS = 1 << 20
+	e.create("io", lim)
+	write := func() time.Duration {
+		start := time.Now()
+		out, code := e.sh("io", "dd if=/dev/zero of=/var/tmp/io bs=256k count=12 oflag=direct 2>&1; rm -f /var/tmp/io")
+		if code != 0 {
+			t.Skipf("direct writes are not possible in the sandbox's layer here: %s", out)
+		}
+		return time.Since(start)
+	}
+	slow := write()
+	lim.IOWriteBPS = 0
+	if _, err := e.m.UpdateLimits(context.Background(), "io", lim); err != nil {
+		t.Fatal(err)
+	}
+	fast := write()
+	t.Logf("3 MiB of direct writes: %v at 1 MiB/s, %v without a limit", slow, fast)
+	if slow < 2*time.Second {
+		t.Fatalf("3 MiB at 1 MiB/s took %v", slow)
+	}
+	if fast > slow/2 {
+		t.Fatalf("without the limit: %v, with it: %v: the update did not remove it", fast, slow)
+	}
+}

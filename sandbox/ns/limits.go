@@ -22,12 +22,15 @@ func cgroupLimits(l sandbox.Limits, dir string) (cgroup.Limits, error) {
 		return cl, err
 	}
 	cl.Devices = pt.rules
-	if l.IOReadBPS == 0 && l.IOWriteBPS == 0 && l.IOReadIOPS == 0 && l.IOWriteIOPS == 0 {
-		return cl, nil
-	}
+	// The devices are listed with zero throttles too, which removes
+	// those set before (tine update).
+	none := l.IOReadBPS == 0 && l.IOWriteBPS == 0 && l.IOReadIOPS == 0 && l.IOWriteIOPS == 0
 	seen := map[[2]uint32]bool{}
 	for _, p := range []string{"/", dir} {
 		maj, min, err := cgroup.BlockDevice(p)
+		if err != nil && none {
+			continue // nothing to throttle, nothing set before
+		}
 		if err != nil {
 			return cl, err
 		}
