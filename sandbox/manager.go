@@ -370,6 +370,12 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 		return fmt.Errorf("remove sandbox %q: %w", name, ErrNotFound)
 	}
 	errs := []error{m.Stop(ctx, name)}
+	// The metadata goes first, so that List does not show a sandbox whose
+	// branch is being deleted (Open's recovery finishes a removal cut
+	// after this).
+	if err := os.Remove(filepath.Join(m.dir(name), "sandbox.json")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
 	if err := m.fs.DeleteBranch(ctx, branchName(name)); err != nil && !errors.Is(err, cowfs.ErrNoBranch) {
 		errs = append(errs, err)
 	}
