@@ -138,6 +138,42 @@ func TestPolicyEndToEnd(t *testing.T) {
 			t.Errorf("audit log lacks %q:\n%s", k, text)
 		}
 	}
+	// --follow prints records appended after it started.
+	fcmd := exec.Command(tineBin, "--root", c.root, "audit", "p", "--follow", "--json")
+	fr, _ := fcmd.StdoutPipe()
+	if err := fcmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer fcmd.Process.Kill()
+	c.ok("exec", "p", "--", "echo", "followed")
+	seen := make(chan bool, 1)
+	go func() {
+		dec := json.NewDecoder(fr)
+		for {
+			var r struct {
+				Kind   string          `json:"kind"`
+				Fields json.RawMessage `json:"fields"`
+			}
+			if dec.Decode(&r) != nil {
+				seen <- false
+				return
+			}
+			if r.Kind == "exec" && strings.Contains(string(r.Fields), "followed") {
+				seen <- true
+				return
+			}
+		}
+	}()
+	select {
+	case ok := <-seen:
+		if !ok {
+			t.Fatal("audit --follow ended before the new record")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("audit --follow did not print the exec record")
+	}
+	fcmd.Process.Kill()
+	fcmd.Wait()
 	if out := c.ok("audit", "verify", "p"); !strings.Contains(out, "whole") {
 		t.Fatalf("verify: %s", out)
 	}
