@@ -370,6 +370,7 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 		return fmt.Errorf("remove sandbox %q: %w", name, ErrNotFound)
 	}
 	errs := []error{m.Stop(ctx, name)}
+	m.forgetWatch(name) // its cached exec policy, freeze and watch state
 	// The metadata goes first, so that List does not show a sandbox whose
 	// branch is being deleted (Open's recovery finishes a removal cut
 	// after this).

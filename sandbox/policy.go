@@ -33,14 +33,14 @@ func (m *Manager) policyPath(name string) string { return filepath.Join(m.dir(na
 // ExecPolicy returns the sandbox's exec policy (empty: everything is
 // allowed).
 func (m *Manager) ExecPolicy(name string) (*execpolicy.Policy, error) {
-	if _, err := m.Get(name); err != nil {
-		return nil, err
-	}
 	m.pol.mu.Lock()
 	e := m.pol.policies[name]
 	m.pol.mu.Unlock()
 	if e != nil {
-		return e.p, nil
+		return e.p, nil // dropped when the sandbox stops (forgetWatch)
+	}
+	if _, err := m.Get(name); err != nil {
+		return nil, err
 	}
 	p := &execpolicy.Policy{Rules: []execpolicy.Rule{}}
 	if err := readJSON(m.policyPath(name), p); err != nil && !errors.Is(err, os.ErrNotExist) {
