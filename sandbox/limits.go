@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"time"
@@ -84,6 +85,11 @@ func (l Limits) Check() error {
 		}
 		if st.Mode()&os.ModeDevice == 0 {
 			return fmt.Errorf("device %q: not a device node", d)
+		}
+	}
+	if l.GPU {
+		if m, _ := filepath.Glob("/dev/nvidia*"); len(m) == 0 {
+			return errors.New("gpu: this host has no /dev/nvidia* device (no NVIDIA GPU, or its driver is not loaded)")
 		}
 	}
 	if l.CPUs < 0 || l.CPUs > 4096 {

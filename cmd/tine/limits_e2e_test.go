@@ -47,6 +47,12 @@ func TestPolicyEndToEnd(t *testing.T) {
 		t.Fatalf("/tmp of a 16M tmpfs: %q", out)
 	}
 
+	if m, _ := filepath.Glob("/dev/nvidia*"); len(m) == 0 {
+		if _, errOut, code := c.run("", "create", "--from", proj, "--name", "g", "--gpu"); code != 2 || !strings.Contains(errOut, "nvidia") {
+			t.Fatalf("create --gpu without a GPU: exit %d, %q", code, errOut)
+		}
+	}
+
 	// Over its memory limit: killed alone, reported on the events stream
 	// and in the audit log; after update --memory the same command runs.
 	cl := client.New(filepath.Join(c.root, api.SocketName))
