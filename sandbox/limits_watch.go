@@ -171,9 +171,14 @@ func (m *Manager) execStarted(name string) func() {
 // freezer until Thaw: it uses no CPU, and its processes, memory and
 // sockets stay as they are. Commands are refused meanwhile.
 func (m *Manager) Freeze(ctx context.Context, name string) error {
-	if err := m.freeze(ctx, name, "frozen by a person"); err != nil {
+	const why = "frozen by a person"
+	if err := m.freeze(ctx, name, why); err != nil {
 		return err
 	}
+	// A person's freeze outlasts an idle one: no command thaws it.
+	m.pol.mu.Lock()
+	m.pol.frozen[name] = why
+	m.pol.mu.Unlock()
 	m.audit(name, "freeze", nil)
 	return nil
 }
