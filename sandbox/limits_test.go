@@ -596,3 +596,39 @@ func TestIOLimit(t *testing.T) {
 		t.Fatalf("without the limit: %v, with it: %v: the update did not remove it", fast, slow)
 	}
 }
+
+// TestWarmLimits: a sandbox bound to a warm instance gets its limits and
+// the device allow-list at bind, as a cold one does at start.
+func TestWarmLimits(t *testing.T) {
+	if !cgroup.CanRename() {
+		t.Skip("no warm sandboxes on this host (cgroup v2 groups cannot be renamed)")
+	}
+	e := newEnvWith(t, sandbox.Options{Warm: 1})
+	lim := sandbox.Limits{Pids: 64}
+	lim.MemoryBytes = 96 << 20
+	lim.CPUs = 0.5
+	e.create("w", lim)
+	if e.rt.WarmBound() != 1 {
+		t.Fatalf("the sandbox was not bound to a warm instance (%d bound)", e.rt.WarmBound())
+	}
+	read := func(glob string) string {
+		m, _ := filepath.Glob(glob)
+		if len(m) != 1 {
+			t.Fatalf("%s: %v", glob, m)
+		}
+		b, _ := os.ReadFile(m[0])
+		return strings.TrimSpace(string(b))
+	}
+	if v := read("/sys/fs/cgroup/memory/tine/tine-*-w/memory.limit_in_bytes"); v != "100663296" {
+		t.Fatalf("memory limit of the warm-bound sandbox: %s", v)
+	}
+	if v := read("/sys/fs/cgroup/cpu/tine/tine-*-w/cpu.cfs_quota_us"); v != "50000" {
+		t.Fatalf("cpu quota of the warm-bound sandbox: %s", v)
+	}
+	if cgroup.DevicesEnforced() && strings.Contains(read("/sys/fs/cgroup/devices/tine/tine-*-w/devices.list"), "a *:*") {
+		t.Fatal("the warm-bound sandbox may use every device")
+	}
+	if out := e.mustSh("w", "df -k /tmp | tail -1"); strings.Fields(out)[1] != strconv.Itoa(sandbox.DefaultTmpfsBytes>>10) {
+		t.Fatalf("/tmp of the warm-bound sandbox: %q", out)
+	}
+}
