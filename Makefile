@@ -9,7 +9,7 @@ TEST_TIMEOUT ?= 45m
 # Debian packages the tests, the demo and the benchmarks use.
 DEBS := fuse3 restic casync fuse-overlayfs btrfs-progs qemu-system-x86 \
 	busybox-static cpio kmod zstd xz-utils lz4 git gcc iproute2 bubblewrap \
-	nftables util-linux curl chromium chromium-driver nodejs
+	nftables util-linux curl chromium chromium-driver nodejs acl
 
 .PHONY: all build binaries deps demo test test-full vet fuzz unit unit-full bench bench-chunkstore bench-cowfs bench-vmm bench-sandbox kernels nested-test
 

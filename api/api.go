@@ -48,6 +48,10 @@ type Sandbox = sandbox.Status
 type ForkRequest struct {
 	N     int      `json:"n"`
 	Names []string `json:"names,omitempty"`
+	// GitBranches is a branch name template ("try-{i}", "{name}"): each
+	// fork records its branch, and a promotion of it to git that names no
+	// branch goes there.
+	GitBranches string `json:"git_branches,omitempty"`
 }
 
 // SnapshotRequest is the body of POST /v1/sandboxes/{name}/snapshots.

@@ -75,7 +75,7 @@ var goTypes = map[string]any{
 	"api.PromoteRequest": PromoteRequest{}, "api.PromoteResponse": PromoteResponse{},
 	"api.ExecRequest": ExecRequest{}, "api.ExecEvent": ExecEvent{}, "api.ExecInput": ExecInput{},
 	"api.Info": Info{}, "api.RuntimeInfo": RuntimeInfo{}, "api.FSRequest": FSRequest{},
-	"api.FSResponse": FSResponse{},
+	"api.FSResponse": FSResponse{}, "api.Approval": Approval{}, "api.AnswerRequest": AnswerRequest{},
 	"sandbox.Limits": sandbox.Limits{}, "sandbox.Staleness": sandbox.Staleness{},
 	"sandbox.SnapshotInfo": sandbox.SnapshotInfo{}, "sandbox.MergeConflict": sandbox.MergeConflict{}, "merge.Conflict": merge.Conflict{},
 	"cowfs.Conflict": cowfs.Conflict{}, "cowfs.Refusal": cowfs.Refusal{},
@@ -85,8 +85,6 @@ var goTypes = map[string]any{
 	"api.LimitsResponse": LimitsResponse{}, "sandbox.Usage": sandbox.Usage{}, "audit.Record": audit.Record{},
 	"audit.Head": audit.Head{}, "audit.Report": audit.Report{}, "api.VerifyResponse": VerifyResponse{},
 	"execpolicy.Rule": execpolicy.Rule{}, "execpolicy.Policy": execpolicy.Policy{},
-	"sandbox.Approval": sandbox.Approval{}, "api.ApprovalsResponse": ApprovalsResponse{},
-	"api.DecisionRequest": DecisionRequest{},
 }
 
 // jsonFields returns the JSON names of a struct's fields as encoding/json

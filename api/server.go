@@ -26,6 +26,9 @@ type ServerOptions struct {
 	// to w; nil answers POST /v1/fs/{command} with 501 not_implemented.
 	// An *Error it returns chooses the response's code.
 	FS func(ctx context.Context, command string, req FSRequest, w io.Writer) error
+	// Inside, when given, serves each sandbox its own API; the server
+	// lists and answers the approvals sandboxes ask for through it.
+	Inside *Inside
 }
 
 // Server answers the API over a sandbox.Manager. It is an http.Handler;
@@ -79,8 +82,8 @@ func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
 		{"POST", sb + "/exec", s.exec},
 		{"GET", sb + "/exec/ws", s.execWS},
 		{"POST", "/" + Version + "/fs/{command}", s.fs},
-		// Limits, freezer, audit, exec policy and approvals (limits.go,
-		// audit.go, approvals.go).
+		// Limits, freezer, audit and exec policy (limits.go, audit.go,
+		// execpolicy.go); exec approvals join the list below.
 		{"GET", sb + "/limits", s.getLimits},
 		{"PUT", sb + "/limits", s.putLimits},
 		{"POST", sb + "/freeze", s.freeze},
@@ -91,7 +94,8 @@ func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
 		{"GET", "/" + Version + "/audit/verify", s.auditVerify},
 		{"GET", sb + "/policy/exec", s.getExecPolicy},
 		{"PUT", sb + "/policy/exec", s.putExecPolicy},
-		{"GET", "/" + Version + "/approvals", s.approvals},
+		// Approvals asked for from inside sandboxes (approvals.go).
+		{"GET", "/" + Version + "/approvals", s.approvalsList},
 		{"POST", "/" + Version + "/approvals/{id}/approve", s.approve},
 		{"POST", "/" + Version + "/approvals/{id}/deny", s.deny},
 	}
@@ -300,7 +304,16 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	infos, err := s.m.Fork(context.WithoutCancel(r.Context()), name, sandbox.ForkOptions{N: req.N, Names: req.Names})
+	fo := sandbox.ForkOptions{N: req.N, Names: req.Names}
+	branches, err := s.forkBranches(r.Context(), name, req, fo)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	infos, err := s.m.Fork(context.WithoutCancel(r.Context()), name, fo)
+	if err == nil {
+		err = s.setForkBranches(infos, branches)
+	}
 	if err != nil {
 		writeError(w, err)
 		return

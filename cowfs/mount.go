@@ -173,6 +173,7 @@ func checkMountpoint(dir string) (string, error) {
 func mountFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options) (*fuse.Server, error) {
 	srv, err := gofs.Mount(dir, root, fo)
 	if err == nil {
+		cloexecFUSE() // cloexec.go
 		return srv, nil
 	}
 	// The top mount at dir with our exact source is the one just made: an

@@ -54,6 +54,8 @@ type Manager struct {
 	ext  extra // services, logs, snapshot labels, recovery
 	net  networks
 	pol  policyState // audit logs, exec policy, approvals, deadlines (policy.go)
+	// inside serves each sandbox's own API (inside.go).
+	inside InsideAPI
 }
 
 // live is a running sandbox's host-side state.
@@ -304,6 +306,9 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	spec := Spec{ID: "tine-" + m.id + "-" + name, Hostname: name, Dir: m.rtDir(name),
 		ProjectPath: info.ProjectPath, ProjectSource: l.mount.Dir(),
 		Hide: []string{m.root, m.fs.Root()}, Limits: info.Limits, Seed: seed}
+	if spec.APISocket, err = m.insideSocket(name); err != nil {
+		return fail(err)
+	}
 	if l.inst, err = m.rt.Start(ctx, spec); err != nil {
 		return fail(err)
 	}
@@ -370,6 +375,7 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 		return fmt.Errorf("remove sandbox %q: %w", name, ErrNotFound)
 	}
 	errs := []error{m.Stop(ctx, name)}
+	m.forgetInside(name)
 	m.forgetWatch(name) // its cached exec policy, freeze and watch state
 	// The metadata goes first, so that List does not show a sandbox whose
 	// branch is being deleted (Open's recovery finishes a removal cut
@@ -513,7 +519,7 @@ func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) 
 	rand.Read(rnd[:])
 	s := &SnapshotInfo{ID: "snap-" + hex.EncodeToString(rnd[:]), Name: o.Name, Sandbox: name, Runtime: info.Runtime,
 		ProjectPath: info.ProjectPath, Created: time.Now().UTC(), Limits: info.Limits, Env: info.Env,
-		Services: info.Services, HostBase: info.HostBase}
+		Services: info.Services, HostBase: info.HostBase, GitBase: info.GitBase}
 	dir := m.snapDir(s.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)

@@ -152,7 +152,7 @@ func (m *Manager) checkExec(ctx context.Context, name string, req proto.ExecRequ
 		m.audit(name, "exec-denied", map[string]any{"argv": req.Argv, "cwd": req.Dir, "rule": d.Rule, "command": d.Command})
 		return "", fmt.Errorf("exec %q in sandbox %q: %w by the exec policy (rule %q); change it with tine exec-policy %s", req.Argv, name, ErrDenied, d.Rule, name)
 	}
-	var rnd [6]byte
+	var rnd [8]byte // the form of the API's approval ids: ap- and 16 hex digits
 	rand.Read(rnd[:])
 	a := &Approval{ID: "ap-" + hex.EncodeToString(rnd[:]), Sandbox: name, Argv: req.Argv, Cwd: req.Dir,
 		Rule: d.Rule, Asked: time.Now().UTC(), Frozen: p.FreezeOnAsk}

@@ -85,19 +85,3 @@ func (c *Client) SetExecPolicy(ctx context.Context, name string, p *execpolicy.P
 	var out execpolicy.Policy
 	return &out, c.call(ctx, "PUT", sandboxPath(name, "/policy/exec"), p, &out)
 }
-
-// Approvals lists the commands waiting for a person.
-func (c *Client) Approvals(ctx context.Context) ([]*sandbox.Approval, error) {
-	var out api.ApprovalsResponse
-	return out.Approvals, c.call(ctx, "GET", "/approvals", nil, &out)
-}
-
-// Decide approves (or denies) a waiting command.
-func (c *Client) Decide(ctx context.Context, id string, approve bool, by string) (*sandbox.Approval, error) {
-	verb := "/deny"
-	if approve {
-		verb = "/approve"
-	}
-	var out sandbox.Approval
-	return &out, c.call(ctx, "POST", "/approvals/"+url.PathEscape(id)+verb, &api.DecisionRequest{By: by}, &out)
-}

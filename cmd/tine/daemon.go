@@ -49,7 +49,7 @@ func (a *app) daemon(ctx context.Context) (*client.Client, error) {
 	} else if !ok {
 		// Only the built-in root is made on first use (see openRoot);
 		// before the daemon's log is written into it.
-		if root != builtinRoot {
+		if root != userRoot() {
 			return nil, errNoRoot(root)
 		}
 		if err := initRoot(root); err != nil {

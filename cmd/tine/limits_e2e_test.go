@@ -110,10 +110,11 @@ func TestPolicyEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := 0; i < 200; i++ {
-			var as []sandbox.Approval
+			var as []api.Approval
 			json.Unmarshal([]byte(c.ok("approvals", "--json")), &as)
 			if len(as) == 1 {
-				if !as[0].Frozen || strings.Join(as[0].Argv, " ") != strings.Join(args, " ") {
+				if as[0].Kind != "exec" || as[0].State != "pending" || !strings.HasPrefix(as[0].Reason, strings.Join(args, " ")+" (rule *)") ||
+					!strings.Contains(as[0].Reason, "frozen") {
 					t.Fatalf("approval %+v", as[0])
 				}
 				return cmd, &out, as[0].ID

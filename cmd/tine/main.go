@@ -108,7 +108,7 @@ func (a *app) rootCommand() *cobra.Command {
 	root.SetIn(a.stdin)
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageErr("%v", err) })
 	pf := root.PersistentFlags()
-	pf.StringVar(&a.root, "root", defaultRoot(), "state root (store, sandboxes, daemon socket); default $TINE_ROOT or "+builtinRoot)
+	pf.StringVar(&a.root, "root", defaultRoot(), "state root (store, sandboxes, daemon socket); default $TINE_ROOT or "+builtinRoot+" (as root), ~/.local/share/tine (others)")
 	pf.BoolVar(&a.json, "json", false, "print JSON")
 	root.AddGroup(&cobra.Group{ID: "sandbox", Title: "Sandboxes:"}, &cobra.Group{ID: "host", Title: "Host and daemon:"},
 		&cobra.Group{ID: "low", Title: "Lower-level commands:"})
@@ -117,7 +117,11 @@ func (a *app) rootCommand() *cobra.Command {
 		root.AddCommand(c)
 	}
 	for _, c := range []*cobra.Command{a.updateCommand(), a.limitsCommand(), a.freezeCommand(), a.thawCommand(),
-		a.auditCommand(), a.execPolicyCommand(), a.approvalsCommand(), a.decideCommand(true), a.decideCommand(false)} {
+		a.auditCommand(), a.execPolicyCommand()} {
+		c.GroupID = "sandbox"
+		root.AddCommand(c)
+	}
+	for _, c := range a.approvalCommands() {
 		c.GroupID = "sandbox"
 		root.AddCommand(c)
 	}

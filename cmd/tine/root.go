@@ -21,7 +21,7 @@ func defaultRoot() string {
 	if r := os.Getenv("TINE_ROOT"); r != "" {
 		return r
 	}
-	return builtinRoot
+	return userRoot()
 }
 
 // isRoot reports whether dir is a tine state root: one with a store.
@@ -46,7 +46,7 @@ func openRoot(dir string) (*cowfs.FS, error) {
 		return nil, err
 	}
 	if !ok {
-		if filepath.Clean(dir) != builtinRoot {
+		if filepath.Clean(dir) != userRoot() {
 			return nil, errNoRoot(dir)
 		}
 		if err := initRoot(dir); err != nil {

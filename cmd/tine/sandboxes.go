@@ -170,11 +170,16 @@ func (a *app) forkCommand() *cobra.Command {
 				return writeJSON(a.stdout, kids)
 			}
 			for _, k := range kids {
+				if k.GitBase.Branch != "" {
+					fmt.Fprintf(a.stdout, "%s\tgit branch %s (on `tine promote %s --git-branch`)\n", k.Name, k.GitBase.Branch, k.Name)
+					continue
+				}
 				fmt.Fprintln(a.stdout, k.Name)
 			}
 			return nil
 		},
 	}
+	c.Flags().StringVar(&req.GitBranches, "git-branches", "", "record a git branch per fork from this template ({i}: 1..N, {name}: the fork's name); `tine promote FORK --git-branch` with no name commits there")
 	c.Flags().IntVarP(&req.N, "n", "n", 1, "number of forks")
 	c.Flags().StringVar(&names, "names", "", "comma-separated names of the forks (default: SB-1 .. SB-N)")
 	return c
@@ -459,6 +464,13 @@ func (a *app) statusCommand() *cobra.Command {
 					s.From, st.Changed, st.Added, st.Removed)
 				for _, e := range st.Examples {
 					fmt.Fprintf(w, "             %s\n", e)
+				}
+			}
+			if gs := st.Git; gs != nil {
+				if gs.Unknown != "" {
+					fmt.Fprintf(w, "git        unknown: %s\n", gs.Unknown)
+				} else {
+					fmt.Fprintf(w, "git        HEAD moved %d commit(s) since %s, %d path(s) changed %s\n", gs.Commits, short(gs.Base), gs.Changed, strings.Join(gs.Examples, " "))
 				}
 			}
 			return nil

@@ -39,6 +39,10 @@ func (a *app) serveCommand() *cobra.Command {
 			if stop {
 				return a.stopDaemon(c.Context())
 			}
+			// Not root: serve in a user namespace of its own (rootless mode).
+			if err := ns.EnterRootless(); err != nil {
+				return err
+			}
 			return a.serve(c.Context(), group, sandbox.Options{Warm: warm, MountPool: pool}, dash)
 		},
 	}
@@ -88,9 +92,14 @@ func (a *app) serve(ctx context.Context, group string, opts sandbox.Options, das
 	if err != nil {
 		return err
 	}
+	// Each sandbox's own API at /run/tine/api.sock (docs/api.md).
+	inside := api.NewInside(m, api.InsideOptions{})
+	m.SetInsideAPI(inside)
+	defer inside.Close()
 	srv := api.NewServer(m, api.ServerOptions{
-		Info: func(ctx context.Context) (*api.Info, error) { return hostInfo(root), nil },
-		FS:   fsSvc.run,
+		Info:   func(ctx context.Context) (*api.Info, error) { return hostInfo(root), nil },
+		FS:     fsSvc.run,
+		Inside: inside,
 	})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -184,8 +193,11 @@ func hostInfo(root string) *api.Info {
 		if r.OK {
 			// What it runs with, where a check says more (the user namespace).
 			for _, c := range r.Checks {
-				if c.Name == "user namespace" {
+				switch c.Name {
+				case "user namespace":
 					ri.Reason = fmt.Sprintf("user namespace: %v: %s", map[bool]string{true: "yes", false: "no"}[c.OK], c.Detail)
+				case "in use", "pids limit", "host files", "network":
+					ri.Reason = strings.TrimPrefix(ri.Reason+"; "+c.Name+": "+c.Detail, "; ")
 				}
 			}
 		}

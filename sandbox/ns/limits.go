@@ -50,7 +50,15 @@ func (in *instance) applyLimits(l sandbox.Limits, dir string) error {
 	if err != nil {
 		return err
 	}
-	if err := in.cg.Set(cl); err != nil {
+	g, ok := in.cg.(*cgroup.Group)
+	if !ok {
+		// Rootless mode: no cgroups (group.go).
+		if l.MemoryBytes != 0 || l.CPUs != 0 || len(cl.IO) > 0 && (l.IOReadBPS|l.IOWriteBPS|l.IOReadIOPS|l.IOWriteIOPS) != 0 || len(l.Devices) > 0 || l.GPU {
+			return fmt.Errorf("sandbox %s: cpu, memory, io and device limits need cgroups, which rootless mode does not have here: run tine as root, or go without them", in.id)
+		}
+		return nil
+	}
+	if err := g.Set(cl); err != nil {
 		return fmt.Errorf("sandbox %s: %w", in.id, err)
 	}
 	return nil
@@ -61,7 +69,11 @@ func (in *instance) SetLimits(l sandbox.Limits) error { return in.applyLimits(l,
 
 // Usage reads the sandbox's cgroup counters.
 func (in *instance) Usage() (sandbox.Usage, error) {
-	s, err := in.cg.Stats()
+	g, ok := in.cg.(*cgroup.Group)
+	if !ok {
+		return sandbox.Usage{}, fmt.Errorf("sandbox %s: rootless mode has no cgroups to read its use from", in.id)
+	}
+	s, err := g.Stats()
 	return sandbox.Usage{CPUNanos: s.CPUNanos, MemoryBytes: s.MemoryBytes, MemoryPeak: s.MemoryPeak,
 		OOMKills: s.OOMKills, Pids: s.Pids}, err
 }

@@ -22,7 +22,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tine/sandbox"
-	"tine/sandbox/internal/cgroup"
 )
 
 // Runtime starts namespace sandboxes. The zero value is not usable: use New.
@@ -112,7 +111,7 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 	if err := makeStateDirs(spec.Dir); err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
-	cg, err := cgroup.New(spec.ID, spec.Limits.Pids)
+	cg, err := newGroup(spec.ID, spec.Limits.Pids) // group.go: cgroups, or rootless mode's
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
@@ -139,6 +138,15 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		TmpfsBytes:    spec.Limits.TmpfsBytes,
 		Devices:       pt.Devices,
 		ReadOnly:      pt.ReadOnly,
+	}
+	if spec.APISocket != "" {
+		fd, err := openAPISocket(spec.APISocket, cfg.RunDir)
+		if err != nil {
+			cg.Remove(context.Background())
+			return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+		}
+		defer unix.Close(fd)
+		cfg.API, cfg.apiFD = true, fd
 	}
 	ctl, err := in.start(r, cfg)
 	if err != nil {
@@ -199,6 +207,9 @@ func (in *instance) start(r *Runtime, cfg initConfig) (*net.UnixConn, error) {
 		}
 		defer closeAll(passed)
 	}
+	if cfg.API {
+		passed = append(passed, cfg.apiFD) // closed by Start
+	}
 	cmd.Args = []string{"tine-sandbox-init"}
 	cmd.Env = []string{initEnv + "=" + modeInit}
 	cmd.ExtraFiles = []*os.File{child, lf} // fd 3, fd 4
@@ -253,7 +264,7 @@ type instance struct {
 	dir  string        // the runtime directory (warm instances: until bound)
 	ctl  *net.UnixConn // a warm instance's control socket, until bound
 	sock string
-	cg   *cgroup.Group
+	cg   group
 	ids  *idMap // its user namespace's mapping; nil without one
 	cmd  *exec.Cmd
 	done chan struct{}

@@ -3,7 +3,6 @@ package ns
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -67,9 +66,15 @@ func probeAt(h hostPaths) []ProbeResult {
 		// does not allow it (userns.go).
 		root.Checks = append(root.Checks, probeUserns())
 	}
-	rootless := result("ns", "rootless", h.checkUserns(), h.checkMaxUserns(), h.checkFusermount(), overlay, fuse, pids, seccomp)
-	rootless.OK = false
-	rootless.Why = append(rootless.Why, "tine does not run namespace sandboxes without root yet")
+	rootless := h.rootlessResult(overlay, fuse, seccomp) // probe_rootless.go
+	if isRoot, use := inUse(h); isRoot {
+		root.Checks = append(root.Checks, use)
+	} else {
+		rootless.Checks = append(rootless.Checks, use)
+		if h.root == "" && Rootless() {
+			root.OK, root.Why = false, append(root.Why, "this process runs in a user namespace (rootless mode)")
+		}
+	}
 	vm := result("vm", "kvm", h.checkKVM())
 	vm.OK = false
 	vm.Why = append(vm.Why, "tine does not run sandboxes in VMs yet (tine vm runs bare guests and Linux boots on their own)")
@@ -232,36 +237,6 @@ func (h hostPaths) checkMaxUserns() Check {
 		return c
 	}
 	c.OK, c.Detail = true, v
-	return c
-}
-
-func (h hostPaths) checkFusermount() Check {
-	c := Check{Name: "fusermount3 setuid root"}
-	p := ""
-	if h.root == "" {
-		p, _ = exec.LookPath("fusermount3")
-	} else {
-		for _, d := range []string{"/usr/bin", "/bin"} {
-			if _, err := os.Stat(h.p(d + "/fusermount3")); err == nil {
-				p = h.p(d + "/fusermount3")
-				break
-			}
-		}
-	}
-	if p == "" {
-		c.Detail = "fusermount3 not found: install fuse3"
-		return c
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(p, &st); err != nil {
-		c.Detail = fmt.Sprintf("%s: %v", p, err)
-		return c
-	}
-	if st.Uid != 0 || st.Mode&unix.S_ISUID == 0 {
-		c.Detail = p + " is not setuid root: chown root " + p + " && chmod u+s " + p
-		return c
-	}
-	c.OK, c.Detail = true, p
 	return c
 }
 

@@ -60,6 +60,10 @@ func (r *Runtime) usernsSetup() (*idMap, error) {
 			r.idErr = errors.New("turned off")
 			return
 		}
+		if Rootless() {
+			r.idErr = errors.New("rootless mode: sandboxes share the daemon's user namespace, where root is the user who started it")
+			return
+		}
 		r.ids, r.idErr = newIDMap()
 	})
 	return r.ids, r.idErr

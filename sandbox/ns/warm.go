@@ -61,10 +61,11 @@ const refillMax = 250 * time.Millisecond
 // Warm keeps o.N sandboxes started ahead of time in directories under
 // o.Dir, which must be on the same file system as the state directories
 // of the sandboxes they become. Closing the result ends those not taken.
-// On a host with cgroup v2 (whose groups cannot be renamed) it keeps none
+// On a host with cgroup v2 (whose groups cannot be renamed) and in rootless
+// mode it keeps none
 // and every Start is a cold one.
 func (r *Runtime) Warm(ctx context.Context, o sandbox.WarmOptions) (io.Closer, error) {
-	if o.N <= 0 || !cgroup.CanRename() {
+	if o.N <= 0 || !cgroup.CanRename() || Rootless() {
 		return io.NopCloser(nil), nil
 	}
 	if strings.ContainsAny(o.Dir, ",:\\\n") || !filepath.IsAbs(o.Dir) {
@@ -296,7 +297,7 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 			return err
 		}
 	}
-	if err := in.cg.Rename(spec.ID); err != nil {
+	if err := in.cg.(*cgroup.Group).Rename(spec.ID); err != nil {
 		return err
 	}
 	in.id = spec.ID
@@ -333,7 +334,14 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		}
 		fds = append(fds, sfd)
 	}
-	b, err := json.Marshal(bindConfig{Fork: fork, Userns: in.ids != nil, ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname})
+	if spec.APISocket != "" {
+		afd, err := openAPISocket(spec.APISocket, filepath.Join(spec.Dir, runDir))
+		if err != nil {
+			return err
+		}
+		fds = append(fds, afd)
+	}
+	b, err := json.Marshal(bindConfig{Fork: fork, API: spec.APISocket != "", Userns: in.ids != nil, ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname})
 	if err == nil && len(b) > maxMessage {
 		err = fmt.Errorf("bind message of %d bytes, more than %d", len(b), maxMessage)
 	}

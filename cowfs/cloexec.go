@@ -1,0 +1,30 @@
+package cowfs
+
+import (
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// cloexecFUSE marks every descriptor of this process open on /dev/fuse
+// close-on-exec. go-fuse opens the device without the flag, so a program
+// this process executes (a helper, a sandbox's init step) would hold the
+// mount's device, and a server of its own for it, until it exits.
+func cloexecFUSE() {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if t, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || t != "/dev/fuse" {
+			continue
+		}
+		var fd int
+		for _, c := range e.Name() {
+			fd = fd*10 + int(c-'0')
+		}
+		if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && fl&unix.FD_CLOEXEC == 0 {
+			unix.FcntlInt(uintptr(fd), unix.F_SETFD, fl|unix.FD_CLOEXEC)
+		}
+	}
+}
