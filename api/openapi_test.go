@@ -13,6 +13,7 @@ import (
 	"tine/execpolicy"
 	"tine/guestagent/proto"
 	"tine/merge"
+	"tine/netpolicy"
 	"tine/sandbox"
 )
 
@@ -81,7 +82,11 @@ var goTypes = map[string]any{
 	"cowfs.Conflict": cowfs.Conflict{}, "cowfs.Refusal": cowfs.Refusal{},
 	"proto.Started": proto.Started{}, "proto.Exit": proto.Exit{}, "proto.Resize": proto.Resize{},
 	"proto.Signal": proto.Signal{}, "proto.Process": proto.Process{}, "proto.Port": proto.Port{},
-	"proto.Event":        proto.Event{},
+	"proto.Event":      proto.Event{},
+	"netpolicy.Policy": netpolicy.Policy{}, "sandbox.NetworkStatus": sandbox.NetworkStatus{},
+	"api.NetworkRequest": NetworkRequest{}, "api.ExposeRequest": ExposeRequest{}, "api.Exposures": Exposures{},
+	"api.AutoExposeRequest": AutoExposeRequest{}, "api.SecretRequest": SecretRequest{},
+	"sandbox.Exposure": sandbox.Exposure{}, "sandbox.SecretInfo": sandbox.SecretInfo{}, "sandbox.SecretBinding": sandbox.SecretBinding{},
 	"api.LimitsResponse": LimitsResponse{}, "sandbox.Usage": sandbox.Usage{}, "audit.Record": audit.Record{},
 	"audit.Head": audit.Head{}, "audit.Report": audit.Report{}, "api.VerifyResponse": VerifyResponse{},
 	"execpolicy.Rule": execpolicy.Rule{}, "execpolicy.Policy": execpolicy.Policy{},

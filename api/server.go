@@ -98,6 +98,16 @@ func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
 		{"GET", "/" + Version + "/approvals", s.approvalsList},
 		{"POST", "/" + Version + "/approvals/{id}/approve", s.approve},
 		{"POST", "/" + Version + "/approvals/{id}/deny", s.deny},
+		// network policy, exposed ports and secrets (network.go)
+		{"GET", sb + "/network", s.network},
+		{"PUT", sb + "/network", s.setNetwork},
+		{"GET", sb + "/exposures", s.exposures},
+		{"POST", sb + "/exposures", s.expose},
+		{"PUT", sb + "/exposures/auto", s.autoExpose},
+		{"DELETE", sb + "/exposures/{port}", s.unexpose},
+		{"GET", "/" + Version + "/secrets", s.secrets},
+		{"PUT", "/" + Version + "/secrets/{secret}", s.setSecret},
+		{"DELETE", "/" + Version + "/secrets/{secret}", s.removeSecret},
 	}
 	for _, rt := range s.routes {
 		s.mux.HandleFunc(rt.method+" "+rt.path, rt.h)
@@ -218,6 +228,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o := sandbox.CreateOptions{Name: req.Name, Env: req.Env, Limits: req.Limits, Services: req.Services}
+	if err := s.createPolicy(&req, &o); err != nil {
+		writeError(w, err)
+		return
+	}
 	if isDir(req.From) {
 		o.Dir = req.From
 	} else {
@@ -234,7 +248,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		if err != nil {
-			writeError(w, err)
+			writeError(w, secretErr(err))
 			return
 		}
 		writeJSON(w, http.StatusCreated, &Sandbox{Info: *info})

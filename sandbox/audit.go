@@ -96,6 +96,9 @@ func (m *Manager) audit(name, kind string, fields map[string]any) {
 	}
 	df["sandbox"] = name
 	err = errors.Join(err, m.Audit("", kind, df))
+	if m.net.opts.Audit != nil {
+		err = errors.Join(err, m.net.opts.Audit.Append(kind, df))
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "tine: audit %s of sandbox %q: %v\n", kind, name, err)
 	}
@@ -181,16 +184,19 @@ func (m *Manager) auditExec(name string, req proto.ExecRequest, d string, p *cli
 	return p, nil
 }
 
-// netAuditor is where a sandbox's gateway records its events: the
-// auditor the network options give, else the sandbox's audit log.
+// netAuditor is where a sandbox's gateway records its events
+// (credentialed requests, policy changes, denied connections): the
+// sandbox's audit log and the daemon's, and the network options'
+// auditor when set (see audit).
 func (m *Manager) netAuditor(name string) gateway.Auditor {
-	if m.net.opts.Audit != nil {
-		return m.net.opts.Audit
-	}
-	l, err := m.AuditLog(name)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "tine: sandbox %q: network events not audited: %v\n", name, err)
+	return auditorFunc(func(kind string, fields map[string]any) error {
+		m.audit(name, kind, fields)
 		return nil
-	}
-	return l
+	})
 }
+
+// auditorFunc is a gateway.Auditor made of a function.
+type auditorFunc func(kind string, fields map[string]any) error
+
+// Append calls the function.
+func (f auditorFunc) Append(kind string, fields map[string]any) error { return f(kind, fields) }

@@ -171,6 +171,11 @@ type CreateOptions struct {
 	// Network is the sandbox's network policy (nil: mode none; a fork
 	// takes its parent's).
 	Network *netpolicy.Policy
+	// Secrets binds stored secrets to destinations; the sandbox sees a
+	// placeholder in its environment (a fork takes its parent's).
+	Secrets []SecretBinding
+	// AutoExpose forwards a host port to every new listener.
+	AutoExpose bool
 }
 
 // Create makes a sandbox and starts it. Its metadata is written once,
@@ -202,6 +207,12 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 	if err == nil {
 		m.inheritPolicy(forkedFrom, o.Name)
 		err = m.initNetwork(o.Name, o.Network, forkedFrom)
+	}
+	if err == nil {
+		err = m.initSecrets(info, o.Secrets, forkedFrom)
+	}
+	if err == nil && o.AutoExpose {
+		err = m.setAutoFile(o.Name, true)
 	}
 	if err == nil {
 		err = m.start(ctx, info, seed)
@@ -346,6 +357,7 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 	defer m.audit(name, "stop", nil)
 	defer m.forgetWatch(name)
 	var errs []error
+	m.stopExposures(name)
 	m.stopNetwork(name)
 	l.mu.Lock()
 	if l.agent != nil {

@@ -36,6 +36,7 @@ type networks struct {
 	opts NetworkOptions
 	mu   sync.Mutex
 	live map[string]*sandboxNet
+	expo map[string]*exposures // forwarded ports, by sandbox
 }
 
 // sandboxNet is one running sandbox's veth, filter and gateway.
@@ -151,7 +152,12 @@ func needsForwarding(p *netpolicy.Policy) bool {
 // is allow or open: the filter, the veth, the gateway, and, inside, the
 // resolver's address in /etc/resolv.conf and the sandbox's CA in its
 // trust store (its own layer only).
-func (m *Manager) startNetwork(ctx context.Context, name string, inst Instance) error {
+func (m *Manager) startNetwork(ctx context.Context, name string, inst Instance) (err error) {
+	defer func() {
+		if err == nil && m.AutoExpose(name) {
+			err = m.startAutoExpose(name)
+		}
+	}()
 	p, err := m.Network(name)
 	if err != nil || p.GetMode() == netpolicy.None {
 		return err
@@ -234,6 +240,9 @@ func (m *Manager) configureGuestNetwork(ctx context.Context, name string, link *
 	}
 	return nil
 }
+
+// (Manager.audit, which records a sandbox's events in its audit log and
+// hands them to the network options' auditor too, is in audit.go.)
 
 // stopNetwork closes a sandbox's gateway and removes its veth.
 func (m *Manager) stopNetwork(name string) {

@@ -21,12 +21,12 @@ import (
 // sandboxCommands are the commands on sandboxes; each talks to the daemon
 // and starts it when it does not answer.
 func (a *app) sandboxCommands() []*cobra.Command {
-	return []*cobra.Command{
+	return append([]*cobra.Command{
 		a.createCommand(), a.execCommand(), a.shellCommand(), a.forkCommand(),
 		a.snapshotCommand(), a.rollbackCommand(), a.snapshotsCommand(), a.diffCommand(),
 		a.psCommand(), a.portsCommand(), a.logsCommand(), a.statusCommand(), a.lsCommand(),
 		a.rmCommand(), a.startCommand(), a.stopCommand(), a.promoteCommand(),
-	}
+	}, a.policyCommands()...)
 }
 
 // sbErr turns an API error about sandbox name into one that names it and
@@ -71,6 +71,7 @@ func (a *app) createCommand() *cobra.Command {
 	var from, disk string
 	var lf limitFlags
 	var sf specFlags
+	var pf createPolicyFlags
 	c := &cobra.Command{
 		Use:   "create",
 		Short: "create and start a sandbox from a directory (default: the current one) or a snapshot",
@@ -109,6 +110,9 @@ func (a *app) createCommand() *cobra.Command {
 					return usageErr("--env %q: want KEY=VALUE", e)
 				}
 			}
+			if err := pf.apply(&req, a.stderr); err != nil {
+				return err
+			}
 			cl, err := a.daemon(ctx)
 			if err != nil {
 				return err
@@ -135,6 +139,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.StringVar(&disk, "disk", "", "most bytes written to the project, such as 512M or 1G (default: no limit)")
 	lf.bind(f, false) // limits.go
 	sf.flags(f)
+	pf.flags(f)
 	return c
 }
 
@@ -352,32 +357,6 @@ func (a *app) psCommand() *cobra.Command {
 						user = fmt.Sprint(p.UID)
 					}
 					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s\n", p.PID, p.PPID, user, p.State, humanBytes(int64(p.RSS)), cmd)
-				}
-			})
-		},
-	}
-}
-
-func (a *app) portsCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "ports SB",
-		Short: "list the sandbox's listening sockets",
-		Args:  nArgs("SB"),
-		RunE: func(c *cobra.Command, args []string) error {
-			cl, err := a.daemon(c.Context())
-			if err != nil {
-				return err
-			}
-			ports, err := cl.Ports(c.Context(), args[0])
-			if err != nil {
-				return sbErr(args[0], err)
-			}
-			if a.json {
-				return writeJSON(a.stdout, ports)
-			}
-			return table(a.stdout, "PROTO\tADDRESS\tPORT\tPID", func(w io.Writer) {
-				for _, p := range ports {
-					fmt.Fprintf(w, "%s\t%s\t%d\t%d\n", p.Proto, p.Address, p.Port, p.PID)
 				}
 			})
 		},

@@ -75,6 +75,9 @@ func (a *app) serve(ctx context.Context, group string, opts sandbox.Options, das
 		opts.Warm = 0
 	}
 	opts.Runtime = runtime
+	if opts.Network.Audit == nil {
+		opts.Network.Audit = &logAuditor{w: a.stderr}
+	}
 	m, err := sandbox.Open(ctx, root, f, opts)
 	if err != nil {
 		return err
