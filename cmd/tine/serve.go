@@ -17,6 +17,7 @@ import (
 	"tine/api"
 	"tine/sandbox"
 	"tine/sandbox/ns"
+	vmrt "tine/sandbox/vm"
 )
 
 // version is set at link time (-ldflags "-X main.version=...").
@@ -207,6 +208,10 @@ func hostInfo(root string) *api.Info {
 		if r.Runtime == "ns" && agentErr != nil {
 			ri.Available = false
 			ri.Reason = strings.TrimPrefix(ri.Reason+"; "+agentErr.Error(), "; ")
+		}
+		if r.Runtime == "vm" { // native, nested only, or not at all
+			v := vmrt.Probe()
+			ri.Reason = strings.TrimPrefix(ri.Reason+"; this host: "+string(v.Support)+" ("+v.Detail+")", "; ")
 		}
 		info.Runtimes = append(info.Runtimes, ri)
 	}
