@@ -22,7 +22,7 @@ const SocketName = "tine.sock"
 type Error struct {
 	// Code is a stable machine-readable word: bad_request (400),
 	// not_found (404), exists, not_running, conflict (409), too_large
-	// (413), internal (500), not_implemented (501).
+	// (413), denied (403), internal (500), not_implemented (501).
 	Code string `json:"code"`
 	// Message names the thing and says what to do.
 	Message string `json:"message"`

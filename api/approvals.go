@@ -252,16 +252,18 @@ func (in *Inside) Answer(ctx context.Context, id string, approve bool, msg strin
 }
 
 func (s *Server) approvalsList(w http.ResponseWriter, r *http.Request) {
-	if s.o.Inside == nil {
-		writeJSON(w, http.StatusOK, []Approval{})
-		return
-	}
 	sb := r.URL.Query().Get("sandbox")
 	if sb != "" && !validName(sb) {
 		writeError(w, badRequest("query sandbox=%q: want a sandbox name", sb))
 		return
 	}
-	writeJSON(w, http.StatusOK, s.o.Inside.Approvals(sb))
+	out := []Approval{}
+	if s.o.Inside != nil {
+		out = s.o.Inside.Approvals(sb)
+	}
+	// Commands held by their sandbox's exec policy (execpolicy.go).
+	out = append(out, s.execApprovals(sb)...)
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) approve(w http.ResponseWriter, r *http.Request) { s.answer(w, r, true) }
@@ -274,6 +276,15 @@ func (s *Server) answer(w http.ResponseWriter, r *http.Request, approve bool) {
 	}
 	if err := validReason(req.Message); err != nil {
 		writeError(w, badRequest("field \"message\": want at most %d bytes of UTF-8", maxReason))
+		return
+	}
+	// A command held by its sandbox's exec policy (execpolicy.go).
+	if a, ok, err := s.answerExec(r.PathValue("id"), approve, req.Message); ok {
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, a)
 		return
 	}
 	if s.o.Inside == nil {

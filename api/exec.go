@@ -301,7 +301,8 @@ func flushCopy(w http.ResponseWriter, r io.Reader) {
 }
 
 // events answers GET /v1/sandboxes/{name}/events with an NDJSON stream of
-// the guest agent's events until the client leaves or the sandbox stops.
+// the guest agent's events, and the host's (oom-kill, frozen, thawed,
+// approval-asked), until the client leaves or the sandbox stops.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	c, ok := s.agent(w, r)
 	if !ok {
@@ -319,7 +320,24 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	rc.Flush()
 	enc := json.NewEncoder(w)
-	for ev := range ch {
+	// The host's events about the sandbox (OOM kills, freezes: see
+	// sandbox/limits_watch.go) go out beside the agent's.
+	host := s.m.HostEvents(ctx, r.PathValue("name"))
+	for ch != nil {
+		var ev proto.Event
+		var ok bool
+		select {
+		case ev, ok = <-ch:
+			if !ok {
+				ch = nil
+				continue
+			}
+		case ev, ok = <-host:
+			if !ok {
+				host = nil
+				continue
+			}
+		}
 		if enc.Encode(ev) != nil || rc.Flush() != nil {
 			cancel()
 		}

@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"tine/audit"
 	"tine/cowfs"
+	"tine/execpolicy"
 	"tine/guestagent/proto"
 	"tine/merge"
 	"tine/netpolicy"
@@ -85,6 +87,9 @@ var goTypes = map[string]any{
 	"api.NetworkRequest": NetworkRequest{}, "api.ExposeRequest": ExposeRequest{}, "api.Exposures": Exposures{},
 	"api.AutoExposeRequest": AutoExposeRequest{}, "api.SecretRequest": SecretRequest{},
 	"sandbox.Exposure": sandbox.Exposure{}, "sandbox.SecretInfo": sandbox.SecretInfo{}, "sandbox.SecretBinding": sandbox.SecretBinding{},
+	"api.LimitsResponse": LimitsResponse{}, "sandbox.Usage": sandbox.Usage{}, "audit.Record": audit.Record{},
+	"audit.Head": audit.Head{}, "audit.Report": audit.Report{}, "api.VerifyResponse": VerifyResponse{},
+	"execpolicy.Rule": execpolicy.Rule{}, "execpolicy.Policy": execpolicy.Policy{},
 }
 
 // jsonFields returns the JSON names of a struct's fields as encoding/json

@@ -147,8 +147,8 @@ func (req *CreateRequest) validate() error {
 	if err := checkEnv("env", req.Env); err != nil {
 		return err
 	}
-	if req.Limits.Pids < 0 || req.Limits.ProjectBytes < 0 {
-		return badRequest("field \"limits\": pids and project_bytes must be 0 (no limit) or more")
+	if err := req.Limits.Check(); err != nil {
+		return badRequest("field \"limits\": %v", err)
 	}
 	return nil
 }
@@ -305,6 +305,10 @@ func statusOf(err error) (int, *Error) {
 		return http.StatusConflict, &Error{Code: "exists", Message: msg}
 	case errors.Is(err, sandbox.ErrNotRunning):
 		return http.StatusConflict, &Error{Code: "not_running", Message: msg + "; start it first"}
+	case errors.Is(err, sandbox.ErrDenied):
+		return http.StatusForbidden, &Error{Code: "denied", Message: msg}
+	case errors.Is(err, sandbox.ErrFrozen):
+		return http.StatusConflict, &Error{Code: "conflict", Message: msg}
 	}
 	return http.StatusInternalServerError, &Error{Code: "internal", Message: msg}
 }
@@ -316,6 +320,8 @@ func codeStatus(code string) int {
 		return http.StatusBadRequest
 	case "not_found":
 		return http.StatusNotFound
+	case "denied":
+		return http.StatusForbidden
 	case "exists", "not_running", "conflict":
 		return http.StatusConflict
 	case "too_large":

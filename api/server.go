@@ -82,6 +82,18 @@ func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
 		{"POST", sb + "/exec", s.exec},
 		{"GET", sb + "/exec/ws", s.execWS},
 		{"POST", "/" + Version + "/fs/{command}", s.fs},
+		// Limits, freezer, audit and exec policy (limits.go, audit.go,
+		// execpolicy.go); exec approvals join the list below.
+		{"GET", sb + "/limits", s.getLimits},
+		{"PUT", sb + "/limits", s.putLimits},
+		{"POST", sb + "/freeze", s.freeze},
+		{"POST", sb + "/thaw", s.thaw},
+		{"GET", sb + "/audit", s.auditLog},
+		{"GET", sb + "/audit/verify", s.auditVerify},
+		{"GET", "/" + Version + "/audit", s.auditLog},
+		{"GET", "/" + Version + "/audit/verify", s.auditVerify},
+		{"GET", sb + "/policy/exec", s.getExecPolicy},
+		{"PUT", sb + "/policy/exec", s.putExecPolicy},
 		// Approvals asked for from inside sandboxes (approvals.go).
 		{"GET", "/" + Version + "/approvals", s.approvalsList},
 		{"POST", "/" + Version + "/approvals/{id}/approve", s.approve},

@@ -284,9 +284,9 @@ func TestForkBombHeld(t *testing.T) {
 	t.Logf("fork bomb held at %d processes (limit 50); the host and another sandbox kept answering; removed after %v", n, time.Since(start))
 }
 
-// TestMemoryHogModest: there is no memory limit yet (it comes with the
-// policy work); a modest hog (512 MiB) runs and the host and the sandbox
-// keep answering.
+// TestMemoryHogModest: without a memory limit a modest hog (512 MiB)
+// runs and the host and the sandbox keep answering (with one, see
+// TestMemoryLimitOOM).
 func TestMemoryHogModest(t *testing.T) {
 	e := newEnv(t, 0)
 	e.create("hog", sandbox.Limits{Pids: 64})
@@ -300,12 +300,12 @@ func TestMemoryHogModest(t *testing.T) {
 	if out := e.mustSh("hog", "echo alive"); out != "alive\n" {
 		t.Fatalf("after the hog: %q", out)
 	}
-	t.Log("512 MiB held with no memory limit: the host survived; memory limits are not enforced yet")
+	t.Log("512 MiB held with no memory limit: the host survived")
 }
 
-// TestDiskFill: the project stops at its quota with ENOSPC; the OS layer
-// has no bound yet (reported in docs/trust.md): the test measures that
-// writes outside the project land on the host disk.
+// TestDiskFill: the project stops at its quota with ENOSPC; writes
+// outside the project land in the sandbox's upper layer, not on the
+// host's files (their bound: TestLayerBound, TestTmpfsBounds).
 func TestDiskFill(t *testing.T) {
 	e := newEnv(t, 0)
 	e.create("fill", sandbox.Limits{ProjectBytes: 1 << 20})
@@ -327,7 +327,7 @@ func TestDiskFill(t *testing.T) {
 		t.Fatal("the OS-layer write reached the host's /var/tmp")
 	}
 	tmp := strings.Fields(e.mustSh("fill", "df -k /tmp | tail -1"))
-	t.Logf("project: 4 MiB into a 1 MiB quota refused (ENOSPC); OS layer: NOT BOUNDED, %d bytes landed on the host disk in the sandbox's upper layer; /tmp is a tmpfs of %s KiB (memory, not bounded per sandbox)", st.Size(), tmp[1])
+	t.Logf("project: 4 MiB into a 1 MiB quota refused (ENOSPC); OS layer: %d bytes landed in the sandbox's upper layer (checked against its layer bound); /tmp is a tmpfs of %s KiB", st.Size(), tmp[1])
 }
 
 // TestSamePortTwoSandboxes: two sandboxes serve on the same port without

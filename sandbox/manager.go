@@ -53,6 +53,7 @@ type Manager struct {
 	live map[string]*live
 	ext  extra // services, logs, snapshot labels, recovery
 	net  networks
+	pol  policyState // audit logs, exec policy, approvals, deadlines (policy.go)
 	// inside serves each sandbox's own API (inside.go).
 	inside InsideAPI
 }
@@ -104,6 +105,7 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 		}
 		m.warm = c
 	}
+	m.startWatch()
 	infos, err := m.List()
 	if err != nil {
 		m.Close(ctx)
@@ -123,6 +125,7 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 
 // Close stops every running sandbox (they stay, Stopped) and the mount pool.
 func (m *Manager) Close(ctx context.Context) error {
+	defer m.stopWatch()
 	m.mu.Lock()
 	names := make([]string, 0, len(m.live))
 	for n := range m.live {
@@ -202,6 +205,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 		err = m.inherit(info, o)
 	}
 	if err == nil {
+		m.inheritPolicy(forkedFrom, o.Name)
 		err = m.initNetwork(o.Name, o.Network, forkedFrom)
 	}
 	if err == nil {
@@ -216,6 +220,7 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("create sandbox %q: %w", o.Name, err), m.Remove(ctx, o.Name))
 	}
+	m.audit(o.Name, "create", map[string]any{"from": info.From, "forked_from": forkedFrom, "limits": info.Limits, "services": info.Services})
 	return info, nil
 }
 
@@ -246,7 +251,7 @@ func (m *Manager) prepare(ctx context.Context, info *Info, o CreateOptions) (str
 		if info.Env == nil {
 			info.Env = s.Env
 		}
-		if info.Limits == (Limits{}) {
+		if info.Limits.IsZero() {
 			info.Limits = s.Limits
 		}
 	}
@@ -267,7 +272,11 @@ func (m *Manager) Start(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
-	return m.start(ctx, info, "")
+	if err := m.start(ctx, info, ""); err != nil {
+		return err
+	}
+	m.audit(name, "start", nil)
+	return nil
 }
 
 // start runs the sandbox of info, its runtime state made from seed when
@@ -345,6 +354,8 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 	if !ok {
 		return nil
 	}
+	defer m.audit(name, "stop", nil)
+	defer m.forgetWatch(name)
 	var errs []error
 	m.stopExposures(name)
 	m.stopNetwork(name)
@@ -377,6 +388,13 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 	}
 	errs := []error{m.Stop(ctx, name)}
 	m.forgetInside(name)
+	m.forgetWatch(name) // its cached exec policy, freeze and watch state
+	// The metadata goes first, so that List does not show a sandbox whose
+	// branch is being deleted (Open's recovery finishes a removal cut
+	// after this).
+	if err := os.Remove(filepath.Join(m.dir(name), "sandbox.json")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
 	if err := m.fs.DeleteBranch(ctx, branchName(name)); err != nil && !errors.Is(err, cowfs.ErrNoBranch) {
 		errs = append(errs, err)
 	}
@@ -386,6 +404,7 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("remove sandbox %q: %w", name, err)
 	}
+	m.audit(name, "remove", nil)
 	return nil
 }
 
@@ -472,9 +491,14 @@ func (m *Manager) Agent(ctx context.Context, name string) (*client.Client, error
 // Exec starts a command in the sandbox. An empty req.Env takes the
 // sandbox's Env.
 func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) (*client.Process, error) {
-	c, err := m.Agent(ctx, name)
+	// The exec policy and the audit record: policy.go, audit.go.
+	decided, err := m.checkExec(ctx, name, req)
 	if err != nil {
 		return nil, err
+	}
+	c, err := m.Agent(ctx, name)
+	if err != nil {
+		return m.auditExec(name, req, decided, nil, err)
 	}
 	if len(req.Env) == 0 {
 		info, err := m.Get(name)
@@ -483,7 +507,8 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 		}
 		req.Env = info.Env
 	}
-	return c.Exec(ctx, req)
+	p, err := c.Exec(ctx, req)
+	return m.auditExec(name, req, decided, p, err)
 }
 
 // Snapshot fixes the sandbox at one instant, labelled o.Name if given
@@ -526,14 +551,15 @@ func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) 
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)
 	}
+	m.audit(name, "snapshot", map[string]any{"id": s.ID, "name": s.Name})
 	return s, nil
 }
 
 // freezeWhile runs fn with the sandbox's processes frozen, if it runs.
 func (m *Manager) freezeWhile(ctx context.Context, name string, fn func() error) error {
 	l, err := m.running(name)
-	if errors.Is(err, ErrNotRunning) {
-		return fn()
+	if errors.Is(err, ErrNotRunning) || m.frozenWhy(name) != "" {
+		return fn() // not running, or frozen already (and kept so)
 	}
 	if err := l.inst.Freeze(ctx); err != nil {
 		return errors.Join(err, l.inst.Thaw(context.Background()))
@@ -613,6 +639,7 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 		}
 		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
 	}
+	m.audit(name, "fork", map[string]any{"snapshot": s.ID, "forks": names})
 	return out, nil
 }
 
@@ -658,6 +685,7 @@ func (m *Manager) Rollback(ctx context.Context, name, id string) error {
 	if err := m.fs.Rollback(ctx, info.Branch, snap); err != nil {
 		return fmt.Errorf("rollback sandbox %q: %w", name, err)
 	}
+	m.audit(name, "rollback", map[string]any{"snapshot": id})
 	if wasRunning {
 		return m.Start(ctx, name)
 	}

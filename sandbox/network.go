@@ -180,7 +180,7 @@ func (m *Manager) startNetwork(ctx context.Context, name string, inst Instance) 
 		return fmt.Errorf("sandbox %q: attach network: %w", name, err)
 	}
 	gw, err := gateway.Start(gateway.Config{Sandbox: name, Addr: link.Gateway, Policy: p, CA: ca,
-		Dial: m.net.opts.Dial, RootCAs: m.net.opts.RootCAs, Audit: m.net.opts.Audit, Secrets: m.boundSecrets(name)})
+		Dial: m.net.opts.Dial, RootCAs: m.net.opts.RootCAs, Audit: m.netAuditor(name), Secrets: m.boundSecrets(name)})
 	if err != nil {
 		link.Close()
 		return err
@@ -241,14 +241,8 @@ func (m *Manager) configureGuestNetwork(ctx context.Context, name string, link *
 	return nil
 }
 
-// audit records an event of a sandbox when the Manager has an auditor.
-func (m *Manager) audit(name, kind string, f map[string]any) {
-	if m.net.opts.Audit == nil {
-		return
-	}
-	f["sandbox"] = name
-	m.net.opts.Audit.Append(kind, f)
-}
+// (Manager.audit, which records a sandbox's events in its audit log and
+// hands them to the network options' auditor too, is in audit.go.)
 
 // stopNetwork closes a sandbox's gateway and removes its veth.
 func (m *Manager) stopNetwork(name string) {

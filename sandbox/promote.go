@@ -229,6 +229,7 @@ func (m *Manager) finishPromote(ctx context.Context, j *journal) error {
 			return fmt.Errorf("promote sandbox %q: applied, but recording the new base failed (the next promotion merges again): %w", j.Sandbox, err)
 		}
 	}
+	m.audit(j.Sandbox, "promote", map[string]any{"to": j.Dir, "partial": j.Partial, "snapshot": j.Merged})
 	m.dropJournal(ctx, j)
 	return nil
 }

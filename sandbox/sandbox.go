@@ -37,6 +37,8 @@ type Limits struct {
 	Pids int64 `json:"pids,omitempty"`
 	// ProjectBytes is the most bytes written into the project branch.
 	ProjectBytes int64 `json:"project_bytes,omitempty"`
+	// The rest is documented in limits.go.
+	LimitsExt
 }
 
 // Info is a sandbox's persisted metadata.

@@ -63,8 +63,8 @@ type Error struct {
 
 func (e *Error) Error() string { return e.Message }
 
-// Is matches ErrNotFound to not_found, ErrExists to exists and
-// ErrNotRunning to not_running.
+// Is matches ErrNotFound to not_found, ErrExists to exists,
+// ErrNotRunning to not_running and ErrDenied to denied.
 func (e *Error) Is(target error) bool {
 	switch target {
 	case sandbox.ErrNotFound:
@@ -73,6 +73,8 @@ func (e *Error) Is(target error) bool {
 		return e.Code == "exists"
 	case sandbox.ErrNotRunning:
 		return e.Code == "not_running"
+	case sandbox.ErrDenied:
+		return e.Code == "denied"
 	}
 	return false
 }

@@ -227,6 +227,8 @@ func codeOfStatus(status int) string {
 	switch status {
 	case 400:
 		return "bad_request"
+	case 403:
+		return "denied"
 	case 404:
 		return "not_found"
 	case 409:

@@ -116,6 +116,11 @@ func (a *app) rootCommand() *cobra.Command {
 		c.GroupID = "sandbox"
 		root.AddCommand(c)
 	}
+	for _, c := range []*cobra.Command{a.updateCommand(), a.limitsCommand(), a.freezeCommand(), a.thawCommand(),
+		a.auditCommand(), a.execPolicyCommand()} {
+		c.GroupID = "sandbox"
+		root.AddCommand(c)
+	}
 	for _, c := range a.approvalCommands() {
 		c.GroupID = "sandbox"
 		root.AddCommand(c)

@@ -69,6 +69,7 @@ func table(w io.Writer, header string, rows func(tw io.Writer)) error {
 func (a *app) createCommand() *cobra.Command {
 	var req api.CreateRequest
 	var from, disk string
+	var lf limitFlags
 	var sf specFlags
 	var pf createPolicyFlags
 	c := &cobra.Command{
@@ -100,6 +101,9 @@ func (a *app) createCommand() *cobra.Command {
 					return usageErr("--disk: %v", err)
 				}
 				req.Limits.ProjectBytes = n
+			}
+			if err := lf.apply(&req.Limits); err != nil {
+				return err
 			}
 			for _, e := range req.Env {
 				if !strings.Contains(e, "=") {
@@ -133,6 +137,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.StringArrayVar(&req.Env, "env", nil, "KEY=VALUE in the environment of its commands (repeatable)")
 	f.Int64Var(&req.Limits.Pids, "pids", 0, "most processes at once (0: no limit)")
 	f.StringVar(&disk, "disk", "", "most bytes written to the project, such as 512M or 1G (default: no limit)")
+	lf.bind(f, false) // limits.go
 	sf.flags(f)
 	pf.flags(f)
 	return c

@@ -46,6 +46,12 @@ type initConfig struct {
 	Hide          []string // host paths covered by an empty read-only tmpfs
 	Hostname      string
 	Agent         string // host path of the agent binary
+	// TmpfsBytes bounds /tmp, /run and /dev/shm (0: the default).
+	TmpfsBytes int64 `json:",omitempty"`
+	// Devices are host device nodes bound at the same path; ReadOnly are
+	// host files bound read-only over themselves (see devices.go).
+	Devices  []string `json:",omitempty"`
+	ReadOnly []string `json:",omitempty"`
 
 	// Userns: the sandbox runs in a user namespace, and the overlay, its
 	// mount point, RunDir, Agent and the project come as descriptors
@@ -328,8 +334,12 @@ func buildRoot(c *initConfig) error {
 		func() error {
 			return r.mount("tmpfs", "dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755", false)
 		},
-		func() error { return r.mount("tmpfs", "tmp", "tmpfs", nosuidNodev, "mode=1777", false) },
-		func() error { return r.mount("tmpfs", "run", "tmpfs", nosuidNodev, "mode=755", false) },
+		func() error {
+			return r.mount("tmpfs", "tmp", "tmpfs", nosuidNodev, tmpfsOptions("1777", c.TmpfsBytes), false)
+		},
+		func() error {
+			return r.mount("tmpfs", "run", "tmpfs", nosuidNodev, tmpfsOptions("755", c.TmpfsBytes), false)
+		},
 	}
 	for _, p := range []string{"sys", "sysrq-trigger", "irq", "bus", "fs"} {
 		steps = append(steps, func() error {
@@ -357,8 +367,11 @@ func buildRoot(c *initConfig) error {
 		func() error {
 			return r.mount("devpts", "dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620", false)
 		},
-		func() error { return r.mount("tmpfs", "dev/shm", "tmpfs", noexec, "mode=1777", false) },
+		func() error {
+			return r.mount("tmpfs", "dev/shm", "tmpfs", noexec, tmpfsOptions("1777", c.TmpfsBytes), false)
+		},
 		func() error { return r.devLinks() },
+		func() error { return passDevices(r, c) },
 		func() error {
 			if c.Userns && c.runFD >= 0 {
 				return r.attach(c.runFD, strings.TrimPrefix(agentDir, "/"), false)
@@ -566,6 +579,21 @@ func dropCapabilities() error {
 	}
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
 		return fmt.Errorf("clear ambient capabilities: %w", err)
+	}
+	return nil
+}
+
+// passDevices binds the devices and read-only files of c (devices.go).
+func passDevices(r root, c *initConfig) error {
+	for _, d := range c.Devices {
+		if err := r.mount(d, strings.TrimPrefix(d, "/"), "", unix.MS_BIND, "", true); err != nil {
+			return err
+		}
+	}
+	for _, f := range c.ReadOnly {
+		if err := r.readOnly(strings.TrimPrefix(f, "/"), true); err != nil {
+			return err
+		}
 	}
 	return nil
 }

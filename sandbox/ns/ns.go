@@ -94,8 +94,11 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		}
 	}
 	if _, err := os.Lstat(spec.Dir); errors.Is(err, os.ErrNotExist) {
-		if in, err := r.startWarm(ctx, spec); in != nil || err != nil {
-			return in, err
+		// Warm sandboxes have the default tmpfs bounds and no devices.
+		if spec.Limits.TmpfsBytes == 0 && len(spec.Limits.Devices) == 0 && !spec.Limits.GPU {
+			if in, err := r.startWarm(ctx, spec); in != nil || err != nil {
+				return in, err
+			}
 		}
 		if spec.Seed != "" {
 			if err := r.CopyState(ctx, spec.Seed, spec.Dir); err != nil {
@@ -112,7 +115,16 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
-	in := &instance{id: spec.ID, sock: filepath.Join(spec.Dir, runDir, agentSocket), cg: cg, done: make(chan struct{})}
+	pt, err := devicesFor(spec.Limits)
+	if err != nil {
+		cg.Remove(context.Background())
+		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+	}
+	in := &instance{id: spec.ID, dir: spec.Dir, sock: filepath.Join(spec.Dir, runDir, agentSocket), cg: cg, done: make(chan struct{})}
+	if err := in.applyLimits(spec.Limits, spec.Dir); err != nil {
+		cg.Remove(context.Background())
+		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+	}
 	cfg := initConfig{
 		Root:          filepath.Join(spec.Dir, rootDir),
 		Upper:         filepath.Join(spec.Dir, upperDir),
@@ -123,6 +135,9 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		Hide:          spec.Hide,
 		Hostname:      spec.Hostname,
 		Agent:         r.agent,
+		TmpfsBytes:    spec.Limits.TmpfsBytes,
+		Devices:       pt.Devices,
+		ReadOnly:      pt.ReadOnly,
 	}
 	if spec.APISocket != "" {
 		fd, err := openAPISocket(spec.APISocket, cfg.RunDir)
@@ -179,6 +194,11 @@ func (in *instance) start(r *Runtime, cfg initConfig) (*net.UnixConn, error) {
 	cmd := exec.Command(exe)
 	// User namespace (userns.go): the descriptors the init step builds on.
 	ids, _ := r.usernsSetup()
+	if len(cfg.Devices) > 0 || len(cfg.ReadOnly) > 0 {
+		// Host device nodes belong to host users the namespace does not
+		// map: a sandbox given devices runs without one (docs/policy.md).
+		ids = nil
+	}
 	var passed []int
 	if ids != nil {
 		if passed, err = ids.initFDs(&cfg); err != nil {

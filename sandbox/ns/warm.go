@@ -301,10 +301,8 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		return err
 	}
 	in.id = spec.ID
-	if spec.Limits.Pids > 0 {
-		if err := in.cg.(*cgroup.Group).SetPidsMax(spec.Limits.Pids); err != nil {
-			return err
-		}
+	if err := in.applyLimits(spec.Limits, spec.Dir); err != nil {
+		return err
 	}
 	var fd int
 	var err error

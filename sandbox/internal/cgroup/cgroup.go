@@ -1,6 +1,7 @@
 // Package cgroup puts a sandbox's processes in a control group of their
-// own: a pids limit, the freezer and a kill of the whole group, on cgroup
-// v2 (one unified hierarchy) or v1 (the pids and freezer hierarchies).
+// own: pids, memory, cpu and io limits, cpu accounting, the freezer and a
+// kill of the whole group, on cgroup v2 (one unified hierarchy) or v1
+// (one hierarchy per controller; see limits.go).
 package cgroup
 
 import (
@@ -24,7 +25,7 @@ const parent = "tine"
 // Group is one sandbox's control group.
 type Group struct {
 	v2   bool
-	dirs []string // v2: one dir; v1: pids dir, freezer dir
+	dirs []string // v2: one dir; v1: pids dir first, freezer dir last
 }
 
 // V2 reports whether the host uses the unified hierarchy with controllers.
@@ -42,12 +43,12 @@ func New(name string, pidsMax int64) (*Group, error) {
 		if err := os.MkdirAll(top, 0o755); err != nil {
 			return nil, fmt.Errorf("cgroup: create %s: %w", top, err)
 		}
-		if err := os.WriteFile(filepath.Join(top, "cgroup.subtree_control"), []byte("+pids"), 0); err != nil {
-			return nil, fmt.Errorf("cgroup: enable the pids controller in %s: %w", top, err)
+		if err := enableV2(top); err != nil {
+			return nil, err
 		}
 		g.dirs = []string{filepath.Join(top, name)}
 	} else {
-		g.dirs = []string{filepath.Join(Root, "pids", parent, name), filepath.Join(Root, "freezer", parent, name)}
+		g.dirs = v1Dirs(name)
 	}
 	for _, d := range g.dirs {
 		if err := os.MkdirAll(d, 0o755); err != nil {

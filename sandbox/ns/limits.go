@@ -1,0 +1,113 @@
+package ns
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"tine/sandbox"
+	"tine/sandbox/internal/cgroup"
+)
+
+// cgroupLimits turns a sandbox's limits into its cgroup's. IO limits
+// apply to the disks holding the host root (the lower layer) and dir
+// (the sandbox's own layer).
+func cgroupLimits(l sandbox.Limits, dir string) (cgroup.Limits, error) {
+	cl := cgroup.Limits{Pids: l.Pids, MemoryBytes: l.MemoryBytes, CPUs: l.CPUs}
+	pt, err := devicesFor(l)
+	if err != nil {
+		return cl, err
+	}
+	cl.Devices = pt.rules
+	// The devices are listed with zero throttles too, which removes
+	// those set before (tine update).
+	none := l.IOReadBPS == 0 && l.IOWriteBPS == 0 && l.IOReadIOPS == 0 && l.IOWriteIOPS == 0
+	seen := map[[2]uint32]bool{}
+	for _, p := range []string{"/", dir} {
+		maj, min, err := cgroup.BlockDevice(p)
+		if err != nil && none {
+			continue // nothing to throttle, nothing set before
+		}
+		if err != nil {
+			return cl, err
+		}
+		if seen[[2]uint32{maj, min}] {
+			continue
+		}
+		seen[[2]uint32{maj, min}] = true
+		cl.IO = append(cl.IO, cgroup.IOLimit{Major: maj, Minor: min, ReadBPS: l.IOReadBPS,
+			WriteBPS: l.IOWriteBPS, ReadIOPS: l.IOReadIOPS, WriteIOPS: l.IOWriteIOPS})
+	}
+	return cl, nil
+}
+
+// applyLimits sets the cgroup's limits for spec.
+func (in *instance) applyLimits(l sandbox.Limits, dir string) error {
+	cl, err := cgroupLimits(l, dir)
+	if err != nil {
+		return err
+	}
+	g, ok := in.cg.(*cgroup.Group)
+	if !ok {
+		// Rootless mode: no cgroups (group.go).
+		if l.MemoryBytes != 0 || l.CPUs != 0 || len(cl.IO) > 0 && (l.IOReadBPS|l.IOWriteBPS|l.IOReadIOPS|l.IOWriteIOPS) != 0 || len(l.Devices) > 0 || l.GPU {
+			return fmt.Errorf("sandbox %s: cpu, memory, io and device limits need cgroups, which rootless mode does not have here: run tine as root, or go without them", in.id)
+		}
+		return nil
+	}
+	if err := g.Set(cl); err != nil {
+		return fmt.Errorf("sandbox %s: %w", in.id, err)
+	}
+	return nil
+}
+
+// SetLimits changes the running sandbox's cgroup limits.
+func (in *instance) SetLimits(l sandbox.Limits) error { return in.applyLimits(l, in.dir) }
+
+// Usage reads the sandbox's cgroup counters.
+func (in *instance) Usage() (sandbox.Usage, error) {
+	g, ok := in.cg.(*cgroup.Group)
+	if !ok {
+		return sandbox.Usage{}, fmt.Errorf("sandbox %s: rootless mode has no cgroups to read its use from", in.id)
+	}
+	s, err := g.Stats()
+	return sandbox.Usage{CPUNanos: s.CPUNanos, MemoryBytes: s.MemoryBytes, MemoryPeak: s.MemoryPeak,
+		OOMKills: s.OOMKills, Pids: s.Pids}, err
+}
+
+// tmpfsOptions bounds a sandbox memory file system of mode: its size,
+// and its inodes (one per 4 KiB of size), so that neither files nor empty
+// names exhaust the host's memory.
+func tmpfsOptions(mode string, size int64) string {
+	if size <= 0 {
+		size = sandbox.DefaultTmpfsBytes
+	}
+	return fmt.Sprintf("mode=%s,size=%d,nr_inodes=%d", mode, size, max(size/4096, 1024))
+}
+
+// LayerBytes sums the disk blocks of the sandbox's upper layer, stopping
+// once the sum passes max.
+func (in *instance) LayerBytes(max int64) (int64, error) {
+	var n int64
+	stop := errors.New("over")
+	err := filepath.WalkDir(filepath.Join(in.dir, upperDir), func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil // gone meanwhile
+		}
+		var st unix.Stat_t
+		if unix.Lstat(p, &st) == nil {
+			n += st.Blocks * 512
+		}
+		if n > max {
+			return stop
+		}
+		return nil
+	})
+	if err != nil && err != stop {
+		return n, err
+	}
+	return n, nil
+}
