@@ -452,18 +452,23 @@ func (m *Manager) Agent(ctx context.Context, name string) (*client.Client, error
 }
 
 // Exec starts a command in the sandbox. An empty req.Env takes the
-// sandbox's Env.
+// sandbox's Env, an empty req.Dir its project directory.
 func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) (*client.Process, error) {
 	c, err := m.Agent(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	if len(req.Env) == 0 {
+	if len(req.Env) == 0 || req.Dir == "" {
 		info, err := m.Get(name)
 		if err != nil {
 			return nil, err
 		}
-		req.Env = info.Env
+		if len(req.Env) == 0 {
+			req.Env = info.Env
+		}
+		if req.Dir == "" {
+			req.Dir = info.ProjectPath
+		}
 	}
 	return c.Exec(ctx, req)
 }
