@@ -292,7 +292,7 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	if err != nil {
 		return fail(err)
 	}
-	spec := Spec{ID: "tine-" + m.id + "-" + name, Hostname: name, Dir: m.rtDir(name),
+	spec := Spec{ID: m.instanceID(name), Hostname: name, Dir: m.rtDir(name),
 		ProjectPath: info.ProjectPath, ProjectSource: l.mount.Dir(),
 		Hide: []string{m.root, m.fs.Root()}, Limits: info.Limits, Seed: seed}
 	if l.inst, err = m.rt.Start(ctx, spec); err != nil {
