@@ -61,6 +61,11 @@ type live struct {
 	mount *cowfs.Mount
 	mu    sync.Mutex
 	agent *client.Client
+	// env and project are the sandbox's Env and ProjectPath, which
+	// commands giving none take (set at start; neither changes while it
+	// runs).
+	env     []string
+	project string
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -266,7 +271,7 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		m.mu.Unlock()
 		return nil
 	}
-	l := &live{}
+	l := &live{env: info.Env, project: info.ProjectPath}
 	m.live[name] = l
 	m.mu.Unlock()
 	fail := func(err error) error {
@@ -458,17 +463,15 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 	if err != nil {
 		return nil, err
 	}
-	if len(req.Env) == 0 || req.Dir == "" {
-		info, err := m.Get(name)
-		if err != nil {
-			return nil, err
-		}
-		if len(req.Env) == 0 {
-			req.Env = info.Env
-		}
-		if req.Dir == "" {
-			req.Dir = info.ProjectPath
-		}
+	l, err := m.running(name)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.Env) == 0 {
+		req.Env = l.env
+	}
+	if req.Dir == "" {
+		req.Dir = l.project
 	}
 	return c.Exec(ctx, req)
 }
