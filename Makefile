@@ -94,14 +94,18 @@ bench-sandbox: deps
 
 # kernels fetches Debian's cloud kernel into $(KERNEL_DIR) (idempotent): the
 # bzImage (vmlinuz), an uncompressed vmlinux cut out of it for PVH boots, its
-# config and System.map, and the decompressed modules irqbypass.ko, kvm.ko and
-# kvm-amd.ko that the nested harness loads. The concrete package is the one the linux-image-cloud-amd64
+# config and System.map, and the decompressed modules in KERNEL_MODULES. The concrete package is the one the linux-image-cloud-amd64
 # metapackage depends on.
 KERNEL_DIR ?= testdata/cache/kernel
+# KERNEL_MODULES: kvm for the nested harness's L1; the virtio transport and
+# devices (ADR 0170) for vm-runtime guests, loaded from their initramfs.
+KERNEL_MODULES := irqbypass kvm kvm-amd virtio virtio_ring virtio_mmio vsock \
+	vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio_blk virtio_console virtio-rng
+KERNEL_STAMP := modules-2
 kernels: deps
 	@pkg=$$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-[0-9]/ {print $$2; exit}'); \
 	if [ -z "$$pkg" ]; then echo "kernels: linux-image-cloud-amd64 has no concrete kernel dependency" >&2; exit 1; fi; \
-	if [ "$$(cat $(KERNEL_DIR)/PACKAGE 2>/dev/null)" = "$$pkg" ]; then exit 0; fi; \
+	if [ "$$(cat $(KERNEL_DIR)/PACKAGE 2>/dev/null)" = "$$pkg $(KERNEL_STAMP)" ]; then exit 0; fi; \
 	echo "kernels: fetching $$pkg into $(KERNEL_DIR)"; \
 	tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	(cd "$$tmp" && apt-get download -q "$$pkg" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true); \
@@ -110,7 +114,7 @@ kernels: deps
 	cp "$$tmp"/x/boot/vmlinuz-* $(KERNEL_DIR)/vmlinuz; \
 	cp "$$tmp"/x/boot/config-* $(KERNEL_DIR)/config; \
 	cp "$$tmp"/x/boot/System.map-* $(KERNEL_DIR)/System.map; \
-	for m in irqbypass kvm kvm-amd; do \
+	for m in $(KERNEL_MODULES); do \
 		src=$$(find "$$tmp/x/lib/modules" -name "$$m.ko" -o -name "$$m.ko.xz" -o -name "$$m.ko.zst" -o -name "$$m.ko.gz" | sort | sed -n 1p); \
 		if [ -z "$$src" ]; then echo "kernels: module $$m not found in $$pkg" >&2; exit 1; fi; \
 		case "$$src" in \
@@ -128,7 +132,7 @@ kernels: deps
 	esac; \
 	dd if="$$k" iflag=skip_bytes,count_bytes skip=$$start count=$$((plen - 4)) status=none | $$dec > $(KERNEL_DIR)/vmlinux; \
 	if [ "$$(od -An -tx1 -N4 $(KERNEL_DIR)/vmlinux | tr -d ' ')" != 7f454c46 ]; then echo "kernels: extracted vmlinux is not ELF" >&2; exit 1; fi; \
-	echo "$$pkg" > $(KERNEL_DIR)/PACKAGE; \
+	echo "$$pkg $(KERNEL_STAMP)" > $(KERNEL_DIR)/PACKAGE; \
 	ls -l $(KERNEL_DIR)
 
 # nested-test runs the tests that need real hardware virtualization inside

@@ -39,6 +39,12 @@ type CreateRequest struct {
 	Services []string       `json:"services,omitempty"`
 	Env      []string       `json:"env,omitempty"`
 	Limits   sandbox.Limits `json:"limits,omitempty"`
+	// Network is the sandbox's network policy (default: mode none);
+	// Secrets bind stored secrets to destinations; AutoExpose forwards a
+	// host port to every new listener (network.go).
+	Network    *NetworkRequest         `json:"network,omitempty"`
+	Secrets    []sandbox.SecretBinding `json:"secrets,omitempty"`
+	AutoExpose bool                    `json:"auto_expose,omitempty"`
 }
 
 // Sandbox is a sandbox as the API reports it.
@@ -48,6 +54,10 @@ type Sandbox = sandbox.Status
 type ForkRequest struct {
 	N     int      `json:"n"`
 	Names []string `json:"names,omitempty"`
+	// GitBranches is a branch name template ("try-{i}", "{name}"): each
+	// fork records its branch, and a promotion of it to git that names no
+	// branch goes there.
+	GitBranches string `json:"git_branches,omitempty"`
 }
 
 // SnapshotRequest is the body of POST /v1/sandboxes/{name}/snapshots.

@@ -11,6 +11,7 @@ import (
 	"tine/cowfs"
 	"tine/guestagent/proto"
 	"tine/merge"
+	"tine/netpolicy"
 	"tine/sandbox"
 )
 
@@ -73,13 +74,17 @@ var goTypes = map[string]any{
 	"api.PromoteRequest": PromoteRequest{}, "api.PromoteResponse": PromoteResponse{},
 	"api.ExecRequest": ExecRequest{}, "api.ExecEvent": ExecEvent{}, "api.ExecInput": ExecInput{},
 	"api.Info": Info{}, "api.RuntimeInfo": RuntimeInfo{}, "api.FSRequest": FSRequest{},
-	"api.FSResponse": FSResponse{},
+	"api.FSResponse": FSResponse{}, "api.Approval": Approval{}, "api.AnswerRequest": AnswerRequest{},
 	"sandbox.Limits": sandbox.Limits{}, "sandbox.Staleness": sandbox.Staleness{},
 	"sandbox.SnapshotInfo": sandbox.SnapshotInfo{}, "sandbox.MergeConflict": sandbox.MergeConflict{}, "merge.Conflict": merge.Conflict{},
 	"cowfs.Conflict": cowfs.Conflict{}, "cowfs.Refusal": cowfs.Refusal{},
 	"proto.Started": proto.Started{}, "proto.Exit": proto.Exit{}, "proto.Resize": proto.Resize{},
 	"proto.Signal": proto.Signal{}, "proto.Process": proto.Process{}, "proto.Port": proto.Port{},
-	"proto.Event": proto.Event{},
+	"proto.Event":      proto.Event{},
+	"netpolicy.Policy": netpolicy.Policy{}, "sandbox.NetworkStatus": sandbox.NetworkStatus{},
+	"api.NetworkRequest": NetworkRequest{}, "api.ExposeRequest": ExposeRequest{}, "api.Exposures": Exposures{},
+	"api.AutoExposeRequest": AutoExposeRequest{}, "api.SecretRequest": SecretRequest{},
+	"sandbox.Exposure": sandbox.Exposure{}, "sandbox.SecretInfo": sandbox.SecretInfo{}, "sandbox.SecretBinding": sandbox.SecretBinding{},
 }
 
 // jsonFields returns the JSON names of a struct's fields as encoding/json

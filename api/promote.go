@@ -25,6 +25,17 @@ type PromoteRequest struct {
 	// Resume finishes, Abort undoes, a promotion that stopped partway.
 	Resume bool `json:"resume,omitempty"`
 	Abort  bool `json:"abort,omitempty"`
+	// Git promotes to a new branch of the host repository instead:
+	// GitBranch names it (empty: the one a fork with git_branches
+	// recorded). Message and Author ("Name <email>") are the commit's;
+	// Onto a revision to merge onto three ways ("HEAD"); KeepCommits
+	// keeps the commits the sandbox made in its own copy.
+	Git         bool   `json:"git,omitempty"`
+	GitBranch   string `json:"git_branch,omitempty"`
+	Message     string `json:"message,omitempty"`
+	Author      string `json:"author,omitempty"`
+	Onto        string `json:"onto,omitempty"`
+	KeepCommits bool   `json:"keep_commits,omitempty"`
 }
 
 // PromoteResponse reports what a promote did or would do. When it was
@@ -45,7 +56,9 @@ type PromoteResponse struct {
 	HostChanged  int      `json:"host_changed"`
 	HostExamples []string `json:"host_examples,omitempty"`
 	Dir          string   `json:"dir,omitempty"`
-	Error        *Error   `json:"error,omitempty"`
+	// Git is the outcome of a promotion to a git branch.
+	Git   *sandbox.GitPromoteResult `json:"git,omitempty"`
+	Error *Error                    `json:"error,omitempty"`
 }
 
 func (req *PromoteRequest) options() sandbox.PromoteOptions {
@@ -68,6 +81,10 @@ func (s *Server) promote(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := context.WithoutCancel(r.Context())
+	if req.Git || req.GitBranch != "" {
+		s.promoteGit(w, ctx, name, req)
+		return
+	}
 	var res *sandbox.PromoteResult
 	var err error
 	switch {
@@ -97,4 +114,47 @@ func promoteResponse(res *sandbox.PromoteResult) *PromoteResponse {
 		out.Changes, out.Conflicts, out.Refused, out.Applied = changesOf(c.Changes), c.Conflicts, c.Refused, c.Applied
 	}
 	return out
+}
+
+// forkBranches expands a fork request's git branch template (nil when it
+// gives none).
+func (s *Server) forkBranches(ctx context.Context, name string, req ForkRequest, fo sandbox.ForkOptions) ([]string, error) {
+	if req.GitBranches == "" {
+		return nil, nil
+	}
+	b, err := s.m.GitBranchNames(ctx, name, req.GitBranches, sandbox.ForkNames(name, fo))
+	if err != nil {
+		return nil, badRequest("%s", err)
+	}
+	return b, nil
+}
+
+// setForkBranches records each fork's branch.
+func (s *Server) setForkBranches(infos []*sandbox.Info, branches []string) error {
+	for i, b := range branches {
+		if err := s.m.SetGitBranch(infos[i].Name, b); err != nil {
+			return err
+		}
+		infos[i].GitBase.Branch = b
+	}
+	return nil
+}
+
+// promoteGit answers a promotion to a git branch.
+func (s *Server) promoteGit(w http.ResponseWriter, ctx context.Context, name string, req PromoteRequest) {
+	if req.Resume || req.Abort || req.To != "" || req.Partial {
+		writeError(w, badRequest("a promotion to a git branch takes none of \"to\", \"partial\", \"resume\" and \"abort\""))
+		return
+	}
+	res, err := s.m.PromoteGit(ctx, name, sandbox.GitPromoteOptions{Branch: req.GitBranch, Message: req.Message,
+		Author: req.Author, Onto: req.Onto, KeepCommits: req.KeepCommits, DryRun: req.DryRun})
+	if res == nil || err != nil && !errors.Is(err, cowfs.ErrConflict) {
+		writeError(w, err)
+		return
+	}
+	out := &PromoteResponse{Changes: []Change{}, Git: res, Merge: res.Merge, Merged: res.Merged, Applied: res.Applied, Dir: res.Repo}
+	if err != nil {
+		out.Error = &Error{Code: "conflict", Message: err.Error()}
+	}
+	writeJSON(w, http.StatusOK, out)
 }

@@ -26,6 +26,9 @@ type ServerOptions struct {
 	// to w; nil answers POST /v1/fs/{command} with 501 not_implemented.
 	// An *Error it returns chooses the response's code.
 	FS func(ctx context.Context, command string, req FSRequest, w io.Writer) error
+	// Inside, when given, serves each sandbox its own API; the server
+	// lists and answers the approvals sandboxes ask for through it.
+	Inside *Inside
 }
 
 // Server answers the API over a sandbox.Manager. It is an http.Handler;
@@ -79,6 +82,20 @@ func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
 		{"POST", sb + "/exec", s.exec},
 		{"GET", sb + "/exec/ws", s.execWS},
 		{"POST", "/" + Version + "/fs/{command}", s.fs},
+		// Approvals asked for from inside sandboxes (approvals.go).
+		{"GET", "/" + Version + "/approvals", s.approvalsList},
+		{"POST", "/" + Version + "/approvals/{id}/approve", s.approve},
+		{"POST", "/" + Version + "/approvals/{id}/deny", s.deny},
+		// network policy, exposed ports and secrets (network.go)
+		{"GET", sb + "/network", s.network},
+		{"PUT", sb + "/network", s.setNetwork},
+		{"GET", sb + "/exposures", s.exposures},
+		{"POST", sb + "/exposures", s.expose},
+		{"PUT", sb + "/exposures/auto", s.autoExpose},
+		{"DELETE", sb + "/exposures/{port}", s.unexpose},
+		{"GET", "/" + Version + "/secrets", s.secrets},
+		{"PUT", "/" + Version + "/secrets/{secret}", s.setSecret},
+		{"DELETE", "/" + Version + "/secrets/{secret}", s.removeSecret},
 	}
 	for _, rt := range s.routes {
 		s.mux.HandleFunc(rt.method+" "+rt.path, rt.h)
@@ -199,6 +216,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	o := sandbox.CreateOptions{Name: req.Name, Env: req.Env, Limits: req.Limits, Services: req.Services}
+	if err := s.createPolicy(&req, &o); err != nil {
+		writeError(w, err)
+		return
+	}
 	if isDir(req.From) {
 		o.Dir = req.From
 	} else {
@@ -215,7 +236,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		if err != nil {
-			writeError(w, err)
+			writeError(w, secretErr(err))
 			return
 		}
 		writeJSON(w, http.StatusCreated, &Sandbox{Info: *info})
@@ -285,7 +306,16 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	infos, err := s.m.Fork(context.WithoutCancel(r.Context()), name, sandbox.ForkOptions{N: req.N, Names: req.Names})
+	fo := sandbox.ForkOptions{N: req.N, Names: req.Names}
+	branches, err := s.forkBranches(r.Context(), name, req, fo)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	infos, err := s.m.Fork(context.WithoutCancel(r.Context()), name, fo)
+	if err == nil {
+		err = s.setForkBranches(infos, branches)
+	}
 	if err != nil {
 		writeError(w, err)
 		return

@@ -53,6 +53,8 @@ type Manager struct {
 	live map[string]*live
 	ext  extra // services, logs, snapshot labels, recovery
 	net  networks
+	// inside serves each sandbox's own API (inside.go).
+	inside InsideAPI
 }
 
 // live is a running sandbox's host-side state.
@@ -171,6 +173,11 @@ type CreateOptions struct {
 	// Network is the sandbox's network policy (nil: mode none; a fork
 	// takes its parent's).
 	Network *netpolicy.Policy
+	// Secrets binds stored secrets to destinations; the sandbox sees a
+	// placeholder in its environment (a fork takes its parent's).
+	Secrets []SecretBinding
+	// AutoExpose forwards a host port to every new listener.
+	AutoExpose bool
 }
 
 // Create makes a sandbox and starts it. Its metadata is written once,
@@ -201,6 +208,12 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 	}
 	if err == nil {
 		err = m.initNetwork(o.Name, o.Network, forkedFrom)
+	}
+	if err == nil {
+		err = m.initSecrets(info, o.Secrets, forkedFrom)
+	}
+	if err == nil && o.AutoExpose {
+		err = m.setAutoFile(o.Name, true)
 	}
 	if err == nil {
 		err = m.start(ctx, info, seed)
@@ -300,6 +313,9 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	spec := Spec{ID: m.instanceID(name), Hostname: name, Dir: m.rtDir(name),
 		ProjectPath: info.ProjectPath, ProjectSource: l.mount.Dir(),
 		Hide: []string{m.root, m.fs.Root()}, Limits: info.Limits, Seed: seed}
+	if spec.APISocket, err = m.insideSocket(name); err != nil {
+		return fail(err)
+	}
 	if l.inst, err = m.rt.Start(ctx, spec); err != nil {
 		return fail(err)
 	}
@@ -335,6 +351,7 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 		return nil
 	}
 	var errs []error
+	m.stopExposures(name)
 	m.stopNetwork(name)
 	l.mu.Lock()
 	if l.agent != nil {
@@ -364,6 +381,7 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 		return fmt.Errorf("remove sandbox %q: %w", name, ErrNotFound)
 	}
 	errs := []error{m.Stop(ctx, name)}
+	m.forgetInside(name)
 	if err := m.fs.DeleteBranch(ctx, branchName(name)); err != nil && !errors.Is(err, cowfs.ErrNoBranch) {
 		errs = append(errs, err)
 	}
@@ -496,7 +514,7 @@ func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) 
 	rand.Read(rnd[:])
 	s := &SnapshotInfo{ID: "snap-" + hex.EncodeToString(rnd[:]), Name: o.Name, Sandbox: name, Runtime: info.Runtime,
 		ProjectPath: info.ProjectPath, Created: time.Now().UTC(), Limits: info.Limits, Env: info.Env,
-		Services: info.Services, HostBase: info.HostBase}
+		Services: info.Services, HostBase: info.HostBase, GitBase: info.GitBase}
 	dir := m.snapDir(s.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)

@@ -36,6 +36,7 @@ type networks struct {
 	opts NetworkOptions
 	mu   sync.Mutex
 	live map[string]*sandboxNet
+	expo map[string]*exposures // forwarded ports, by sandbox
 }
 
 // sandboxNet is one running sandbox's veth, filter and gateway.
@@ -154,7 +155,12 @@ func needsForwarding(p *netpolicy.Policy) bool {
 // is allow or open: the filter, the veth, the gateway, and, inside, the
 // resolver's address in /etc/resolv.conf and the sandbox's CA in its
 // trust store (its own layer only).
-func (m *Manager) startNetwork(ctx context.Context, name string, inst Instance) error {
+func (m *Manager) startNetwork(ctx context.Context, name string, inst Instance) (err error) {
+	defer func() {
+		if err == nil && m.AutoExpose(name) {
+			err = m.startAutoExpose(name)
+		}
+	}()
 	p, err := m.Network(name)
 	if err != nil || p.GetMode() == netpolicy.None {
 		return err
@@ -236,6 +242,15 @@ func (m *Manager) configureGuestNetwork(ctx context.Context, name string, link *
 		return fmt.Errorf("sandbox %q: configure its resolver and trust store: %w", name, err)
 	}
 	return nil
+}
+
+// audit records an event of a sandbox when the Manager has an auditor.
+func (m *Manager) audit(name, kind string, f map[string]any) {
+	if m.net.opts.Audit == nil {
+		return
+	}
+	f["sandbox"] = name
+	m.net.opts.Audit.Append(kind, f)
 }
 
 // stopNetwork closes a sandbox's gateway and removes its veth.

@@ -25,7 +25,7 @@ import (
 // name mapping to its 127.0.0.1.
 type upstreamNS struct{ pid int }
 
-func newUpstream(t *testing.T) (*upstreamNS, *gateway.CA) {
+func newUpstream(t *testing.T, h http.Handler) (*upstreamNS, *gateway.CA) {
 	cmd := exec.Command("unshare", "--net", "sh", "-c", "ip link set lo up && echo ready && exec sleep 3600")
 	out, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
@@ -40,9 +40,12 @@ func newUpstream(t *testing.T) (*upstreamNS, *gateway.CA) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hello := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	var hello http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello %s auth=%s\n", r.Host, r.Header.Get("Authorization"))
 	})
+	if h != nil {
+		hello = h
+	}
 	for _, port := range []string{"80", "443"} {
 		var l net.Listener
 		if err := u.do(func() (err error) { l, err = net.Listen("tcp4", "127.0.0.1:"+port); return err }); err != nil {
@@ -107,7 +110,7 @@ func TestNetworkPolicy(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatal("curl is needed (make deps)")
 	}
-	up, upCA := newUpstream(t)
+	up, upCA := newUpstream(t, nil)
 	e := newEnvWith(t, sandbox.Options{Network: sandbox.NetworkOptions{Dial: up.dial, RootCAs: upCA.Pool()}})
 	ctx := context.Background()
 	if _, err := e.m.Create(ctx, sandbox.CreateOptions{Name: "net", Dir: e.project, Network: allowPolicy(t, "allowed.test")}); err != nil {

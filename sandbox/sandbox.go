@@ -59,6 +59,12 @@ type Info struct {
 	// host against it. Empty when not known (made from a snapshot that
 	// did not carry it).
 	HostBase string `json:"host_base,omitempty"`
+	// GitBase is the git commit the host directory's HEAD named when the
+	// sandbox (or the one it was forked from) was created, with the cowfs
+	// snapshot of the directory taken then; empty when the directory was
+	// not the top of a git work tree with a commit. Promotion to a git
+	// branch builds on it.
+	GitBase GitBase `json:"git_base,omitzero"`
 	// ForkedFrom names the sandbox it was forked from, if any.
 	ForkedFrom string    `json:"forked_from,omitempty"`
 	Created    time.Time `json:"created"`
@@ -86,6 +92,9 @@ type SnapshotInfo struct {
 	Services    []string  `json:"services,omitempty"`
 	// HostBase is the sandbox's HostBase when the snapshot was taken.
 	HostBase string `json:"host_base,omitempty"`
+	// GitBase is the sandbox's GitBase, carried to what is made from the
+	// snapshot.
+	GitBase GitBase `json:"git_base,omitzero"`
 }
 
 // Spec is what a Runtime needs to start a sandbox.
@@ -109,6 +118,10 @@ type Spec struct {
 	// snapshot that the sandbox's state starts as a copy of; Dir must not
 	// exist yet then.
 	Seed string
+	// APISocket, when given, is the host path of a listening Unix socket
+	// that the runtime binds, read-only, at /run/tine/api.sock inside
+	// the sandbox: the sandbox's own API (see api/inside.go).
+	APISocket string
 }
 
 // Instance is one running sandbox's processes.
@@ -170,6 +183,9 @@ type Staleness struct {
 	// Unknown says why staleness could not be told (origin not a host
 	// directory, or gone), when it could not.
 	Unknown string `json:"unknown,omitempty"`
+	// Git is how far the repository's HEAD moved since the sandbox's git
+	// base, from git (nil without a git base).
+	Git *GitStaleness `json:"git,omitempty"`
 }
 
 // Status is a sandbox's metadata with what is live about it now.

@@ -63,6 +63,7 @@ func (m *Manager) inherit(info *Info, o CreateOptions) error {
 	info.Services = o.Services
 	if o.Dir != "" {
 		info.HostBase = info.Origin
+		info.GitBase = gitBaseOf(info.ProjectPath, info.Origin)
 		return nil
 	}
 	s, err := m.GetSnapshot(o.Snapshot)
@@ -73,6 +74,7 @@ func (m *Manager) inherit(info *Info, o CreateOptions) error {
 		info.Services = s.Services
 	}
 	info.HostBase = s.HostBase
+	info.GitBase = s.GitBase
 	return nil
 }
 

@@ -43,6 +43,7 @@ func (m *Manager) Status(ctx context.Context, name string) (*Status, error) {
 		return nil, fmt.Errorf("status of sandbox %q: %w", name, err)
 	}
 	st.Stale = m.staleness(ctx, info)
+	st.Stale.Git = gitStale(ctx, info)
 	return st, nil
 }
 

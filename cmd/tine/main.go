@@ -116,6 +116,10 @@ func (a *app) rootCommand() *cobra.Command {
 		c.GroupID = "sandbox"
 		root.AddCommand(c)
 	}
+	for _, c := range a.approvalCommands() {
+		c.GroupID = "sandbox"
+		root.AddCommand(c)
+	}
 	for _, c := range []*cobra.Command{a.infoCommand(), a.serveCommand(), a.completionCommand(), a.initCommand(),
 		a.mcpCommand()} {
 		c.GroupID = "host"

@@ -21,9 +21,19 @@ moved; text files changed on both sides are merged line by line; any other
 clash is a conflict, listed with both sides, and nothing is written unless
 --partial. Each entry is written whole and renamed into place under a
 journal: a promotion that stopped partway is finished with --resume or
-undone with --abort.`,
-		Args: nArgs("SB"),
+undone with --abort.
+
+With --git-branch NAME it writes one commit on a new branch NAME of the
+repository the sandbox came from instead, with git plumbing and every hook
+off; the work tree, the index and HEAD are not touched. The parent is the
+commit the sandbox was made from; --onto REV merges onto REV three ways;
+--keep-commits keeps the commits the sandbox made itself. --git-branch with
+no name uses the branch a fork --git-branches recorded.`,
+		Args: rangeArgs(1, 2, "SB [--git-branch NAME]"),
 		RunE: func(c *cobra.Command, args []string) error {
+			if err := gitArgs(c, &req, args); err != nil {
+				return err
+			}
 			cl, err := a.daemon(c.Context())
 			if err != nil {
 				return err
@@ -36,6 +46,8 @@ undone with --abort.`,
 				if err := writeJSON(a.stdout, res); err != nil {
 					return err
 				}
+			} else if res.Git != nil {
+				a.printPromoteGit(res)
 			} else {
 				a.printPromote(res, req)
 			}
@@ -57,9 +69,92 @@ undone with --abort.`,
 	f.BoolVar(&req.AllowSetid, "allow-setid", false, "keep setuid and setgid bits")
 	f.BoolVar(&req.AllowDevice, "allow-devices", false, "create character and block device nodes")
 	f.BoolVar(&req.KeepOwners, "keep-owners", false, "keep the sandbox's uid and gid (default: the running user's)")
+	f.StringVar(&req.GitBranch, "git-branch", "", "commit to a new branch NAME of the origin repository (no NAME: the one fork --git-branches recorded)")
+	f.Lookup("git-branch").NoOptDefVal = recordedBranch
+	f.StringVar(&req.Message, "message", "", "the commit's message (with --git-branch)")
+	f.StringVar(&req.Author, "author", "", "the commit's author, \"Name <email>\" (with --git-branch)")
+	f.StringVar(&req.Onto, "onto", "", "merge onto this revision of the origin (e.g. HEAD) three ways (with --git-branch)")
+	f.BoolVar(&req.KeepCommits, "keep-commits", false, "keep the commits the sandbox made in its copy of the repository (with --git-branch)")
 	c.MarkFlagsMutuallyExclusive("resume", "abort")
+	for _, g := range []string{"to", "partial", "resume", "abort"} {
+		c.MarkFlagsMutuallyExclusive(g, "git-branch")
+	}
 	return c
 }
+
+// recordedBranch is --git-branch given without a name.
+const recordedBranch = "\x00recorded"
+
+// gitArgs settles --git-branch: "--git-branch NAME" arrives as a second
+// argument (the flag takes an optional value), "--git-branch=NAME" as the
+// flag's value, a bare "--git-branch" as the recorded branch.
+func gitArgs(c *cobra.Command, req *api.PromoteRequest, args []string) error {
+	if !c.Flags().Changed("git-branch") {
+		if len(args) > 1 {
+			return usageErr("want 1 argument (SB), got %d", len(args))
+		}
+		for _, g := range []string{"message", "author", "onto", "keep-commits"} {
+			if c.Flags().Changed(g) {
+				return usageErr("--%s goes with --git-branch", g)
+			}
+		}
+		return nil
+	}
+	req.Git = true
+	if req.GitBranch == recordedBranch {
+		req.GitBranch = ""
+		if len(args) == 2 {
+			req.GitBranch = args[1]
+		}
+	} else if len(args) > 1 {
+		return usageErr("want 1 argument (SB), got %d", len(args))
+	}
+	return nil
+}
+
+// printPromoteGit writes a promotion to git for people.
+func (a *app) printPromoteGit(res *api.PromoteResponse) {
+	w, g := a.stdout, res.Git
+	if g.HostCommits > 0 {
+		fmt.Fprintf(w, "the origin's HEAD moved %d commit(s) since the sandbox's base %s, changing %d path(s)\n", g.HostCommits, short(g.Base), len(g.HostChanged))
+	}
+	for _, k := range g.Kept {
+		fmt.Fprintf(w, "kept commit %s\n", short(k))
+	}
+	for _, ch := range g.Changes {
+		fmt.Fprintf(w, "%s %s %s\n", ch.Status, ch.Mode, ch.Path)
+	}
+	for _, p := range g.Merged {
+		fmt.Fprintf(w, "merged line by line: %s\n", p)
+	}
+	for _, r := range g.Refused {
+		fmt.Fprintf(w, "left out: %s: %s\n", r.Path, r.Reason)
+	}
+	for _, m := range g.Merge {
+		fmt.Fprintf(w, "conflict: %s: %s (host: %s, sandbox: %s)\n", m.Path, m.Reason, m.Ours, m.Theirs)
+		for _, h := range m.Hunks {
+			fmt.Fprintf(w, "  host, line %d:\n", h.OursStart)
+			for _, l := range h.Ours {
+				fmt.Fprintf(w, "  < %s", ended(l))
+			}
+			fmt.Fprintf(w, "  sandbox, line %d:\n", h.TheirsStart)
+			for _, l := range h.Theirs {
+				fmt.Fprintf(w, "  > %s", ended(l))
+			}
+		}
+	}
+	switch {
+	case g.Applied:
+		fmt.Fprintf(w, "branch %s at %s (parent %s) in %s\n", g.Branch, short(g.Commit), short(g.Parent), g.Repo)
+	case g.Commit != "":
+		fmt.Fprintf(w, "dry run: branch %s would be at %s (parent %s); no branch made\n", g.Branch, short(g.Commit), short(g.Parent))
+	default:
+		fmt.Fprintln(w, "no branch made")
+	}
+}
+
+// short is the first 12 characters of a commit id.
+func short(id string) string { return id[:min(12, len(id))] }
 
 // printPromote writes a promotion's plan and outcome for people.
 func (a *app) printPromote(res *api.PromoteResponse, req api.PromoteRequest) {

@@ -21,12 +21,12 @@ import (
 // sandboxCommands are the commands on sandboxes; each talks to the daemon
 // and starts it when it does not answer.
 func (a *app) sandboxCommands() []*cobra.Command {
-	return []*cobra.Command{
+	return append([]*cobra.Command{
 		a.createCommand(), a.execCommand(), a.shellCommand(), a.forkCommand(),
 		a.snapshotCommand(), a.rollbackCommand(), a.snapshotsCommand(), a.diffCommand(),
 		a.psCommand(), a.portsCommand(), a.logsCommand(), a.statusCommand(), a.lsCommand(),
 		a.rmCommand(), a.startCommand(), a.stopCommand(), a.promoteCommand(),
-	}
+	}, a.policyCommands()...)
 }
 
 // sbErr turns an API error about sandbox name into one that names it and
@@ -70,6 +70,7 @@ func (a *app) createCommand() *cobra.Command {
 	var req api.CreateRequest
 	var from, disk string
 	var sf specFlags
+	var pf createPolicyFlags
 	c := &cobra.Command{
 		Use:   "create",
 		Short: "create and start a sandbox from a directory (default: the current one) or a snapshot",
@@ -105,6 +106,9 @@ func (a *app) createCommand() *cobra.Command {
 					return usageErr("--env %q: want KEY=VALUE", e)
 				}
 			}
+			if err := pf.apply(&req, a.stderr); err != nil {
+				return err
+			}
 			cl, err := a.daemon(ctx)
 			if err != nil {
 				return err
@@ -130,6 +134,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.Int64Var(&req.Limits.Pids, "pids", 0, "most processes at once (0: no limit)")
 	f.StringVar(&disk, "disk", "", "most bytes written to the project, such as 512M or 1G (default: no limit)")
 	sf.flags(f)
+	pf.flags(f)
 	return c
 }
 
@@ -165,11 +170,16 @@ func (a *app) forkCommand() *cobra.Command {
 				return writeJSON(a.stdout, kids)
 			}
 			for _, k := range kids {
+				if k.GitBase.Branch != "" {
+					fmt.Fprintf(a.stdout, "%s\tgit branch %s (on `tine promote %s --git-branch`)\n", k.Name, k.GitBase.Branch, k.Name)
+					continue
+				}
 				fmt.Fprintln(a.stdout, k.Name)
 			}
 			return nil
 		},
 	}
+	c.Flags().StringVar(&req.GitBranches, "git-branches", "", "record a git branch per fork from this template ({i}: 1..N, {name}: the fork's name); `tine promote FORK --git-branch` with no name commits there")
 	c.Flags().IntVarP(&req.N, "n", "n", 1, "number of forks")
 	c.Flags().StringVar(&names, "names", "", "comma-separated names of the forks (default: SB-1 .. SB-N)")
 	return c
@@ -348,32 +358,6 @@ func (a *app) psCommand() *cobra.Command {
 	}
 }
 
-func (a *app) portsCommand() *cobra.Command {
-	return &cobra.Command{
-		Use:   "ports SB",
-		Short: "list the sandbox's listening sockets",
-		Args:  nArgs("SB"),
-		RunE: func(c *cobra.Command, args []string) error {
-			cl, err := a.daemon(c.Context())
-			if err != nil {
-				return err
-			}
-			ports, err := cl.Ports(c.Context(), args[0])
-			if err != nil {
-				return sbErr(args[0], err)
-			}
-			if a.json {
-				return writeJSON(a.stdout, ports)
-			}
-			return table(a.stdout, "PROTO\tADDRESS\tPORT\tPID", func(w io.Writer) {
-				for _, p := range ports {
-					fmt.Fprintf(w, "%s\t%s\t%d\t%d\n", p.Proto, p.Address, p.Port, p.PID)
-				}
-			})
-		},
-	}
-}
-
 func (a *app) logsCommand() *cobra.Command {
 	var o sandbox.LogOptions
 	c := &cobra.Command{
@@ -454,6 +438,13 @@ func (a *app) statusCommand() *cobra.Command {
 					s.From, st.Changed, st.Added, st.Removed)
 				for _, e := range st.Examples {
 					fmt.Fprintf(w, "             %s\n", e)
+				}
+			}
+			if gs := st.Git; gs != nil {
+				if gs.Unknown != "" {
+					fmt.Fprintf(w, "git        unknown: %s\n", gs.Unknown)
+				} else {
+					fmt.Fprintf(w, "git        HEAD moved %d commit(s) since %s, %d path(s) changed %s\n", gs.Commits, short(gs.Base), gs.Changed, strings.Join(gs.Examples, " "))
 				}
 			}
 			return nil

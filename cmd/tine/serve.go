@@ -17,6 +17,7 @@ import (
 	"tine/api"
 	"tine/sandbox"
 	"tine/sandbox/ns"
+	vmrt "tine/sandbox/vm"
 )
 
 // version is set at link time (-ldflags "-X main.version=...").
@@ -75,6 +76,9 @@ func (a *app) serve(ctx context.Context, group string, opts sandbox.Options, das
 		opts.Warm = 0
 	}
 	opts.Runtime = runtime
+	if opts.Network.Audit == nil {
+		opts.Network.Audit = &logAuditor{w: a.stderr}
+	}
 	m, err := sandbox.Open(ctx, root, f, opts)
 	if err != nil {
 		return err
@@ -92,9 +96,14 @@ func (a *app) serve(ctx context.Context, group string, opts sandbox.Options, das
 	if err != nil {
 		return err
 	}
+	// Each sandbox's own API at /run/tine/api.sock (docs/api.md).
+	inside := api.NewInside(m, api.InsideOptions{})
+	m.SetInsideAPI(inside)
+	defer inside.Close()
 	srv := api.NewServer(m, api.ServerOptions{
-		Info: func(ctx context.Context) (*api.Info, error) { return hostInfo(root), nil },
-		FS:   fsSvc.run,
+		Info:   func(ctx context.Context) (*api.Info, error) { return hostInfo(root), nil },
+		FS:     fsSvc.run,
+		Inside: inside,
 	})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -199,6 +208,10 @@ func hostInfo(root string) *api.Info {
 		if r.Runtime == "ns" && agentErr != nil {
 			ri.Available = false
 			ri.Reason = strings.TrimPrefix(ri.Reason+"; "+agentErr.Error(), "; ")
+		}
+		if r.Runtime == "vm" { // native, nested only, or not at all
+			v := vmrt.Probe()
+			ri.Reason = strings.TrimPrefix(ri.Reason+"; this host: "+string(v.Support)+" ("+v.Detail+")", "; ")
 		}
 		info.Runtimes = append(info.Runtimes, ri)
 	}

@@ -18,7 +18,10 @@ type bindConfig struct {
 	Fork bool `json:",omitempty"`
 	// Userns: the sandbox runs in a user namespace; a fork's second
 	// descriptor is then its root overlay, made by the host (userns.go).
-	Userns      bool `json:",omitempty"`
+	Userns bool `json:",omitempty"`
+	// API: the sandbox's api socket comes last, as a detached mount
+	// (apisock.go).
+	API         bool `json:",omitempty"`
 	ProjectPath string
 	Hide        []string
 	Hostname    string
@@ -76,7 +79,11 @@ func bind(b []byte, fds []int) error {
 	if err := json.Unmarshal(b, &c); err != nil {
 		return err
 	}
-	if want := map[bool]int{false: 1, true: 2}[c.Fork]; len(fds) != want {
+	want := map[bool]int{false: 1, true: 2}[c.Fork]
+	if c.API {
+		want++
+	}
+	if len(fds) != want {
 		return fmt.Errorf("want %d descriptors, got %d", want, len(fds))
 	}
 	if c.Fork && c.Userns {
@@ -109,6 +116,11 @@ func bind(b []byte, fds []int) error {
 	}
 	for _, h := range c.Hide {
 		if err := r.hide(strings.TrimPrefix(h, "/")); err != nil {
+			return err
+		}
+	}
+	if c.API {
+		if err := r.attachAPI(fds[want-1]); err != nil {
 			return err
 		}
 	}

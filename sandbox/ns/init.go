@@ -53,6 +53,10 @@ type initConfig struct {
 	Userns bool `json:",omitempty"`
 	// set by takeFDs
 	overlayFD, mountFD, projectFD, runFD, agentFD int
+	// API: the sandbox's api socket comes as a detached mount, the last
+	// descriptor with the message (apisock.go).
+	API   bool `json:",omitempty"`
+	apiFD int
 	// moveProcSys: move /proc and /sys of the current root into the new
 	// one instead of mounting them (a fork's root in a user namespace,
 	// where no other proc or sysfs is left to make new ones allowed).
@@ -138,6 +142,9 @@ func runInit() error {
 	var c initConfig
 	if err == nil {
 		err = json.Unmarshal(b, &c)
+	}
+	if err == nil {
+		fds, err = c.takeAPIFD(fds)
 	}
 	if err == nil && c.Userns {
 		err = c.takeFDs(fds)
@@ -357,6 +364,13 @@ func buildRoot(c *initConfig) error {
 				return r.attach(c.runFD, strings.TrimPrefix(agentDir, "/"), false)
 			}
 			return r.mount(c.RunDir, strings.TrimPrefix(agentDir, "/"), "", unix.MS_BIND, "", false)
+		},
+		func() error {
+			if !c.API {
+				return nil
+			}
+			defer unix.Close(c.apiFD)
+			return r.attachAPI(c.apiFD)
 		},
 		// The agent binary, read-only, so that ps names it and no one in
 		// the sandbox can write the host's copy.

@@ -124,6 +124,15 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		Hostname:      spec.Hostname,
 		Agent:         r.agent,
 	}
+	if spec.APISocket != "" {
+		fd, err := openAPISocket(spec.APISocket, cfg.RunDir)
+		if err != nil {
+			cg.Remove(context.Background())
+			return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+		}
+		defer unix.Close(fd)
+		cfg.API, cfg.apiFD = true, fd
+	}
 	ctl, err := in.start(r, cfg)
 	if err != nil {
 		cg.Remove(context.Background())
@@ -177,6 +186,9 @@ func (in *instance) start(r *Runtime, cfg initConfig) (*net.UnixConn, error) {
 			return nil, err
 		}
 		defer closeAll(passed)
+	}
+	if cfg.API {
+		passed = append(passed, cfg.apiFD) // closed by Start
 	}
 	cmd.Args = []string{"tine-sandbox-init"}
 	cmd.Env = []string{initEnv + "=" + modeInit}

@@ -336,7 +336,14 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		}
 		fds = append(fds, sfd)
 	}
-	b, err := json.Marshal(bindConfig{Fork: fork, Userns: in.ids != nil, ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname})
+	if spec.APISocket != "" {
+		afd, err := openAPISocket(spec.APISocket, filepath.Join(spec.Dir, runDir))
+		if err != nil {
+			return err
+		}
+		fds = append(fds, afd)
+	}
+	b, err := json.Marshal(bindConfig{Fork: fork, API: spec.APISocket != "", Userns: in.ids != nil, ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname})
 	if err == nil && len(b) > maxMessage {
 		err = fmt.Errorf("bind message of %d bytes, more than %d", len(b), maxMessage)
 	}

@@ -15,10 +15,10 @@ const (
 	acpiBase   = 0xe0000 // RSDP here (Linux scans 0xe0000-0xfffff)
 	xsdtAddr   = acpiBase + 0x40
 	facsAddr   = acpiBase + 0x80 // 64-byte aligned
-	dsdtAddr   = acpiBase + 0x100
 	fadtAddr   = acpiBase + 0x200
 	madtAddr   = acpiBase + 0x400
-	acpiEnd    = mpAddr // the MP table follows
+	dsdtAddr   = acpiBase + 0x800 // room for virtio device objects
+	acpiEnd    = mpAddr           // the MP table follows
 	sdtHdrSize = 36
 
 	sciIRQ = 9
@@ -43,7 +43,7 @@ var s5AML = []byte{0x08, '_', 'S', '5', '_', 0x12, 0x08, 0x04, 0x0a, slpTypS5, 0
 
 // writeACPI writes the tables for cpus processors and returns the RSDP's
 // address.
-func writeACPI(mem []byte, cpus int) (uint64, error) {
+func writeACPI(mem []byte, cpus int, virtio ...VirtioSlot) (uint64, error) {
 	if cpus < 1 || cpus > maxMPCPUs {
 		return 0, fmt.Errorf("ACPI tables: %d CPUs, want 1 to %d", cpus, maxMPCPUs)
 	}
@@ -68,6 +68,7 @@ func writeACPI(mem []byte, cpus int) (uint64, error) {
 	finishSDT(madt)
 
 	dsdt := append(sdtHeader("DSDT", 2), s5AML...)
+	dsdt = append(dsdt, virtioAML(virtio)...)
 	finishSDT(dsdt)
 
 	facs := make([]byte, 64)
@@ -106,8 +107,11 @@ func writeACPI(mem []byte, cpus int) (uint64, error) {
 	rsdp[8] = checksum(rsdp[:20])
 	rsdp[32] = checksum(rsdp)
 
-	if madtAddr+len(madt) > acpiEnd {
-		return 0, fmt.Errorf("ACPI tables: MADT of %d bytes runs past %#x", len(madt), acpiEnd)
+	if madtAddr+len(madt) > dsdtAddr {
+		return 0, fmt.Errorf("ACPI tables: MADT of %d bytes runs past %#x", len(madt), dsdtAddr)
+	}
+	if dsdtAddr+len(dsdt) > acpiEnd {
+		return 0, fmt.Errorf("ACPI tables: DSDT of %d bytes (%d virtio devices) runs past %#x", len(dsdt), len(virtio), acpiEnd)
 	}
 	clear(mem[acpiBase:acpiEnd])
 	for _, t := range []struct {

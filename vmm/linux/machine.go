@@ -5,12 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"tine/vmm"
 	"tine/vmm/serial"
+	"tine/vmm/virtio"
 )
 
 // DefaultMemSize is the guest RAM a Machine gets when none is asked for.
@@ -42,6 +46,9 @@ type MachineConfig struct {
 	// Ports are further port devices; the machine's own (COM1, the CMOS
 	// clock, the keyboard controller's reset line) must not overlap them.
 	Ports []PortRange
+	// Virtio are virtio devices, put on virtio-mmio transports and
+	// described in the DSDT (at most MaxVirtio).
+	Virtio []virtio.Device
 }
 
 // Machine is a KVM VM set up to boot Linux: in-kernel PIC, IOAPIC, LAPICs
@@ -53,7 +60,11 @@ type Machine struct {
 	VM   *vmm.VM
 	Boot *Boot
 	UART *serial.UART
+	// Virtio are the transports of MachineConfig.Virtio, in order.
+	Virtio []*virtio.Transport
 
+	fds    []int      // irqfds
+	files  []*os.File // ioeventfds
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	reset  atomic.Bool
@@ -83,18 +94,7 @@ func NewMachine(ctx context.Context, cfg MachineConfig) (*Machine, error) {
 		return nil, fmt.Errorf("linux machine: %w", err)
 	}
 	m := &Machine{VM: vm}
-	m.UART = serial.New(serial.Config{
-		Base: serial.COM1Base,
-		Out:  cfg.Console,
-		IRQ:  func(high bool) { vm.SetIRQ(serial.COM1IRQ, high) },
-	})
-	devs := append([]PortRange{
-		{serial.COM1Base, serial.Ports, m.UART},
-		{cmosBase, 2, newCMOS()},
-		{i8042Base, 5, &i8042{reset: m.requestReset}},
-		{pm1EvtBase, pmPorts, &pmDevice{powerOff: m.requestReset}},
-	}, cfg.Ports...)
-	if err := addPorts(vm, devs); err != nil {
+	if err := m.addPortDevices(cfg, nil); err != nil {
 		vm.Close()
 		return nil, fmt.Errorf("linux machine: %w", err)
 	}
@@ -108,7 +108,12 @@ func NewMachine(ctx context.Context, cfg MachineConfig) (*Machine, error) {
 		vm.Close()
 		return nil, fmt.Errorf("linux machine: %w", err)
 	}
-	rsdp, err := writeACPI(vm.Mem(), cfg.VCPUs)
+	slots, err := m.addVirtio(cfg.Virtio)
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("linux machine: virtio: %w", err)
+	}
+	rsdp, err := writeACPI(vm.Mem(), cfg.VCPUs, slots...)
 	if err != nil {
 		vm.Close()
 		return nil, fmt.Errorf("linux machine: %w", err)
@@ -119,6 +124,29 @@ func NewMachine(ctx context.Context, cfg MachineConfig) (*Machine, error) {
 		return nil, fmt.Errorf("linux machine: %w", err)
 	}
 	return m, nil
+}
+
+// addPortDevices adds the machine's own port devices and cfg.Ports; the
+// UART starts as a clone of from when given (a fork).
+func (m *Machine) addPortDevices(cfg MachineConfig, from *serial.UART) error {
+	vm := m.VM
+	sc := serial.Config{
+		Base: serial.COM1Base,
+		Out:  cfg.Console,
+		IRQ:  func(high bool) { vm.SetIRQ(serial.COM1IRQ, high) },
+	}
+	if from != nil {
+		m.UART = from.Clone(sc)
+	} else {
+		m.UART = serial.New(sc)
+	}
+	devs := append([]PortRange{
+		{serial.COM1Base, serial.Ports, m.UART},
+		{cmosBase, 2, newCMOS()},
+		{i8042Base, 5, &i8042{reset: m.requestReset}},
+		{pm1EvtBase, pmPorts, &pmDevice{powerOff: m.requestReset}},
+	}, cfg.Ports...)
+	return addPorts(vm, devs)
 }
 
 // addPorts registers devs and fills every other port outside the VMM's
@@ -203,5 +231,16 @@ func (m *Machine) requestReset() {
 	}
 }
 
-// Close releases the VM.
-func (m *Machine) Close() error { return m.VM.Close() }
+// Close releases the VM and the devices' eventfds.
+func (m *Machine) Close() error {
+	err := m.VM.Close()
+	for _, fd := range m.fds {
+		unix.Close(fd)
+	}
+	m.fds = nil
+	for _, f := range m.files {
+		f.Close()
+	}
+	m.files = nil
+	return err
+}

@@ -62,7 +62,10 @@ func Find() (*Set, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s", ErrMissing, filepath.Join(dir, "PACKAGE"))
 	}
-	s.Package = strings.TrimSpace(string(pkg))
+	// PACKAGE holds the package name, then the recipe's stamp.
+	if f := strings.Fields(string(pkg)); len(f) > 0 {
+		s.Package = f[0]
+	}
 	for _, p := range []string{s.Vmlinuz, s.Vmlinux, s.Irqbypass, s.KVM, s.KVMAMD} {
 		if _, err := os.Stat(p); err != nil {
 			return nil, fmt.Errorf("%w: %s", ErrMissing, p)
