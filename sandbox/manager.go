@@ -64,6 +64,11 @@ type live struct {
 	mount *cowfs.Mount
 	mu    sync.Mutex
 	agent *client.Client
+	// env and project are the sandbox's Env and ProjectPath, which
+	// commands giving none take (set at start; neither changes while it
+	// runs).
+	env     []string
+	project string
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -288,7 +293,7 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		m.mu.Unlock()
 		return nil
 	}
-	l := &live{}
+	l := &live{env: info.Env, project: info.ProjectPath}
 	m.live[name] = l
 	m.mu.Unlock()
 	fail := func(err error) error {
@@ -314,7 +319,7 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	if err != nil {
 		return fail(err)
 	}
-	spec := Spec{ID: "tine-" + m.id + "-" + name, Hostname: name, Dir: m.rtDir(name),
+	spec := Spec{ID: m.instanceID(name), Hostname: name, Dir: m.rtDir(name),
 		ProjectPath: info.ProjectPath, ProjectSource: l.mount.Dir(),
 		Hide: []string{m.root, m.fs.Root()}, Limits: info.Limits, Seed: seed}
 	if spec.APISocket, err = m.insideSocket(name); err != nil {
@@ -489,8 +494,18 @@ func (m *Manager) Agent(ctx context.Context, name string) (*client.Client, error
 }
 
 // Exec starts a command in the sandbox. An empty req.Env takes the
-// sandbox's Env.
+// sandbox's Env, an empty req.Dir its project directory.
 func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) (*client.Process, error) {
+	l, err := m.running(name)
+	if err != nil {
+		return nil, err
+	}
+	if len(req.Env) == 0 {
+		req.Env = l.env
+	}
+	if req.Dir == "" {
+		req.Dir = l.project
+	}
 	// The exec policy and the audit record: policy.go, audit.go.
 	decided, err := m.checkExec(ctx, name, req)
 	if err != nil {
@@ -499,13 +514,6 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 	c, err := m.Agent(ctx, name)
 	if err != nil {
 		return m.auditExec(name, req, decided, nil, err)
-	}
-	if len(req.Env) == 0 {
-		info, err := m.Get(name)
-		if err != nil {
-			return nil, err
-		}
-		req.Env = info.Env
 	}
 	p, err := c.Exec(ctx, req)
 	return m.auditExec(name, req, decided, p, err)

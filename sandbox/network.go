@@ -87,6 +87,9 @@ func (m *Manager) initNetwork(name string, p *netpolicy.Policy, forkedFrom strin
 	if err != nil {
 		return err
 	}
+	if p.GetMode() == netpolicy.None && len(p.Allow) == 0 {
+		return nil // what no file says: no synced write on a fork's path
+	}
 	return writeJSON(m.networkFile(name), p)
 }
 

@@ -13,6 +13,9 @@ import (
 
 // recover cleans up what a process that died mid-operation left under the
 // state root, and records each thing it did (Recovered lists them):
+//   - a sandbox's processes and cgroups still on the host (the process
+//     died without stopping it, maybe while it was frozen for a
+//     snapshot): ended and removed by the runtime, when it is a Reclaimer;
 //   - a sandbox directory without sandbox.json (Create or Fork
 //     interrupted before the sandbox existed): its branch and directory
 //     are deleted;
@@ -41,6 +44,16 @@ func (m *Manager) recover(ctx context.Context) error {
 			continue
 		}
 		removeTemps(dir)
+		if rc, ok := m.rt.(Reclaimer); ok {
+			found, err := rc.Reclaim(ctx, m.instanceID(name))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("sandbox %q: %w", name, err))
+				continue
+			}
+			if found != "" {
+				did("sandbox %q: its processes outlived the process that ran it: %s", name, found)
+			}
+		}
 		if _, err := os.Lstat(filepath.Join(dir, "sandbox.json")); errors.Is(err, os.ErrNotExist) {
 			if err := m.fs.DeleteBranch(ctx, branchName(name)); err != nil && !errors.Is(err, cowfs.ErrNoBranch) {
 				errs = append(errs, fmt.Errorf("half-made sandbox %q: delete its branch: %w", name, err))
@@ -94,6 +107,19 @@ func (m *Manager) recover(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Reclaimer is a Runtime that can end what an instance left on the host
+// when the process that started it died without stopping it.
+type Reclaimer interface {
+	// Reclaim ends the processes and releases the host resources of the
+	// instance that was started with Spec.ID id, if any are left. It says
+	// what it found, or "" when there was nothing.
+	Reclaim(ctx context.Context, id string) (string, error)
+}
+
+// instanceID is the Spec.ID of sandbox name: unique on the host, since
+// m.id differs between state roots.
+func (m *Manager) instanceID(name string) string { return "tine-" + m.id + "-" + name }
 
 // removeTemps deletes the temporary files writeJSON leaves when
 // interrupted.

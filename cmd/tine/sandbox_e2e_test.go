@@ -175,6 +175,13 @@ func TestSandboxEndToEnd(t *testing.T) {
 	if out, _, code := c.run("ignored\n", "exec", "a", "--", "cat"); code != 0 || out != "" {
 		t.Errorf("exec without -i read stdin: exit %d, %q", code, out)
 	}
+	// Without --cwd a command starts in the project directory; --cwd moves it.
+	if out := c.ok("exec", "a", "--", "pwd"); out != proj+"\n" {
+		t.Errorf("exec without --cwd ran in %q, want the project directory %s", out, proj)
+	}
+	if out := c.ok("exec", "--cwd", "/tmp", "a", "--", "pwd"); out != "/tmp\n" {
+		t.Errorf("exec --cwd /tmp ran in %q", out)
+	}
 
 	// Changes: one modified, one deleted, one added.
 	c.ok("exec", "--cwd", proj, "a", "--", "sh", "-c", "echo changed > hello.txt && rm gone.txt && echo new > new.txt")

@@ -1,0 +1,207 @@
+package sandbox_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"tine/cowfs"
+	"tine/guestagent/proto"
+	"tine/sandbox"
+	"tine/sandbox/internal/cgroup"
+	"tine/sandbox/ns"
+)
+
+// frozenChildEnv, when set, makes the test binary the manager process of
+// TestCrashWhileFrozen: the variable holds AGENT, STORE, ROOT and PROJECT, one a line.
+const frozenChildEnv = "TINE_FROZEN_CRASH_CHILD"
+
+func init() {
+	if v := os.Getenv(frozenChildEnv); v != "" {
+		ns.Init()
+		os.Exit(frozenChild(strings.Split(v, "\n")))
+	}
+}
+
+// frozenChild opens a manager, creates sandbox "crash" with a background
+// process in it, freezes its cgroup as a snapshot does, says "frozen" on
+// stdout and waits to be killed.
+func frozenChild(a []string) int {
+	fail := func(err error) int {
+		fmt.Fprintln(os.Stderr, "crash child:", err)
+		return 2
+	}
+	if len(a) != 4 {
+		return fail(fmt.Errorf("want 4 arguments, got %q", a))
+	}
+	ctx := context.Background()
+	fs, err := cowfs.Open(a[1], nil)
+	if err != nil {
+		return fail(err)
+	}
+	rt, err := ns.New(a[0])
+	if err != nil {
+		return fail(err)
+	}
+	m, err := sandbox.Open(ctx, a[2], fs, sandbox.Options{Runtime: rt})
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := m.Create(ctx, sandbox.CreateOptions{Name: "crash", Dir: a[3]}); err != nil {
+		return fail(err)
+	}
+	p, err := m.Exec(ctx, "crash", proto.ExecRequest{Argv: []string{"sh", "-c", "sleep 1000 >/dev/null 2>&1 & echo started"}})
+	if err != nil {
+		return fail(err)
+	}
+	if ex, err := p.Wait(ctx); err != nil || ex.Code != 0 {
+		return fail(fmt.Errorf("background sleep: %+v %v", ex, err))
+	}
+	g := cgroup.Existing(instanceID(a[2], "crash"))
+	if g == nil {
+		return fail(fmt.Errorf("no cgroup for sandbox crash"))
+	}
+	if err := g.Freeze(ctx); err != nil {
+		return fail(err)
+	}
+	fmt.Println("frozen")
+	select {}
+}
+
+// instanceID is the cgroup name a manager over state root gives sandbox
+// name (sandbox.Manager's Spec.ID).
+func instanceID(root, name string) string {
+	abs, _ := filepath.Abs(root)
+	sum := sha256.Sum256([]byte(abs))
+	return "tine-" + hex.EncodeToString(sum[:4]) + "-" + name
+}
+
+// TestCrashWhileFrozen: the manager's process is killed (SIGKILL) while
+// a sandbox it runs is frozen, as when it dies in the middle of a
+// snapshot. Its processes cannot die frozen, so they and the frozen
+// cgroup stay on the host; opening the state root again ends them,
+// removes the cgroup and says so, and the sandbox starts and runs
+// commands again.
+func TestCrashWhileFrozen(t *testing.T) {
+	if os.Geteuid() != 0 || ns.Rootless() {
+		t.Skip("cgroups need root")
+	}
+	base := t.TempDir()
+	store, root, project := filepath.Join(base, "cowfs"), filepath.Join(base, "state"), filepath.Join(base, "project")
+	os.MkdirAll(project, 0o755)
+	os.WriteFile(filepath.Join(project, "f.txt"), []byte("kept\n"), 0o644)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), frozenChildEnv+"="+strings.Join([]string{agentPath, store, root, project}, "\n"))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	said := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(out).ReadString('\n')
+		said <- line
+	}()
+	select {
+	case line := <-said:
+		if line != "frozen\n" {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("child said %q: %s", line, stderr.String())
+		}
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("child did not freeze its sandbox in 60s: %s", stderr.String())
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+
+	// What the crash left: the frozen cgroup with the sandbox's processes.
+	id := instanceID(root, "crash")
+	g := cgroup.Existing(id)
+	if g == nil || !g.Frozen() {
+		t.Fatalf("after the kill, cgroup %s: %+v (want it left frozen)", id, g)
+	}
+	left, _ := g.Pids()
+	if len(left) == 0 {
+		t.Fatalf("the frozen cgroup %s holds no process", id)
+	}
+	t.Cleanup(func() { // should the test fail before recovery
+		if g := cgroup.Existing(id); g != nil {
+			g.Remove(context.Background())
+		}
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	fs, err := cowfs.Open(store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fs.Close()
+	rt, err := ns.New(agentPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := sandbox.Open(ctx, root, fs, sandbox.Options{Runtime: rt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
+	if rec := strings.Join(m.Recovered(), "\n"); !strings.Contains(rec, `"crash"`) || !strings.Contains(rec, "frozen") {
+		t.Errorf("Recovered does not tell of the frozen sandbox: %q", rec)
+	}
+	if g := cgroup.Existing(id); g != nil {
+		pids, _ := g.Pids()
+		t.Errorf("cgroup %s still there after Open (frozen %v, %d processes)", id, g.Frozen(), len(pids))
+	}
+	for _, pid := range left {
+		if err := syscall.Kill(pid, 0); err == nil {
+			// A zombie is dead, waiting for the host's init to reap it.
+			if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); len(st) > 0 && !strings.Contains(string(st), ") Z ") {
+				t.Errorf("process %d of the crashed sandbox still runs: %s", pid, st)
+			}
+		}
+	}
+	info, err := m.Get("crash")
+	if err != nil || info.State != sandbox.Stopped {
+		t.Fatalf("after recovery: %+v, %v (want stopped)", info, err)
+	}
+	if err := m.Start(ctx, "crash"); err != nil {
+		t.Fatal(err)
+	}
+	p, err := m.Exec(ctx, "crash", proto.ExecRequest{Argv: []string{"cat", filepath.Join(project, "f.txt")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(p.Stdout)
+	if ex, err := p.Wait(ctx); err != nil || ex.Code != 0 || string(b) != "kept\n" {
+		t.Fatalf("cat after recovery: %q, %+v, %v", b, ex, err)
+	}
+	if g := cgroup.Existing(id); g == nil || g.Frozen() {
+		t.Errorf("restarted sandbox's cgroup: %+v (want it there and not frozen)", g)
+	}
+}
