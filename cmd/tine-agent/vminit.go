@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -33,6 +34,12 @@ func vmInit() error {
 	for _, name := range strings.Fields(string(order)) {
 		if err := loadModule(filepath.Join(VMModules, filepath.Base(name)+".ko")); err != nil {
 			return err
+		}
+	}
+	if _, err := os.Stat("/bin/busybox"); err == nil {
+		// The guest's shell and tools, when the runtime shipped them.
+		if out, err := exec.Command("/bin/busybox", "--install", "-s", "/bin").CombinedOutput(); err != nil {
+			return fmt.Errorf("vm init: busybox --install: %v: %s", err, out)
 		}
 	}
 	return loopbackUp()

@@ -68,7 +68,7 @@ type Runtime struct {
 	gen    atomic.Uint64
 
 	mu     sync.Mutex
-	live   map[string]*Instance             // by Spec.Dir
+	live   map[string]*Instance           // by Spec.Dir
 	images map[string]*linux.MachineImage // by key in a state's manifest
 }
 
