@@ -71,6 +71,7 @@ func (a *app) createCommand() *cobra.Command {
 	var from, disk string
 	var sf specFlags
 	var pf createPolicyFlags
+	var vf vmFlags
 	c := &cobra.Command{
 		Use:   "create",
 		Short: "create and start a sandbox from a directory (default: the current one) or a snapshot",
@@ -109,6 +110,9 @@ func (a *app) createCommand() *cobra.Command {
 			if err := pf.apply(&req, a.stderr); err != nil {
 				return err
 			}
+			if err := vf.check(); err != nil {
+				return err
+			}
 			cl, err := a.daemon(ctx)
 			if err != nil {
 				return err
@@ -135,6 +139,7 @@ func (a *app) createCommand() *cobra.Command {
 	f.StringVar(&disk, "disk", "", "most bytes written to the project, such as 512M or 1G (default: no limit)")
 	sf.flags(f)
 	pf.flags(f)
+	vf.flags(f)
 	return c
 }
 
