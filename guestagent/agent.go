@@ -33,6 +33,10 @@ type Config struct {
 	// after the process ended, for output that is still in flight or held
 	// by a background child. Zero means 250ms.
 	OutputGrace time.Duration
+	// Hygiene lets the host send fork-hygiene requests (reseed the
+	// kernel RNG, set the wall clock): set it only where the agent owns
+	// its kernel, in a VM.
+	Hygiene bool
 }
 
 // Agent serves the guest agent protocol: it lists processes and ports,
@@ -264,6 +268,8 @@ func (c *conn) handle(f proto.Frame) {
 			return
 		}
 		c.a.get(c, f.ID, req)
+	case proto.KindHygiene:
+		go c.hygiene(f)
 	case proto.KindStdin, proto.KindCloseStdin, proto.KindSignal, proto.KindResize, proto.KindData, proto.KindEnd, proto.KindCancel:
 		c.mu.Lock()
 		s := c.streams[f.ID]

@@ -493,6 +493,10 @@ func run(ctx context.Context, o options, w io.Writer) error {
 	fmt.Fprintf(w, "# bench/vmm (KVM on this host: %s; %d CPUs; load average at start %s; %d forks per row after warm-up)\n\n",
 		kvmKind(), runtime.NumCPU(), strings.Join(strings.Fields(string(load))[:3], " "), o.forks)
 
+	if err := linuxFork(ctx, o, w); err != nil {
+		return fmt.Errorf("linux fork: %w", err)
+	}
+
 	// Latency against RAM size, with the two baselines at 256 MiB.
 	fmt.Fprintln(w, "## Fork to first guest instruction (working set 64 MiB)")
 	fmt.Fprintln(w)

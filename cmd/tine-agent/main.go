@@ -36,14 +36,22 @@ func run() error {
 	mountProc := flag.Bool("mount-proc", false, "mount a new /proc for the agent's pid namespace (in a private mount namespace)")
 	scan := flag.Duration("scan-interval", 2*time.Second, "fallback rescan period for events")
 	grace := flag.Duration("grace", 5*time.Second, "how long processes get between SIGTERM and SIGKILL at shutdown")
+	vsock := flag.Int("vsock", -1, "AF_VSOCK `port` to listen on instead of --listen (the vm runtime)")
+	vm := flag.Bool("vm", false, "pid 1 of a VM guest: mount the kernel filesystems, load the modules under "+VMModules+", take fork-hygiene requests")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
 		fmt.Printf("tine-agent %s (protocol %d)\n", version, proto.Version)
 		return nil
 	}
-	if (*listen == "") == (*fd < 0) {
-		return errors.New("give exactly one of --listen PATH and --fd N")
+	given := 0
+	for _, b := range []bool{*listen != "", *fd >= 0, *vsock >= 0} {
+		if b {
+			given++
+		}
+	}
+	if given != 1 {
+		return errors.New("give exactly one of --listen PATH, --fd N and --vsock PORT")
 	}
 	pid1 := os.Getpid() == 1
 	if !pid1 {
@@ -60,13 +68,27 @@ func run() error {
 			return err
 		}
 	}
-	l, err := listener(*listen, *fd)
+	if *vm {
+		if !pid1 {
+			return errors.New("--vm is for pid 1 of a VM guest only")
+		}
+		if err := vmInit(); err != nil {
+			return err
+		}
+	}
+	var l net.Listener
+	var err error
+	if *vsock >= 0 {
+		l, err = guestagent.ListenVsock(uint32(*vsock))
+	} else {
+		l, err = listener(*listen, *fd)
+	}
 	if err != nil {
 		return err
 	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT)
-	a, err := guestagent.New(guestagent.Config{Root: *root, ReapAll: true, ScanInterval: *scan})
+	a, err := guestagent.New(guestagent.Config{Root: *root, ReapAll: true, ScanInterval: *scan, Hygiene: *vm})
 	if err != nil {
 		return err
 	}

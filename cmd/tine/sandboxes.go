@@ -72,6 +72,7 @@ func (a *app) createCommand() *cobra.Command {
 	var lf limitFlags
 	var sf specFlags
 	var pf createPolicyFlags
+	var vf vmFlags
 	c := &cobra.Command{
 		Use:   "create",
 		Short: "create and start a sandbox from a directory (default: the current one) or a snapshot",
@@ -113,6 +114,9 @@ func (a *app) createCommand() *cobra.Command {
 			if err := pf.apply(&req, a.stderr); err != nil {
 				return err
 			}
+			if err := vf.check(); err != nil {
+				return err
+			}
 			cl, err := a.daemon(ctx)
 			if err != nil {
 				return err
@@ -140,6 +144,7 @@ func (a *app) createCommand() *cobra.Command {
 	lf.bind(f, false) // limits.go
 	sf.flags(f)
 	pf.flags(f)
+	vf.flags(f)
 	return c
 }
 

@@ -69,12 +69,13 @@ const (
 	KindData                       // either: a chunk of file content
 	KindFileInfo                   // agent: JSON FileInfo before a Get's data
 	KindAck                        // agent: one Stdin frame reached the process
+	KindHygiene                    // host: JSON HygieneRequest after a fork or restore; answered by End
 	kindLimit
 )
 
 var kindNames = [...]string{"", "hello", "error", "ps", "ports", "events", "exec", "stdin", "close-stdin",
 	"signal", "resize", "put", "get", "cancel", "item", "end", "started", "stdout", "stderr", "exit",
-	"event", "data", "file-info", "ack"}
+	"event", "data", "file-info", "ack", "hygiene"}
 
 func (k Kind) String() string {
 	if k > 0 && k < kindLimit {

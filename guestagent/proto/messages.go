@@ -204,3 +204,29 @@ func HelloFrame() Frame {
 	f, _ := JSONFrame(KindHello, 0, Hello{Magic: Magic, Version: Version})
 	return f
 }
+
+// MaxHygieneEntropy bounds HygieneRequest.Entropy.
+const MaxHygieneEntropy = 4096
+
+// HygieneRequest is what a VM clone is told after a fork or a restore,
+// before it runs user work (docs/fork-hygiene.md): host entropy for the
+// kernel RNG, the host's wall clock, and the clone's generation.
+type HygieneRequest struct {
+	// Entropy is mixed into the kernel pool and credited (at most
+	// MaxHygieneEntropy bytes).
+	Entropy []byte `json:"entropy,omitempty"`
+	// Now is the host's wall clock when the request was sent; zero
+	// leaves the clock alone.
+	Now time.Time `json:"now,omitzero"`
+	// Generation is the clone's generation counter, published at
+	// /run/tine/generation.
+	Generation uint64 `json:"generation"`
+}
+
+// Check refuses a request the agent must not apply.
+func (h HygieneRequest) Check() error {
+	if len(h.Entropy) > MaxHygieneEntropy {
+		return fmt.Errorf("hygiene request with %d bytes of entropy, at most %d", len(h.Entropy), MaxHygieneEntropy)
+	}
+	return nil
+}

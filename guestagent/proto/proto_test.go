@@ -137,7 +137,8 @@ func FuzzFrameRoundTrip(f *testing.F) {
 // panicking, and a message that decodes survives encode -> decode.
 func FuzzDecodeMessages(f *testing.F) {
 	for _, v := range []any{ExecRequest{Argv: []string{"sh"}, TTY: true, Rows: 3}, Process{PID: 1, Argv: []string{"a"}},
-		Port{Proto: "tcp", Port: 80}, Event{Type: EventLost, Lost: 3}, Exit{Code: -1, Signal: 9}, FileInfo{Mode: 0o755, Size: 3}} {
+		Port{Proto: "tcp", Port: 80}, Event{Type: EventLost, Lost: 3}, Exit{Code: -1, Signal: 9}, FileInfo{Mode: 0o755, Size: 3},
+		HygieneRequest{Entropy: []byte{1, 2, 3}, Generation: 7}} {
 		b, _ := json.Marshal(v)
 		f.Add(b)
 	}
@@ -147,7 +148,7 @@ func FuzzDecodeMessages(f *testing.F) {
 			func() any { return new(Started) }, func() any { return new(Exit) }, func() any { return new(Signal) },
 			func() any { return new(Resize) }, func() any { return new(PutRequest) }, func() any { return new(GetRequest) },
 			func() any { return new(FileInfo) }, func() any { return new(Process) }, func() any { return new(Port) },
-			func() any { return new(Event) },
+			func() any { return new(Event) }, func() any { return new(HygieneRequest) },
 		}
 		for _, mk := range news {
 			v := mk()
@@ -166,6 +167,23 @@ func FuzzDecodeMessages(f *testing.F) {
 			if !bytes.Equal(again.Payload, fr.Payload) {
 				t.Fatalf("%T: %s != %s", v, again.Payload, fr.Payload)
 			}
+		}
+	})
+}
+
+// FuzzHygieneRequest: any payload either fails to decode, is refused by
+// Check, or holds at most MaxHygieneEntropy bytes of entropy.
+func FuzzHygieneRequest(f *testing.F) {
+	f.Add([]byte(`{"entropy":"AQID","now":"2026-01-02T03:04:05Z","generation":3}`))
+	f.Add([]byte(`{"entropy":null,"generation":18446744073709551615}`))
+	f.Add([]byte(`{"now":"0001-01-01T00:00:00Z"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var h HygieneRequest
+		if Decode(Frame{Kind: KindHygiene, Payload: b}, &h) != nil {
+			return
+		}
+		if h.Check() == nil && len(h.Entropy) > MaxHygieneEntropy {
+			t.Fatalf("Check passed %d bytes of entropy", len(h.Entropy))
 		}
 	})
 }

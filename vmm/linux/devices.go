@@ -72,8 +72,10 @@ const (
 )
 
 // cmos is the MC146818 CMOS clock read-only: the time registers give the
-// host's UTC time in binary, the update-in-progress bit is never set, and
-// the rest of the 128 bytes is plain RAM.
+// host's UTC time in BCD, as a PC's firmware leaves it (x86 Linux reads
+// the clock as BCD whatever status B says: RTC_ALWAYS_BCD), or in binary
+// once the guest sets status B's binary bit; the update-in-progress bit
+// is never set, and the rest of the 128 bytes is plain RAM.
 type cmos struct {
 	mu    sync.Mutex
 	index uint8
@@ -84,7 +86,7 @@ type cmos struct {
 func newCMOS() *cmos {
 	c := &cmos{now: time.Now}
 	c.ram[cmosStatusA] = 0x26 // 32.768 kHz time base, 1024 Hz rate
-	c.ram[cmosStatusB] = cmosBinary | cmosHour24
+	c.ram[cmosStatusB] = cmosHour24
 	c.ram[cmosStatusD] = cmosValid
 	return c
 }
@@ -113,7 +115,7 @@ func (c *cmos) Out(port uint16, data []byte) {
 		case cmosStatusA, cmosStatusC, cmosStatusD:
 			// read-only here
 		case cmosStatusB:
-			c.ram[cmosStatusB] = b | cmosBinary | cmosHour24
+			c.ram[cmosStatusB] = b | cmosHour24
 		default:
 			if c.index > cmosStatusD {
 				c.ram[c.index] = b
@@ -123,6 +125,18 @@ func (c *cmos) Out(port uint16, data []byte) {
 }
 
 func (c *cmos) read(reg uint8) uint8 {
+	if reg <= cmosYear || reg == cmosCentury {
+		v := c.timeReg(reg)
+		if c.ram[cmosStatusB]&cmosBinary == 0 {
+			v = v/10<<4 | v%10
+		}
+		return v
+	}
+	return c.ram[reg]
+}
+
+// timeReg is a time register's value in binary.
+func (c *cmos) timeReg(reg uint8) uint8 {
 	t := c.now().UTC()
 	switch reg {
 	case cmosSeconds:

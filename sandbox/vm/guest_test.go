@@ -1,0 +1,128 @@
+package vm
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"tine/guestagent/client"
+	"tine/guestagent/proto"
+	"tine/sandbox"
+)
+
+// Environment of TestRuntimeGuest, set by vmm/nested's
+// TestVMRuntimeUnderKVM in L1, where KVM is real.
+const (
+	EnvKernel  = "TINE_VM_KERNEL"
+	EnvModules = "TINE_VM_MODULES"
+	EnvAgent   = "TINE_VM_AGENT"
+	EnvBusybox = "TINE_VM_BUSYBOX"
+)
+
+// TestRuntimeGuest runs the vm runtime as the sandbox manager does:
+// Start boots Linux with the agent, exec and a listener through the
+// agent socket, then Freeze, CopyState, Thaw and 3 Starts from that
+// state; each clone answers exec through its own socket with the state
+// made before the fork, its own generation and RNG output, and still
+// serves the listener.
+func TestRuntimeGuest(t *testing.T) {
+	if os.Getenv(EnvKernel) == "" {
+		t.Skipf("needs a real KVM: run through vmm/nested's TestVMRuntimeUnderKVM (%s unset)", EnvKernel)
+	}
+	dir := t.TempDir()
+	r, err := New(Config{Kernel: os.Getenv(EnvKernel), Modules: os.Getenv(EnvModules), Agent: os.Getenv(EnvAgent),
+		Busybox: os.Getenv(EnvBusybox), MemSize: 256 << 20, StoreDir: filepath.Join(dir, "store")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	parent, err := r.Start(ctx, sandbox.Spec{ID: "p", Dir: filepath.Join(dir, "p")})
+	if err != nil {
+		b, _ := os.ReadFile(filepath.Join(dir, "p", "console.log"))
+		t.Fatalf("%v\nconsole:\n%s", err, b)
+	}
+	defer parent.Stop(context.Background())
+	t.Logf("booted to the agent in %v", time.Since(t0))
+	sh := func(in sandbox.Instance, script string) string {
+		t.Helper()
+		c, err := client.Dial(ctx, in.AgentSocket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"/bin/sh", "-c", script}, Timeout: 2 * time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(p.Stdout)
+		if ex, err := p.Wait(ctx); err != nil || ex.Code != 0 {
+			t.Fatalf("%q: %+v %v (output %q)", script, ex, err, out)
+		}
+		return string(out)
+	}
+	if out := sh(parent, "echo hi-from-exec; cat /run/tine/generation"); out != "hi-from-exec\n1\n" {
+		t.Fatalf("exec in the parent: %q", out)
+	}
+	sh(parent, "head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n' > /root/state; setsid nc -ll -p 8080 -e echo served </dev/null >/dev/null 2>&1 &")
+	state := sh(parent, "cat /root/state")
+	for deadline := time.Now().Add(time.Minute); ; {
+		if strings.Contains(sh(parent, "netstat -ltn"), ":8080") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the listener did not start")
+		}
+		time.Sleep(time.Second)
+	}
+	snap := filepath.Join(dir, "snap")
+	if err := parent.Freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = r.CopyState(ctx, filepath.Join(dir, "p"), snap)
+	parent.Thaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	for i := 1; i <= 3; i++ {
+		t1 := time.Now()
+		k, err := r.Start(ctx, sandbox.Spec{ID: "c" + strconv.Itoa(i), Dir: filepath.Join(dir, "c"+strconv.Itoa(i)), Seed: snap})
+		if err != nil {
+			t.Fatalf("clone %d: %v", i, err)
+		}
+		defer k.Stop(context.Background())
+		t.Logf("clone %d: started and hygiene applied in %v", i, time.Since(t1))
+		out := sh(k, "cat /run/tine/generation /root/state; echo; sleep 3 | nc 127.0.0.1 8080; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s")
+		f := strings.Split(strings.TrimSpace(out), "\n")
+		if len(f) != 5 {
+			t.Fatalf("clone %d answered %q", i, out)
+		}
+		if f[0] != strconv.Itoa(1+i) {
+			t.Errorf("clone %d: generation %q, want %d", i, f[0], 1+i)
+		}
+		if f[1] != state {
+			t.Errorf("clone %d: state %q, the parent made %q", i, f[1], state)
+		}
+		if f[2] != "served" {
+			t.Errorf("clone %d: the listener answered %q", i, f[2])
+		}
+		if j, dup := seen[f[3]]; dup || len(f[3]) != 32 {
+			t.Errorf("clone %d: RNG output %q, the same as %s", i, f[3], j)
+		}
+		seen[f[3]] = strconv.Itoa(i)
+		if s, _ := strconv.ParseInt(f[4], 10, 64); time.Since(time.Unix(s, 0)).Abs() > 2*time.Minute {
+			t.Errorf("clone %d: wall clock %s, host %s", i, time.Unix(s, 0), time.Now())
+		}
+	}
+	// The parent goes on with its own state.
+	if out := sh(parent, "cat /root/state /run/tine/generation"); out != state+"1\n" {
+		t.Errorf("parent after the fork: %q", out)
+	}
+}

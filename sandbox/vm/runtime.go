@@ -1,0 +1,464 @@
+package vm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"tine/chunkstore"
+	"tine/guestagent/client"
+	"tine/guestagent/proto"
+	"tine/sandbox"
+	"tine/vmm/disk"
+	"tine/vmm/linux"
+	"tine/vmm/virtio"
+)
+
+// AgentPort is the vsock port the guest agent listens on.
+const AgentPort = 1024
+
+// VirtioModules are the kernel modules the guest loads at boot, in
+// dependency order (Debian's cloud kernel builds them as modules).
+var VirtioModules = []string{"virtio_ring", "virtio", "virtio_mmio", "virtio-rng", "virtio_console", "virtio_blk",
+	"vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport"}
+
+// Config is what the vm runtime boots.
+type Config struct {
+	// Kernel is a Linux kernel: an uncompressed vmlinux with a PVH note,
+	// or a bzImage.
+	Kernel string
+	// Modules is the directory holding VirtioModules as NAME.ko
+	// (default: the kernel's directory).
+	Modules string
+	// Agent is a static tine-agent; it is the guest's pid 1.
+	Agent string
+	// Busybox, when given, is a static busybox installed in the guest's
+	// /bin (a shell and the usual tools).
+	Busybox string
+	// MemSize is guest RAM (default 512 MiB); CPUs the vCPUs (default 1).
+	MemSize uint64
+	CPUs    int
+	// DiskSize is the size of each sandbox's block device, /dev/vda
+	// (default 64 MiB).
+	DiskSize int64
+	// StoreDir holds the chunk store of every sandbox's disk.
+	StoreDir string
+}
+
+// Runtime is the vm sandbox runtime: each sandbox is a Linux VM whose
+// pid 1 is the guest agent, reached over vsock. Freeze and Thaw pause and
+// resume the vCPUs; CopyState of a running sandbox seals its memory and
+// snapshots its disk at one instant.
+type Runtime struct {
+	cfg    Config
+	kernel []byte
+	initrd []byte
+	store  *chunkstore.Store
+	gen    atomic.Uint64
+
+	mu     sync.Mutex
+	live   map[string]*Instance           // by Spec.Dir
+	images map[string]*linux.MachineImage // by key in a state's manifest
+}
+
+// New reads the kernel and builds the guest's initramfs.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.MemSize == 0 {
+		cfg.MemSize = 512 << 20
+	}
+	if cfg.CPUs == 0 {
+		cfg.CPUs = 1
+	}
+	if cfg.DiskSize == 0 {
+		cfg.DiskSize = 64 << 20
+	}
+	if cfg.Modules == "" {
+		cfg.Modules = filepath.Dir(cfg.Kernel)
+	}
+	kernel, err := os.ReadFile(cfg.Kernel)
+	if err != nil {
+		return nil, fmt.Errorf("vm runtime: kernel (give --kernel, or run `make kernels`): %w", err)
+	}
+	agent, err := os.ReadFile(cfg.Agent)
+	if err != nil {
+		return nil, fmt.Errorf("vm runtime: guest agent (build cmd/tine-agent with CGO_ENABLED=0): %w", err)
+	}
+	var a initramfs
+	a.file("init", 0o755, agent)
+	for _, d := range []string{"proc", "sys", "dev", "run", "tmp", "root"} {
+		a.dir(d)
+	}
+	for _, m := range VirtioModules {
+		b, err := os.ReadFile(filepath.Join(cfg.Modules, m+".ko"))
+		if err != nil {
+			return nil, fmt.Errorf("vm runtime: kernel module %s (run `make kernels`): %w", m, err)
+		}
+		a.file("lib/modules/tine/"+m+".ko", 0o644, b)
+	}
+	a.file("lib/modules/tine/order", 0o644, []byte(strings.Join(VirtioModules, "\n")+"\n"))
+	if cfg.Busybox != "" {
+		bb, err := os.ReadFile(cfg.Busybox)
+		if err != nil {
+			return nil, fmt.Errorf("vm runtime: busybox: %w", err)
+		}
+		a.file("bin/busybox", 0o755, bb)
+	}
+	store, err := chunkstore.Open(cfg.StoreDir, nil)
+	if err != nil {
+		return nil, fmt.Errorf("vm runtime: disk store: %w", err)
+	}
+	return &Runtime{cfg: cfg, kernel: kernel, initrd: a.bytes(), store: store,
+		live: map[string]*Instance{}, images: map[string]*linux.MachineImage{}}, nil
+}
+
+// Name implements sandbox.Runtime.
+func (r *Runtime) Name() string { return "vm" }
+
+// manifest is a sandbox's vm state in its Dir: the disk as a chunk-store
+// root, and the memory image (sealed in this process) when the state was
+// taken from a running machine.
+type manifest struct {
+	Disk  string `json:"disk,omitempty"`
+	Image string `json:"image,omitempty"`
+}
+
+const manifestName = "vm.json"
+
+func readManifest(dir string) (manifest, error) {
+	var m manifest
+	b, err := os.ReadFile(filepath.Join(dir, manifestName))
+	if errors.Is(err, os.ErrNotExist) {
+		return m, nil
+	}
+	if err == nil {
+		err = json.Unmarshal(b, &m)
+	}
+	if err != nil {
+		return m, fmt.Errorf("vm state %s: %w", dir, err)
+	}
+	return m, nil
+}
+
+func writeManifest(dir string, m manifest) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	b, _ := json.Marshal(m)
+	tmp := filepath.Join(dir, manifestName+".tmp")
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, manifestName))
+}
+
+// CopyState implements sandbox.Runtime. From a running (frozen) sandbox
+// it seals the machine's memory and snapshots its disk; from a state
+// directory it shares the sealed image and the disk root, both immutable.
+func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
+	r.mu.Lock()
+	in := r.live[from]
+	r.mu.Unlock()
+	var m manifest
+	if in != nil {
+		in.m.VM.Pause()
+		defer in.m.VM.Resume()
+		root, err := in.disk.Snapshot()
+		if err != nil {
+			return fmt.Errorf("vm runtime: snapshot the disk of %s: %w", from, err)
+		}
+		mi, err := in.m.Seal()
+		if err != nil {
+			return fmt.Errorf("vm runtime: seal the memory of %s: %w", from, err)
+		}
+		var k [8]byte
+		rand.Read(k[:])
+		m = manifest{Disk: root.String(), Image: hex.EncodeToString(k[:])}
+		r.mu.Lock()
+		r.images[m.Image] = mi
+		r.mu.Unlock()
+	} else {
+		var err error
+		if m, err = readManifest(from); err != nil {
+			return err
+		}
+	}
+	if _, err := os.Stat(to); err == nil {
+		return fmt.Errorf("vm runtime: copy state to %s: it exists", to)
+	}
+	return writeManifest(to, m)
+}
+
+// Start implements sandbox.Runtime: it boots the guest, or resumes the
+// memory image its state holds as a new machine, and returns once the
+// agent answered (after the fork-hygiene step for a resumed one).
+func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
+	if spec.Seed != "" {
+		if err := r.CopyState(ctx, spec.Seed, spec.Dir); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(spec.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("vm runtime: %w", err)
+	}
+	man, err := readManifest(spec.Dir)
+	if err != nil {
+		return nil, err
+	}
+	var img *linux.MachineImage
+	if man.Image != "" {
+		r.mu.Lock()
+		img = r.images[man.Image]
+		r.mu.Unlock()
+		if img == nil {
+			return nil, fmt.Errorf("vm runtime: the memory image of %s was sealed by an earlier daemon and is gone (memory images live in the daemon's process): remove the sandbox, or roll it back to a newer snapshot", spec.Dir)
+		}
+	}
+	in := &Instance{r: r, dir: spec.Dir, done: make(chan struct{})}
+	if man.Disk != "" {
+		id, err := chunkstore.ParseID(man.Disk)
+		if err != nil {
+			return nil, fmt.Errorf("vm runtime: disk root in %s: %w", spec.Dir, err)
+		}
+		if in.disk, err = disk.Open(r.store, id); err != nil {
+			return nil, fmt.Errorf("vm runtime: %w", err)
+		}
+	} else if in.disk, err = disk.New(r.store, r.cfg.DiskSize); err != nil {
+		return nil, fmt.Errorf("vm runtime: %w", err)
+	}
+	console, err := os.OpenFile(filepath.Join(spec.Dir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("vm runtime: %w", err)
+	}
+	in.console = console
+	in.vsock = &virtio.Vsock{GuestCID: 3}
+	devs := []virtio.Device{&virtio.RNG{}, &virtio.Console{}, &virtio.Block{Disk: in.disk}, in.vsock}
+	if img != nil {
+		in.m, err = img.Clone(ctx, linux.MachineConfig{Console: console, Virtio: devs})
+	} else {
+		in.m, err = linux.NewMachine(ctx, linux.MachineConfig{Kernel: r.kernel, Initrd: r.initrd,
+			MemSize: r.cfg.MemSize, VCPUs: r.cfg.CPUs, Console: console, Virtio: devs,
+			Cmdline: fmt.Sprintf("console=ttyS0 quiet panic=-1 -- --vsock %d --vm", AgentPort)})
+	}
+	if err != nil {
+		in.release()
+		return nil, fmt.Errorf("vm runtime: %w", err)
+	}
+	if err := in.listen(); err != nil {
+		in.release()
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	in.cancel = cancel
+	go func() {
+		in.runErr = in.m.Run(runCtx)
+		close(in.done)
+	}()
+	r.mu.Lock()
+	r.live[spec.Dir] = in
+	r.mu.Unlock()
+	// Before anything else runs in it: the guest's clock, RNG and
+	// generation (docs/fork-hygiene.md). A booted guest gets the clock
+	// and a generation too.
+	if err := in.hygiene(ctx, r.gen.Add(1)); err != nil {
+		in.Stop(context.Background())
+		return nil, err
+	}
+	return in, nil
+}
+
+// Instance is one running vm sandbox.
+type Instance struct {
+	r       *Runtime
+	dir     string
+	m       *linux.Machine
+	disk    *disk.Image
+	vsock   *virtio.Vsock
+	console *os.File
+	bridge  net.Listener
+	cancel  context.CancelFunc
+	done    chan struct{}
+	runErr  error
+	stop    sync.Once
+	stopErr error
+}
+
+// AgentSocket implements sandbox.Instance: a host Unix socket that
+// speaks the guest agent protocol; each connection is bridged to the
+// agent's vsock port.
+func (in *Instance) AgentSocket() string { return filepath.Join(in.dir, "agent.sock") }
+
+// VsockSocket is the host side of the VM's vsock device ("CONNECT PORT"
+// reaches any guest port).
+func (in *Instance) VsockSocket() string { return filepath.Join(in.dir, "vsock.sock") }
+
+// Freeze pauses every vCPU.
+func (in *Instance) Freeze(ctx context.Context) error { in.m.VM.Pause(); return nil }
+
+// Thaw resumes the vCPUs.
+func (in *Instance) Thaw(ctx context.Context) error { in.m.VM.Resume(); return nil }
+
+// Done is closed when the machine stopped (powered off, faulted, Stop).
+func (in *Instance) Done() <-chan struct{} { return in.done }
+
+// Stop ends the machine, records its disk in the sandbox's state (the
+// next Start boots afresh from it) and closes its sockets.
+func (in *Instance) Stop(ctx context.Context) error {
+	in.stop.Do(func() {
+		in.r.mu.Lock()
+		if in.r.live[in.dir] == in {
+			delete(in.r.live, in.dir)
+		}
+		in.r.mu.Unlock()
+		if in.cancel != nil {
+			in.cancel()
+			<-in.done
+		}
+		root, err := in.disk.Snapshot()
+		if err == nil {
+			err = writeManifest(in.dir, manifest{Disk: root.String()})
+		}
+		in.stopErr = err
+		in.release()
+	})
+	return in.stopErr
+}
+
+func (in *Instance) release() {
+	if in.bridge != nil {
+		in.bridge.Close()
+	}
+	if in.vsock != nil {
+		in.vsock.Close()
+	}
+	if in.m != nil {
+		in.m.Close()
+	}
+	if in.disk != nil {
+		in.disk.Close()
+	}
+	if in.console != nil {
+		in.console.Close()
+	}
+}
+
+// listen opens the vsock device's socket and the agent bridge.
+func (in *Instance) listen() error {
+	for _, p := range []string{in.VsockSocket(), in.AgentSocket()} {
+		os.Remove(p)
+	}
+	t := in.m.Virtio[3]
+	if err := in.vsock.Listen(t, in.VsockSocket()); err != nil {
+		return fmt.Errorf("vm runtime: %w", err)
+	}
+	l, err := net.Listen("unix", in.AgentSocket())
+	if err != nil {
+		return fmt.Errorf("vm runtime: agent socket: %w", err)
+	}
+	in.bridge = l
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go in.bridgeConn(c)
+		}
+	}()
+	return nil
+}
+
+// bridgeConn joins a host connection to the agent's vsock port.
+func (in *Instance) bridgeConn(c net.Conn) {
+	defer c.Close()
+	v, err := DialGuest(in.VsockSocket(), AgentPort, 10*time.Second)
+	if err != nil {
+		return
+	}
+	defer v.Close()
+	go func() {
+		io.Copy(v, c)
+		if u, ok := v.(*net.UnixConn); ok {
+			u.CloseWrite()
+		}
+	}()
+	io.Copy(c, v)
+}
+
+// DialGuest connects to a guest vsock port through a VM's vsock socket:
+// it sends "CONNECT PORT" and reads the "OK" line a byte at a time, so
+// that what the guest sends first stays in the connection.
+func DialGuest(sock string, port uint32, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout("unix", sock, timeout)
+	if err != nil {
+		return nil, err
+	}
+	c.SetDeadline(time.Now().Add(timeout))
+	fmt.Fprintf(c, "CONNECT %d\n", port)
+	var line []byte
+	b := make([]byte, 1)
+	for len(line) < 64 {
+		if _, err := c.Read(b); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("vsock port %d through %s: %w", port, sock, err)
+		}
+		if b[0] == '\n' {
+			break
+		}
+		line = append(line, b[0])
+	}
+	if !strings.HasPrefix(string(line), "OK ") {
+		c.Close()
+		return nil, fmt.Errorf("vsock port %d through %s: answered %q", port, sock, line)
+	}
+	c.SetDeadline(time.Time{})
+	return c, nil
+}
+
+// hygiene waits for the agent and sends it the fork-hygiene step.
+func (in *Instance) hygiene(ctx context.Context, gen uint64) error {
+	var last error
+	deadline := time.Now().Add(StartTimeout)
+	for time.Now().Before(deadline) {
+		select {
+		case <-in.done:
+			return fmt.Errorf("vm runtime: the machine stopped before its agent answered (%v); see %s", in.runErr, filepath.Join(in.dir, "console.log"))
+		case <-ctx.Done():
+			return ctx.Err()
+		default:
+		}
+		dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		c, err := client.Dial(dctx, in.AgentSocket())
+		if err == nil {
+			ent := make([]byte, 64)
+			rand.Read(ent)
+			err = c.Hygiene(dctx, proto.HygieneRequest{Entropy: ent, Now: time.Now(), Generation: gen})
+			c.Close()
+			cancel()
+			if err == nil {
+				return nil
+			}
+		} else {
+			cancel()
+		}
+		last = err
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("vm runtime: the guest agent did not answer within %v: %w", StartTimeout, last)
+}
+
+// StartTimeout bounds how long Start waits for the guest agent (a boot
+// under the nested harness's emulation takes minutes).
+var StartTimeout = 5 * time.Minute
+
+var _ sandbox.Runtime = (*Runtime)(nil)

@@ -1,0 +1,87 @@
+package linux
+
+import (
+	"context"
+	"fmt"
+
+	"tine/vmm"
+	"tine/vmm/serial"
+	"tine/vmm/virtio"
+)
+
+// MachineImage is a Machine at one instant: its memory sealed into an
+// immutable image, its vCPU and irqchip state, and the driver-visible
+// state of its UART and virtio transports. Clones made from it later are
+// separate machines that resume at that instant.
+type MachineImage struct {
+	img    *vmm.Image
+	boot   *Boot
+	uart   *serial.UART
+	states []virtio.State
+	types  []uint32
+}
+
+// Seal takes the machine's state and seals its memory; the machine goes
+// on as a child of the image. The VM is paused for the duration (it may
+// already be paused by the caller: pauses nest).
+func (m *Machine) Seal() (*MachineImage, error) {
+	m.VM.Pause()
+	defer m.VM.Resume()
+	mi := &MachineImage{boot: m.Boot}
+	for _, t := range m.Virtio {
+		mi.states = append(mi.states, t.State())
+		mi.types = append(mi.types, t.Device().Type())
+	}
+	mi.uart = m.UART.Clone(serial.Config{})
+	img, err := m.VM.Seal()
+	if err != nil {
+		return nil, fmt.Errorf("linux machine: seal: %w", err)
+	}
+	mi.img = img
+	return mi, nil
+}
+
+// Clone makes a machine from the image with cfg's Console, Ports and
+// Virtio devices (the same types, in the same order, as the sealed
+// machine's; MachineConfig's memory, vCPUs and kernel are the image's).
+// Its vsock device sends TRANSPORT_RESET before it runs. Start it with
+// Run.
+func (mi *MachineImage) Clone(ctx context.Context, cfg MachineConfig) (*Machine, error) {
+	if len(cfg.Virtio) != len(mi.types) {
+		return nil, fmt.Errorf("linux machine clone: %d virtio devices, the image has %d", len(cfg.Virtio), len(mi.types))
+	}
+	for j, d := range cfg.Virtio {
+		if d.Type() != mi.types[j] {
+			return nil, fmt.Errorf("linux machine clone: device %d is type %d, the image's type %d", j, d.Type(), mi.types[j])
+		}
+	}
+	vms, err := mi.img.Fork(ctx, 1, vmm.ForkOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("linux machine clone: %w", err)
+	}
+	k := &Machine{VM: vms[0], Boot: mi.boot}
+	if err := k.addPortDevices(cfg, mi.uart); err != nil {
+		vms[0].Close()
+		return nil, fmt.Errorf("linux machine clone: %w", err)
+	}
+	if _, err := k.addVirtio(cfg.Virtio); err != nil {
+		k.Close()
+		return nil, fmt.Errorf("linux machine clone: %w", err)
+	}
+	for j, t := range k.Virtio {
+		if err := t.SetState(mi.states[j]); err != nil {
+			k.Close()
+			return nil, fmt.Errorf("linux machine clone: %w", err)
+		}
+		if v, ok := t.Device().(*virtio.Vsock); ok {
+			if err := v.ResetTransport(t); err != nil {
+				k.Close()
+				return nil, fmt.Errorf("linux machine clone: %w", err)
+			}
+		}
+	}
+	return k, nil
+}
+
+// Close releases the image; clones made from it keep what they map.
+func (mi *MachineImage) Close() error { return mi.img.Close() }

@@ -1,0 +1,58 @@
+package nested
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestVMRuntimeUnderKVM runs sandbox/vm's TestRuntimeGuest in L1: the vm
+// sandbox runtime boots Debian's kernel with the static tine-agent as pid
+// 1 of its initramfs, execs through the agent socket (bridged to vsock),
+// and forks the running guest into 3 clones through Freeze, CopyState
+// and Start, as the sandbox manager does.
+func TestVMRuntimeUnderKVM(t *testing.T) {
+	if os.Getenv(EnvEnable) == "" {
+		t.Skipf("nested QEMU runs take minutes: set %s=1 (make nested-test) to run them", EnvEnable)
+	}
+	p, err := prerequisites(nil)
+	if err != nil {
+		t.Skipf("%v", err)
+	}
+	dir := t.TempDir()
+	build := func(out string, args ...string) {
+		cmd := exec.Command(p.goTool, args...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go %v: %v\n%s", args, err, b)
+		}
+	}
+	bin := filepath.Join(dir, "vm.test")
+	agent := filepath.Join(dir, "tine-agent")
+	build(bin, "test", "-c", "-o", bin, "tine/sandbox/vm")
+	build(agent, "build", "-o", agent, "tine/cmd/tine-agent")
+	files := []File{
+		{Path: "vm.test", HostPath: bin, Mode: 0o755},
+		{Path: "l2/tine-agent", HostPath: agent, Mode: 0o755},
+		{Path: "l2/vmlinux", HostPath: p.k.Vmlinux},
+	}
+	for _, m := range virtioModules {
+		src := filepath.Join(p.k.Dir, m+".ko")
+		if _, err := os.Stat(src); err != nil {
+			t.Skipf("kernel module %s missing (run `make kernels`): %v", m, err)
+		}
+		files = append(files, File{Path: "l2/" + m + ".ko", HostPath: src})
+	}
+	script := "TINE_VM_KERNEL=/work/l2/vmlinux TINE_VM_MODULES=/work/l2 TINE_VM_AGENT=/work/l2/tine-agent TINE_VM_BUSYBOX=/bin/busybox ./vm.test -test.run '^TestRuntimeGuest$' -test.v -test.timeout 10m"
+	out := RunTest(context.Background(), t, Options{Script: script, Files: files, Timeout: 12 * time.Minute})
+	if !strings.Contains(out, "--- PASS: TestRuntimeGuest ") {
+		t.Errorf("TestRuntimeGuest did not pass in L1")
+	}
+	if t.Failed() {
+		t.Logf("L1 output:\n%s", out)
+	}
+}
