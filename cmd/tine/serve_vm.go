@@ -83,6 +83,9 @@ func (v *vmServe) runtime(root string) (*vm.Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--vm-memory: %w", err)
 	}
+	if root, err = filepath.Abs(root); err != nil {
+		return nil, err
+	}
 	agent, err := findAgent()
 	if err != nil {
 		return nil, err
