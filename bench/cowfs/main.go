@@ -34,13 +34,14 @@ const (
 )
 
 // allTools is the column order of the tables.
-var allTools = []string{toolTine, toolTinePool, toolNative, toolBtrfs, toolOverlay, toolFuseOverlay, toolCp, toolGit}
+var allTools = []string{toolTine, toolTinePool, toolExt4, toolNative, toolBtrfs, toolOverlay, toolFuseOverlay, toolCp, toolGit}
 
 // Section names for --only.
 const (
 	secSnapFork = "snapfork"
 	secDiff     = "diff"
 	secIO       = "io"
+	secAgent    = "agent"
 )
 
 // config sizes one run.
@@ -59,6 +60,8 @@ type config struct {
 	GoBuild     bool   // run the go build row
 	Reps        int    // samples of cheap measurements
 	SlowReps    int    // samples of measurements that take seconds
+	AgentFiles  int    // files of the agent section's project
+	AgentReps   int    // repetitions of the agent loop
 	Seed        uint64 // synthetic tree seed
 	BtrfsBytes  int64  // size of the sparse btrfs image
 	Sections    map[string]bool
@@ -78,6 +81,7 @@ func modeConfig(mode string) (config, error) {
 		c.BigFile, c.RandReads, c.MetaFiles = 1<<30, 8192, 50000
 		c.Untar, c.GoBuild = true, true
 		c.Reps, c.SlowReps = 7, 3
+		c.AgentFiles, c.AgentReps = 10000, 5
 		c.BtrfsBytes = 16 << 30
 	case "quick":
 		c.TreeSizes = []int{1000, 10000}
@@ -86,6 +90,7 @@ func modeConfig(mode string) (config, error) {
 		c.BigFile, c.RandReads, c.MetaFiles = 256<<20, 2048, 5000
 		c.Untar, c.UntarSubdir = true, "net"
 		c.Reps, c.SlowReps = 5, 2
+		c.AgentFiles, c.AgentReps = 10000, 3
 		c.BtrfsBytes = 4 << 30
 	case "tiny":
 		c.TreeSizes = []int{200}
@@ -94,6 +99,7 @@ func modeConfig(mode string) (config, error) {
 		c.Untar, c.UntarSubdir = true, "bufio"
 		c.GoBuild = true
 		c.Reps, c.SlowReps = 2, 1
+		c.AgentFiles, c.AgentReps = 300, 1
 		c.BtrfsBytes = 1 << 30
 	default:
 		return c, fmt.Errorf("unknown mode %q (full, quick, tiny)", mode)
@@ -113,7 +119,7 @@ func mainErr(args []string, stdout, stderr io.Writer) int {
 	asJSON := fl.Bool("json", false, "print the report as JSON instead of tables")
 	save := fl.String("save", "", "also write the report as JSON to this file")
 	dir := fl.String("dir", "/var/tmp", "directory for temporary trees, images and mounts (its filesystem is the native peer)")
-	only := fl.String("only", "", "comma-separated sections to run: snapfork, diff, io (default all)")
+	only := fl.String("only", "", "comma-separated sections to run: snapfork, diff, io, agent (default all)")
 	tools := fl.String("tools", "", "comma-separated tools to run (default all): "+strings.Join(allTools, ", "))
 	if err := fl.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -134,7 +140,7 @@ func mainErr(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg.Dir = *dir
-	if cfg.Sections, err = parseSet(*only, []string{secSnapFork, secDiff, secIO}); err != nil {
+	if cfg.Sections, err = parseSet(*only, []string{secSnapFork, secDiff, secIO, secAgent}); err != nil {
 		fmt.Fprintln(stderr, "cowfs: --only:", err)
 		return 2
 	}

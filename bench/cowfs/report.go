@@ -25,7 +25,11 @@ type result struct {
 	Median  float64   `json:"median"`
 	Min     float64   `json:"min"`
 	Max     float64   `json:"max"`
+	P99     float64   `json:"p99"` // nearest rank; with few samples, the largest
 	Samples []float64 `json:"samples"`
+	// Quantiles, when set, are the 0th, 1st, ..., 100th percentiles of the
+	// per-operation latencies inside the samples (for latency CDFs).
+	Quantiles []float64 `json:"quantiles,omitempty"`
 	Note    string    `json:"note,omitempty"`
 	Err     string    `json:"error,omitempty"`
 }
@@ -93,6 +97,7 @@ func summarize(samples []float64) *result {
 	s := append([]float64(nil), samples...)
 	sort.Float64s(s)
 	r.Min, r.Max = s[0], s[len(s)-1]
+	r.P99 = s[min(len(s)-1, int(math.Ceil(0.99*float64(len(s))))-1)]
 	if len(s)%2 == 1 {
 		r.Median = s[len(s)/2]
 	} else {

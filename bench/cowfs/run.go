@@ -67,6 +67,7 @@ func run(ctx context.Context, cfg config, command string) (rep *report, err erro
 		{secSnapFork, snapForkSection},
 		{secDiff, diffSection},
 		{secIO, ioSection},
+		{secAgent, agentSection},
 	}
 	for _, s := range sections {
 		if !cfg.Sections[s.name] {
