@@ -30,8 +30,8 @@ type result struct {
 	// Quantiles, when set, are the 0th, 1st, ..., 100th percentiles of the
 	// per-operation latencies inside the samples (for latency CDFs).
 	Quantiles []float64 `json:"quantiles,omitempty"`
-	Note    string    `json:"note,omitempty"`
-	Err     string    `json:"error,omitempty"`
+	Note      string    `json:"note,omitempty"`
+	Err       string    `json:"error,omitempty"`
 }
 
 // row is one measured quantity across tools, e.g. "snapshot, synth 100k".
