@@ -98,6 +98,7 @@ type branch struct {
 	orphans     map[*inode]*inode // unlinked files still open
 	passthrough bool
 	rootNode    *node
+	keepCache   bool // plain opens and directory opens keep the kernel's caches (MountOptions.NoKeepCache)
 
 	chunkCache map[chunkstore.ID][]byte // small cache of decoded chunks
 	chunkOrder []chunkstore.ID
