@@ -567,12 +567,21 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		// Never a backing file for a writable open (see above). The page
 		// cache stays across opens: every change of the file's bytes goes
 		// through this mount, or replaces the inode (rollback).
-		if h.keep {
-			fl |= fuse.FOPEN_KEEP_CACHE
-		}
-		return h, fl, 0
+		return h, fl | h.openFlags(), 0
 	}
-	return ptHandle{h}, fl, 0
+	return ptHandle{h}, fl | h.openFlags(), 0
+}
+
+// openFlags are the FOPEN_ flags of every open: no FLUSH request at
+// close (cowfs has nothing to do then; data reaches the branch with each
+// write and is committed by fsync), and, unless NoKeepCache, the page
+// cache kept across opens.
+func (h *handle) openFlags() uint32 {
+	fl := uint32(fuse.FOPEN_NOFLUSH)
+	if h.keep && h.kind == 0 {
+		fl |= fuse.FOPEN_KEEP_CACHE
+	}
+	return fl
 }
 
 // handleOf returns the handle behind fh, or nil.
@@ -660,10 +669,10 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 		return nil, nil, 0, toErrno(err)
 	}
 	ch := n.child(ctx, c, out)
-	h := &handle{n: ch.Operations().(*node), in: c}
+	h := &handle{n: ch.Operations().(*node), in: c, keep: b.keepCache}
 	c.opens++
 	c.cachedOpens++
-	return ch, h, 0, 0
+	return ch, h, h.openFlags(), 0
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {

@@ -1,4 +1,4 @@
-package main
+package fsbench
 
 import (
 	"bufio"
@@ -69,10 +69,18 @@ func run(ctx context.Context, cfg config, command string) (rep *report, err erro
 		{secIO, ioSection},
 		{secAgent, agentSection},
 	}
+	total, done := 0, 0
+	for _, s := range sections {
+		if cfg.Sections[s.name] {
+			total++
+		}
+	}
 	for _, s := range sections {
 		if !cfg.Sections[s.name] {
 			continue
 		}
+		cfg.step(done, total, "section "+s.name)
+		done++
 		sec, err := s.fn(ctx, e)
 		if sec != nil {
 			for _, r := range sec.Rows {
@@ -84,6 +92,7 @@ func run(ctx context.Context, cfg config, command string) (rep *report, err erro
 			return rep, fmt.Errorf("section %s: %w", s.name, err)
 		}
 	}
+	cfg.step(total, total, "done")
 	return rep, nil
 }
 

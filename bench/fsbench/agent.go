@@ -1,4 +1,4 @@
-package main
+package fsbench
 
 import (
 	"context"
@@ -182,6 +182,7 @@ func agentSection(ctx context.Context, e *env) (*section, error) {
 				continue
 			}
 			e.cfg.logf("agent: repetition %d/%d, %s", rep+1, cfg.AgentReps, c.tool)
+			e.cfg.step(rep*len(cols)+k, cfg.AgentReps*len(cols), fmt.Sprintf("agent loop: %s, repetition %d", c.tool, rep+1))
 			fillRandom(buf, 300, uint64(rep))
 			lat, err := agentLoop(ctx, c.fs, &c.dir, rep, n, tarball, gb, inst, buf, r, func(rw *row, v float64) { add(rw, c.tool, v) })
 			statLat[c.tool] = append(statLat[c.tool], lat...)

@@ -1,11 +1,13 @@
-package main
+package fsbench
 
 import (
+	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -262,6 +264,35 @@ func writeTable(w io.Writer, rep *report) error {
 		for _, n := range notes {
 			fmt.Fprintf(w, "  note: %s\n", n)
 		}
+	}
+	return nil
+}
+
+// writeCSV prints one line per row and tool: the summary and the samples
+// (separated by spaces).
+func writeCSV(w io.Writer, rep *report) error {
+	cw := csv.NewWriter(w)
+	cw.Write([]string{"section", "row", "unit", "cache", "tool", "median", "min", "max", "p99", "samples", "error"})
+	f := func(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
+	for _, s := range rep.Sections {
+		for _, r := range s.Rows {
+			for _, t := range rep.Tools {
+				res, ok := r.Results[t]
+				if !ok {
+					continue
+				}
+				var ss []string
+				for _, v := range res.Samples {
+					ss = append(ss, f(v))
+				}
+				cw.Write([]string{s.Title, r.Name, string(r.Unit), r.Cache, t, f(res.Median), f(res.Min), f(res.Max), f(res.P99),
+					strings.Join(ss, " "), res.Err})
+			}
+		}
+	}
+	cw.Flush()
+	if err := cw.Error(); err != nil {
+		return fmt.Errorf("write csv: %w", err)
 	}
 	return nil
 }

@@ -1,0 +1,129 @@
+// Command report writes docs/bench/REPORT.md and its SVG plots from the
+// results of the benchmarks: the JSON of bench/cowfs (--save) and, when
+// given, the text and Markdown outputs of the other benchmarks, which it
+// includes as they are. It measures nothing itself and invents nothing: a
+// figure whose data is missing says so.
+//
+//	go run ./bench/report --cowfs cowfs.json [--text NAME=FILE ...] [--out docs/bench]
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+func main() {
+	os.Exit(mainErr(os.Args[1:], os.Stderr))
+}
+
+// textFlag collects --text NAME=FILE pairs in order.
+type textFlag []textFile
+
+type textFile struct{ name, path string }
+
+func (t *textFlag) String() string { return "" }
+
+func (t *textFlag) Set(s string) error {
+	name, path, ok := strings.Cut(s, "=")
+	if !ok || name == "" || path == "" {
+		return fmt.Errorf("want NAME=FILE, got %q", s)
+	}
+	*t = append(*t, textFile{name, path})
+	return nil
+}
+
+func mainErr(args []string, stderr io.Writer) int {
+	fl := flag.NewFlagSet("report", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	cowfsJSON := fl.String("cowfs", "", "JSON report of bench/cowfs (its --save file)")
+	out := fl.String("out", "docs/bench", "directory for REPORT.md and the plots")
+	var texts textFlag
+	fl.Var(&texts, "text", "NAME=FILE: include FILE (a benchmark's output) under the heading NAME; repeatable")
+	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *cowfsJSON == "" {
+		fmt.Fprintln(stderr, "report: --cowfs FILE is required (run go run ./bench/cowfs --save FILE first)")
+		return 2
+	}
+	rep, err := readCowfs(*cowfsJSON)
+	if err != nil {
+		fmt.Fprintln(stderr, "report:", err)
+		return 1
+	}
+	if err := write(rep, texts, *out); err != nil {
+		fmt.Fprintln(stderr, "report:", err)
+		return 1
+	}
+	return 0
+}
+
+func readCowfs(path string) (*report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read the cowfs results: %w", err)
+	}
+	var rep report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return nil, fmt.Errorf("decode the cowfs results %s: %w", path, err)
+	}
+	return &rep, nil
+}
+
+// write renders REPORT.md and the plots into dir.
+func write(rep *report, texts textFlag, dir string) error {
+	if err := os.MkdirAll(filepath.Join(dir, "plots"), 0o755); err != nil {
+		return err
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Benchmark report\n\n")
+	fmt.Fprintf(&b, "Written by `make bench` (`go run ./bench/report`) from the results of one run of the benchmarks. ")
+	fmt.Fprintf(&b, "Every number below was measured in that run; a figure whose data this machine cannot produce says so instead.\n\n")
+	fmt.Fprintf(&b, "- started: %s, %s\n", rep.Started.UTC().Format(time.RFC3339), (time.Duration(rep.Seconds) * time.Second).String())
+	fmt.Fprintf(&b, "- command: `%s`\n", rep.Command)
+	if c := gitCommit(); c != "" {
+		fmt.Fprintf(&b, "- commit: %s\n", c)
+	}
+	writeMachine(&b, rep)
+	plots, err := drawPlots(rep, filepath.Join(dir, "plots"))
+	if err != nil {
+		return err
+	}
+	writeGoals(&b, rep)
+	writePlots(&b, plots)
+	writeTables(&b, rep)
+	for _, t := range texts {
+		body, err := os.ReadFile(t.path)
+		if err != nil {
+			return fmt.Errorf("include %s: %w", t.name, err)
+		}
+		fmt.Fprintf(&b, "\n## %s\n\n", t.name)
+		if strings.HasSuffix(t.path, ".md") {
+			b.Write(body)
+		} else {
+			fmt.Fprintf(&b, "```\n%s\n```\n", strings.TrimRight(string(body), "\n"))
+		}
+	}
+	writeMethod(&b, rep)
+	return os.WriteFile(filepath.Join(dir, "REPORT.md"), b.Bytes(), 0o644)
+}
+
+func gitCommit() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
