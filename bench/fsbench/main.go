@@ -33,7 +33,7 @@ const (
 )
 
 // allTools is the column order of the tables.
-var allTools = []string{toolTine, toolTinePool, toolExt4, toolNative, toolBtrfs, toolOverlay, toolFuseOverlay, toolCp, toolGit}
+var allTools = []string{toolTine, toolTinePool, toolTineShort, toolExt4, toolNative, toolBtrfs, toolOverlay, toolFuseOverlay, toolCp, toolGit}
 
 // Section names for --only.
 const (
@@ -124,6 +124,7 @@ func Main(args []string, stdout, stderr io.Writer, o Options) int {
 	quick := fl.Bool("quick", false, "smaller trees and fewer rows (about 2 minutes)")
 	tiny := fl.Bool("tiny", false, "smallest sizes, one or two samples: checks that every row runs")
 	asJSON := fl.Bool("json", false, "print the report as JSON instead of tables")
+	reps := fl.Int("reps", 0, "repetitions of the agent loop (default: the mode's)")
 	asCSV := fl.Bool("csv", false, "print the report as CSV (one line per row and tool) instead of tables")
 	save := fl.String("save", "", "also write the report as JSON to this file")
 	dir := fl.String("dir", "/var/tmp", "directory for temporary trees, images and mounts (its filesystem is the native peer)")
@@ -148,6 +149,9 @@ func Main(args []string, stdout, stderr io.Writer, o Options) int {
 		return 2
 	}
 	cfg.Dir = *dir
+	if *reps > 0 {
+		cfg.AgentReps = *reps
+	}
 	cfg.Progress = o.Progress
 	if o.Progress != nil {
 		cfg.Log = nil

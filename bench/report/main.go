@@ -46,6 +46,7 @@ func mainErr(args []string, stderr io.Writer) int {
 	fl.SetOutput(stderr)
 	cowfsJSON := fl.String("cowfs", "", "JSON report of bench/cowfs (its --save file)")
 	out := fl.String("out", "docs/bench", "directory for REPORT.md and the plots")
+	check := fl.Bool("check", false, "fail unless every row of every section has a positive number for every tool that ran it")
 	var texts textFlag
 	fl.Var(&texts, "text", "NAME=FILE: include FILE (a benchmark's output) under the heading NAME; repeatable")
 	if err := fl.Parse(args); err != nil {
@@ -66,6 +67,14 @@ func mainErr(args []string, stderr io.Writer) int {
 	if err := write(rep, texts, *out); err != nil {
 		fmt.Fprintln(stderr, "report:", err)
 		return 1
+	}
+	if *check {
+		if errs := checkNumbers(rep); len(errs) > 0 {
+			for _, e := range errs {
+				fmt.Fprintln(stderr, "report: check:", e)
+			}
+			return 1
+		}
 	}
 	return 0
 }
@@ -118,6 +127,33 @@ func write(rep *report, texts textFlag, dir string) error {
 	}
 	writeMethod(&b, rep)
 	return os.WriteFile(filepath.Join(dir, "REPORT.md"), b.Bytes(), 0o644)
+}
+
+// checkNumbers lists every result that is missing, failed or not positive.
+func checkNumbers(rep *report) []string {
+	var errs []string
+	if len(rep.Sections) == 0 {
+		errs = append(errs, "no sections in the results")
+	}
+	for _, s := range rep.Sections {
+		if len(s.Rows) == 0 {
+			errs = append(errs, s.Title+": no rows")
+		}
+		for _, r := range s.Rows {
+			if len(r.Results) == 0 {
+				errs = append(errs, s.Title+" / "+r.Name+": no results")
+			}
+			for tool, res := range r.Results {
+				switch {
+				case res.Err != "":
+					errs = append(errs, fmt.Sprintf("%s / %s / %s: %s", s.Title, r.Name, tool, oneLine(res.Err)))
+				case len(res.Samples) == 0 || !(res.Median > 0):
+					errs = append(errs, fmt.Sprintf("%s / %s / %s: no positive number", s.Title, r.Name, tool))
+				}
+			}
+		}
+	}
+	return errs
 }
 
 func gitCommit() string {
