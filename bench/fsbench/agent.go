@@ -119,7 +119,7 @@ func agentSection(ctx context.Context, e *env) (*section, error) {
 	if err != nil {
 		return sec, err
 	}
-	inst, err := newInstall(ctx, filepath.Join(e.work, "agent", "install"))
+	inst, err := newInstall(ctx, filepath.Join(e.work, "agent", "install"), cfg.Mode == "tiny")
 	if err != nil {
 		return sec, err
 	}
@@ -405,7 +405,7 @@ type install struct {
 	proxy string // GOPROXY URL
 }
 
-func newInstall(ctx context.Context, dir string) (*install, error) {
+func newInstall(ctx context.Context, dir string, small bool) (*install, error) {
 	out, err := peer.Run(ctx, "", "go", "env", "GOMODCACHE")
 	if err != nil {
 		return nil, fmt.Errorf("package install: go env GOMODCACHE: %w", err)
@@ -424,6 +424,9 @@ func newInstall(ctx context.Context, dir string) (*install, error) {
 		if err != nil {
 			return nil, fmt.Errorf("package install: %w", err)
 		}
+		if small {
+			b = smallModule(f, b)
+		}
 		if err := os.WriteFile(filepath.Join(in.mod, f), b, 0o644); err != nil {
 			return nil, err
 		}
@@ -433,6 +436,26 @@ func newInstall(ctx context.Context, dir string) (*install, error) {
 		return nil, fmt.Errorf("package install from %s (run go mod download once with network to fill it): %w", dl, err)
 	}
 	return in, os.RemoveAll(filepath.Join(dir, "check"))
+}
+
+// smallModule cuts go.mod or go.sum down to one small dependency
+// (go-cmp), for the tiny mode's quick check.
+func smallModule(name string, b []byte) []byte {
+	const dep = "github.com/google/go-cmp"
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		t := strings.TrimSpace(l)
+		switch {
+		case name == "go.sum" && !strings.HasPrefix(t, dep+" "):
+		case name == "go.mod" && strings.HasPrefix(t, "module "), name == "go.mod" && strings.HasPrefix(t, "go "):
+			out = append(out, t)
+		case name == "go.mod" && strings.HasPrefix(t, dep+" "):
+			out = append(out, "require "+t)
+		case name == "go.sum":
+			out = append(out, t)
+		}
+	}
+	return []byte(strings.Join(out, "\n") + "\n")
 }
 
 // run downloads every module into modcache.

@@ -214,3 +214,28 @@ func TestSummarize(t *testing.T) {
 		}
 	}
 }
+
+// TestSmallModule checks the tiny mode's cut of this module's go.mod and
+// go.sum: one requirement and only its checksums.
+func TestSmallModule(t *testing.T) {
+	mod, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := os.ReadFile("../../go.sum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, s := string(smallModule("go.mod", mod)), string(smallModule("go.sum", sum))
+	if !strings.HasPrefix(m, "module tine\n") || strings.Count(m, "require ") != 1 || !strings.Contains(m, "require github.com/google/go-cmp v") {
+		t.Errorf("go.mod cut:\n%s", m)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(s), "\n") {
+		if !strings.HasPrefix(l, "github.com/google/go-cmp ") {
+			t.Errorf("go.sum cut has %q", l)
+		}
+	}
+	if s == "\n" {
+		t.Error("go.sum cut is empty")
+	}
+}
