@@ -209,6 +209,7 @@ func (b *branch) close() {
 		b.dropOverlay(in.f)
 	}
 	b.orphans = nil
+	b.removals.drain()
 	if b.lock != nil {
 		b.lock.Close()
 		b.lock = nil
