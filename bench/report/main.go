@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -44,7 +45,8 @@ func (t *textFlag) Set(s string) error {
 func mainErr(args []string, stderr io.Writer) int {
 	fl := flag.NewFlagSet("report", flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	cowfsJSON := fl.String("cowfs", "", "JSON report of bench/cowfs (its --save file)")
+	var cowfsJSON listFlag
+	fl.Var(&cowfsJSON, "cowfs", "JSON results of bench/cowfs (its --save file); repeatable, the runs' sections are shown in order")
 	out := fl.String("out", "docs/bench", "directory for REPORT.md and the plots")
 	check := fl.Bool("check", false, "fail unless every row of every section has a positive number for every tool that ran it")
 	var texts textFlag
@@ -55,11 +57,11 @@ func mainErr(args []string, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if *cowfsJSON == "" {
+	if len(cowfsJSON) == 0 {
 		fmt.Fprintln(stderr, "report: --cowfs FILE is required (run go run ./bench/cowfs --save FILE first)")
 		return 2
 	}
-	rep, err := readCowfs(*cowfsJSON)
+	rep, err := readRuns(cowfsJSON)
 	if err != nil {
 		fmt.Fprintln(stderr, "report:", err)
 		return 1
@@ -77,6 +79,40 @@ func mainErr(args []string, stderr io.Writer) int {
 		}
 	}
 	return 0
+}
+
+// listFlag collects a repeated flag's values.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
+
+// readRuns reads and merges the results of several runs: sections in
+// order, tools in first-seen order, the machine of the first run.
+func readRuns(paths []string) (*report, error) {
+	var all *report
+	for _, p := range paths {
+		rep, err := readCowfs(p)
+		if err != nil {
+			return nil, err
+		}
+		rep.Runs = []run{{Command: rep.Command, Started: rep.Started, Seconds: rep.Seconds, LoadStart: rep.Machine.LoadStart, LoadEnd: rep.Machine.LoadEnd}}
+		if all == nil {
+			all = rep
+			continue
+		}
+		all.Runs = append(all.Runs, rep.Runs...)
+		all.Sections = append(all.Sections, rep.Sections...)
+		for _, t := range rep.Tools {
+			if !slices.Contains(all.Tools, t) {
+				all.Tools = append(all.Tools, t)
+			}
+		}
+		if rep.Mode != all.Mode {
+			all.Mode += "+" + rep.Mode
+		}
+	}
+	return all, nil
 }
 
 func readCowfs(path string) (*report, error) {
@@ -100,8 +136,10 @@ func write(rep *report, texts textFlag, dir string) error {
 	fmt.Fprintf(&b, "# Benchmark report\n\n")
 	fmt.Fprintf(&b, "Written by `make bench` (`go run ./bench/report`) from the results of one run of the benchmarks. ")
 	fmt.Fprintf(&b, "Every number below was measured in that run; a figure whose data this machine cannot produce says so instead.\n\n")
-	fmt.Fprintf(&b, "- started: %s, %s\n", rep.Started.UTC().Format(time.RFC3339), (time.Duration(rep.Seconds) * time.Second).String())
-	fmt.Fprintf(&b, "- command: `%s`\n", rep.Command)
+	for _, r := range rep.Runs {
+		fmt.Fprintf(&b, "- run: `%s`, started %s, took %s, load average (1/5/15 min) %s at the start and %s at the end\n",
+			r.Command, r.Started.UTC().Format(time.RFC3339), (time.Duration(r.Seconds) * time.Second).String(), r.LoadStart, r.LoadEnd)
+	}
 	if c := gitCommit(); c != "" {
 		fmt.Fprintf(&b, "- commit: %s\n", c)
 	}
@@ -111,6 +149,7 @@ func write(rep *report, texts textFlag, dir string) error {
 		return err
 	}
 	writeGoals(&b, rep)
+	writeLevers(&b, rep)
 	writePlots(&b, plots)
 	writeTables(&b, rep)
 	for _, t := range texts {

@@ -15,7 +15,9 @@ func writeMachine(b *bytes.Buffer, rep *report) {
 	fmt.Fprintf(b, "| CPU | %s |\n| cores (nproc) | %d |\n| memory | %d GiB |\n| kernel | %s |\n", m.CPU, m.CPUs, m.MemGiB, m.Kernel)
 	fmt.Fprintf(b, "| KVM | %s |\n", kvmFlavour())
 	fmt.Fprintf(b, "| filesystem of the work directory | %s |\n| Go | %s |\n", m.WorkFS, m.Go)
-	fmt.Fprintf(b, "| load average (1/5/15 min), start | %s |\n| load average, end | %s |\n", m.LoadStart, m.LoadEnd)
+	for i, r := range rep.Runs {
+		fmt.Fprintf(b, "| load average (1/5/15 min), run %d | %s at the start, %s at the end |\n", i+1, r.LoadStart, r.LoadEnd)
+	}
 	fmt.Fprintf(b, "\nThe machine is shared with other work, so absolute numbers move with its load; every peer runs in the same run, interleaved with tine, and the tables give ratios.\n")
 }
 
@@ -89,6 +91,28 @@ func writeGoals(b *bytes.Buffer, rep *report) {
 			met = map[bool]string{true: "yes", false: "**no**"}[*l.met]
 		}
 		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", l.workload, l.goal, l.measured, met)
+	}
+}
+
+// writeLevers shows, for each agent row, tine beside the same tine with
+// the kernel caches as before ADR 0160, measured in the same run.
+func writeLevers(b *bytes.Buffer, rep *report) {
+	agent := rep.sectionByPrefix("Agent workloads")
+	const old = "tine, 1 s caches"
+	if agent == nil || agent.Rows[0].Results[old] == nil {
+		return
+	}
+	fmt.Fprintf(b, "\n## Lever measured in this run: kernel caches kept long (ADR 0160)\n\n")
+	fmt.Fprintf(b, "The agent loop ran on tine twice, interleaved with the peers: as it is now, and with the kernel caches as before ADR 0160 "+
+		"(1 s entry and attribute timeouts, page and directory caches dropped at each open). Other levers (ADR 0161, 0163) were measured "+
+		"with `bench/fsprof`; their numbers are in the ADRs.\n\n")
+	fmt.Fprintf(b, "| workload | tine, 1 s caches | tine | tine / before |\n|---|---|---|---|\n")
+	for _, r := range agent.Rows {
+		t, o := r.Results["tine"], r.Results[old]
+		if !t.ok() || !o.ok() {
+			continue
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", r.Name, formatValue(r.rate(), o.Median), formatValue(r.rate(), t.Median), formatRatio(t.Median/o.Median))
 	}
 }
 

@@ -16,6 +16,15 @@ type report struct {
 	Machine  machine    `json:"machine"`
 	Tools    []string   `json:"tools"`
 	Sections []*section `json:"sections"`
+	Runs     []run      `json:"-"` // the runs merged into this report
+}
+
+// run is one benchmark run merged into the report.
+type run struct {
+	Command            string
+	Started            time.Time
+	Seconds            float64
+	LoadStart, LoadEnd string
 }
 
 type machine struct {
