@@ -114,8 +114,7 @@ func agentSection(ctx context.Context, e *env) (*section, error) {
 	if err := writeRandomFile(filepath.Join(baseDir, bigName), big, 7); err != nil {
 		return sec, err
 	}
-	e.cfg.logf("agent: warming a Go build cache")
-	gb, err := newGoBuild(ctx, filepath.Join(e.work, "agent", "gobuild-seed"))
+	gb, err := e.goBuild(ctx)
 	if err != nil {
 		return sec, err
 	}

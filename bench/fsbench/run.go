@@ -26,6 +26,22 @@ type env struct {
 	trees map[int]string // synthetic trees by file count
 
 	btrfsFS *peer.Btrfs // made on first use, shared by the sections
+	gb      *goBuild    // the seed Go build cache, made on first use
+}
+
+// goBuild returns the seed Go build cache shared by the sections, warming
+// it on first use.
+func (e *env) goBuild(ctx context.Context) (*goBuild, error) {
+	if e.gb != nil {
+		return e.gb, nil
+	}
+	e.cfg.logf("warming a Go build cache")
+	gb, err := newGoBuild(ctx, filepath.Join(e.work, "gobuild-seed"))
+	if err != nil {
+		return nil, err
+	}
+	e.gb = gb
+	return gb, nil
 }
 
 // run measures every selected section and returns the report. Every mount,

@@ -11,6 +11,7 @@ import (
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 )
 
 // plotRef is one figure of the report: its file, or why it is missing.
@@ -118,30 +119,27 @@ func plotAgentRatios(s *section, path string) (string, error) {
 	p := newPlot("Agent workloads: median / ext4 median", "", "ratio to ext4 (log)")
 	p.Y.Scale = plot.LogScale{}
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	w := vg.Points(7)
+	// Points, not bars: a bar starts at 0, which a log axis cannot show.
 	for i, tool := range peers {
-		vals := make(plotter.Values, len(rows))
-		any := false
+		var pts plotter.XYs
 		for j, r := range rows {
 			res, ext := r.Results[tool], r.Results["ext4"]
-			vals[j] = 1
-			if res.ok() && ext.Median > 0 {
-				vals[j] = math.Max(res.Median/ext.Median, 0.01)
-				any = true
+			if res.ok() && ext.Median > 0 && res.Median > 0 {
+				pts = append(pts, plotter.XY{X: float64(j) + 0.12*float64(i-len(peers)/2), Y: res.Median / ext.Median})
 			}
 		}
-		if !any {
+		if len(pts) == 0 {
 			continue
 		}
-		bc, err := plotter.NewBarChart(vals, w)
+		sc, err := plotter.NewScatter(pts)
 		if err != nil {
 			return "", err
 		}
-		bc.Color = toolColor(tool)
-		bc.LineStyle.Width = 0
-		bc.Offset = vg.Length(i-len(peers)/2) * w
-		p.Add(bc)
-		p.Legend.Add(tool, bc)
+		sc.Color = toolColor(tool)
+		sc.GlyphStyle.Radius = vg.Points(3.5)
+		sc.GlyphStyle.Shape = draw.CircleGlyph{}
+		p.Add(sc)
+		p.Legend.Add(tool, sc)
 	}
 	one, err := plotter.NewLine(plotter.XYs{{X: -0.5, Y: 1}, {X: float64(len(rows)) - 0.5, Y: 1}})
 	if err != nil {
