@@ -134,8 +134,8 @@ func write(rep *report, texts textFlag, dir string) error {
 	}
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# Benchmark report\n\n")
-	fmt.Fprintf(&b, "Written by `make bench` (`go run ./bench/report`) from the results of one run of the benchmarks. ")
-	fmt.Fprintf(&b, "Every number below was measured in that run; a figure whose data this machine cannot produce says so instead.\n\n")
+	fmt.Fprintf(&b, "Written by `make bench` (`go run ./bench/report`) from the results of the benchmark runs listed below. ")
+	fmt.Fprintf(&b, "Every number was measured in those runs, each peer in the same run as the tine numbers it is compared with; a figure whose data this machine cannot produce says so instead.\n\n")
 	for _, r := range rep.Runs {
 		fmt.Fprintf(&b, "- run: `%s`, started %s, took %s, load average (1/5/15 min) %s at the start and %s at the end\n",
 			r.Command, r.Started.UTC().Format(time.RFC3339), (time.Duration(r.Seconds) * time.Second).String(), r.LoadStart, r.LoadEnd)
