@@ -196,7 +196,7 @@ func plotCDF(r *row, path string) (string, error) {
 	if drawn == 0 {
 		return "not drawn: no per-call latencies in the results", nil
 	}
-	p.Legend.Left = true
+	p.Legend.Top, p.Legend.Left = false, false // bottom right, where the curves are not
 	return "", p.Save(16*vg.Centimeter, 11*vg.Centimeter, path)
 }
 
