@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,32 @@ type scripted struct{ r io.Reader }
 func (s scripted) Read(b []byte) (int, error)  { return s.r.Read(b) }
 func (s scripted) Write(b []byte) (int, error) { return len(b), nil }
 func (s scripted) Close() error                { return nil }
+
+// answering is an agent that answers the client's hello, then sends
+// answer once the client's first request arrives (the way a real agent
+// orders them), then hangs up.
+func answering(t testing.TB, answer ...proto.Frame) net.Conn {
+	host, agent := net.Pipe()
+	hello, b := frames(t, proto.HelloFrame()), frames(t, answer...)
+	go func() {
+		defer agent.Close()
+		for {
+			f, err := proto.ReadFrame(agent)
+			if err != nil {
+				return
+			}
+			if f.Kind == proto.KindHello {
+				if _, err := agent.Write(hello); err != nil {
+					return
+				}
+				continue
+			}
+			agent.Write(b)
+			return
+		}
+	}()
+	return host
+}
 
 func frames(t testing.TB, fs ...proto.Frame) []byte {
 	var b []byte
@@ -50,21 +77,21 @@ func TestHostileAgentAnswers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	big := make([]byte, proto.MaxItemBytes+1)
-	c, err := New(scripted{bytes.NewReader(frames(t, proto.HelloFrame(), proto.Frame{Kind: proto.KindItem, ID: 1, Payload: big}))})
+	c, err := New(answering(t, proto.Frame{Kind: proto.KindItem, ID: 1, Payload: big}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Ps(ctx); err == nil || !strings.Contains(err.Error(), "refused") {
 		t.Fatalf("oversize item: %v", err)
 	}
-	c, _ = New(scripted{bytes.NewReader(frames(t, proto.HelloFrame(), jf(proto.KindFileInfo, 1, proto.FileInfo{Size: 2}),
-		proto.Frame{Kind: proto.KindData, ID: 1, Payload: []byte("abc")}))})
+	c, _ = New(answering(t, jf(proto.KindFileInfo, 1, proto.FileInfo{Size: 2}),
+		proto.Frame{Kind: proto.KindData, ID: 1, Payload: []byte("abc")}))
 	var out bytes.Buffer
 	if _, err := c.GetFile(ctx, "f", &out); err == nil || out.Len() != 0 {
 		t.Fatalf("more data than announced: %v, %q written", err, out.String())
 	}
 	// A connection that ends mid-answer ends the call.
-	c, _ = New(scripted{bytes.NewReader(frames(t, proto.HelloFrame(), jf(proto.KindItem, 1, proto.Process{PID: 1})))})
+	c, _ = New(answering(t, jf(proto.KindItem, 1, proto.Process{PID: 1})))
 	if _, err := c.Ps(ctx); err == nil {
 		t.Fatal("ps over a dropped connection succeeded")
 	}
