@@ -8,18 +8,16 @@ import (
 	"tine/sandbox/vm"
 )
 
-// vmFlags are create's flags that choose the runtime and size a vm
-// sandbox.
+// vmFlags are create's flags that choose the runtime of a sandbox. A vm
+// sandbox is sized by the limits flags: --memory is its guest memory,
+// --cpus its vCPUs (limits.go).
 type vmFlags struct {
-	runtime, kernel, memory string
-	cpus                    int
+	runtime, kernel string
 }
 
 func (vf *vmFlags) flags(f *pflag.FlagSet) {
 	f.StringVar(&vf.runtime, "runtime", "ns", "runtime of the sandbox: ns (namespaces) or vm (a Linux VM, see docs/sandboxes.md)")
 	f.StringVar(&vf.kernel, "kernel", "", "vm runtime: the guest kernel (default: Debian's cloud kernel from `make kernels`)")
-	f.StringVar(&vf.memory, "memory", "512M", "vm runtime: guest memory, such as 2G")
-	f.IntVar(&vf.cpus, "cpus", 1, "vm runtime: vCPUs")
 }
 
 // check refuses what this host or daemon cannot run, with the reason.
@@ -30,12 +28,6 @@ func (vf *vmFlags) check() error {
 	case "vm":
 	default:
 		return usageErr("--runtime %q: want ns or vm", vf.runtime)
-	}
-	if _, err := parseSize(vf.memory); err != nil {
-		return usageErr("--memory: %v", err)
-	}
-	if vf.cpus < 1 {
-		return usageErr("--cpus %d: want at least 1", vf.cpus)
 	}
 	p := vm.Probe()
 	if p.Support != vm.Native {
