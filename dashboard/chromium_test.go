@@ -22,6 +22,8 @@ import (
 	"tine/api/client"
 	"tine/cowfs"
 	"tine/dashboard"
+	"tine/execpolicy"
+	"tine/guestagent/proto"
 	"tine/sandbox"
 	"tine/sandbox/ns"
 )
@@ -335,4 +337,40 @@ func TestDashboardInChromium(t *testing.T) {
 	}
 	d.find(fmt.Sprintf(`#exposures a[href^=%q]`, ex.URL))
 	d.screenshot("7-thawed-exposed")
+
+	// A command the exec policy holds for a person: approved from the
+	// panel, it runs; denied, it does not.
+	if _, err := c.SetExecPolicy(t.Context(), "web-1", &execpolicy.Policy{Rules: []execpolicy.Rule{{Pattern: "touch *", Action: execpolicy.Ask}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, answer := range []string{"approve", "deny"} {
+		target := filepath.Join(proj, answer+".txt")
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Exec(context.WithoutCancel(t.Context()), "web-1", api.ExecRequest{ExecRequest: proto.ExecRequest{Argv: []string{"touch", target}}}, client.ExecIO{})
+			done <- err
+		}()
+		d.find(`#approvals-pane:not([hidden]) #approvals li[data-approval]`)
+		if got := d.text("#approvals"); !strings.Contains(got, "touch "+target) {
+			t.Errorf("approvals pane shows %q", got)
+		}
+		if answer == "approve" {
+			d.screenshot("8-approval")
+		}
+		d.click("#approvals button." + answer)
+		select {
+		case err := <-done:
+			if (err == nil) != (answer == "approve") {
+				t.Errorf("%s: exec returned %v", answer, err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: the command still waits", answer)
+		}
+		var out strings.Builder
+		c.Exec(t.Context(), "web-1", api.ExecRequest{ExecRequest: proto.ExecRequest{Argv: []string{"sh", "-c", "test -e " + target + " && echo yes || echo no"}}}, client.ExecIO{Stdout: &out})
+		if want := map[string]string{"approve": "yes\n", "deny": "no\n"}[answer]; out.String() != want {
+			t.Errorf("%s: the file exists? %q", answer, out.String())
+		}
+	}
+	d.find(`#approvals-pane[hidden]`)
 }
