@@ -11,7 +11,7 @@ DEBS := fuse3 restic casync fuse-overlayfs btrfs-progs qemu-system-x86 \
 	busybox-static cpio kmod zstd xz-utils lz4 git gcc iproute2 bubblewrap \
 	nftables util-linux curl chromium chromium-driver nodejs acl
 
-.PHONY: all build binaries deps demo test test-full vet fuzz unit unit-full bench bench-chunkstore bench-cowfs bench-vmm bench-sandbox bench-staleness kernels nested-test
+.PHONY: all build binaries deps demo test test-full vet fuzz unit unit-full bench bench-chunkstore bench-cowfs bench-vmm bench-sandbox bench-staleness bench-report bench-quick kernels nested-test
 
 all: build
 
@@ -73,24 +73,55 @@ unit: kernels
 unit-full: kernels
 	TINE_NESTED=1 $(GO) test -json -count=1 -timeout 3h ./... | $(GO) run ./internal/testsum
 
-test: deps kernels vet fuzz unit
+test: deps kernels vet fuzz unit bench-quick
 
 # test-full is test with every long suite run whole (hours, not minutes).
 test-full: deps kernels vet fuzz unit-full
 
+# bench runs every benchmark beside its peers, keeps each one's output in
+# BENCH_OUT and writes docs/bench/REPORT.md with its plots from them.
+BENCH_OUT ?= /var/tmp/tine-bench
 bench: bench-chunkstore bench-cowfs bench-vmm bench-sandbox bench-staleness
+	$(MAKE) bench-report
 
 bench-chunkstore: deps
-	$(GO) run ./bench/chunkstore
+	mkdir -p $(BENCH_OUT)
+	$(GO) run ./bench/chunkstore | tee $(BENCH_OUT)/chunkstore.txt
 
 bench-cowfs: deps
-	$(GO) run ./bench/cowfs
+	mkdir -p $(BENCH_OUT)
+	$(GO) run ./bench/cowfs --save $(BENCH_OUT)/cowfs.json | tee $(BENCH_OUT)/cowfs.txt
 
+# The VM benchmarks need /dev/kvm; without it the report says so.
 bench-vmm: deps
-	$(GO) run ./bench/vmm
+	mkdir -p $(BENCH_OUT)
+	@if [ -e /dev/kvm ]; then $(GO) run ./bench/vmm | tee $(BENCH_OUT)/vmm.txt; \
+	else echo "bench/vmm: not run: this machine has no /dev/kvm" | tee $(BENCH_OUT)/vmm.txt; fi
 
 bench-sandbox: deps
-	$(GO) run ./bench/sandbox
+	mkdir -p $(BENCH_OUT)
+	$(GO) run ./bench/sandbox --md $(BENCH_OUT)/sandbox.md
+
+bench-report:
+	$(GO) run ./bench/report --cowfs $(BENCH_OUT)/cowfs.json --out docs/bench \
+		$$(for f in chunkstore.txt vmm.txt sandbox.md; do [ -e $(BENCH_OUT)/$$f ] && echo "--text $${f%.*}=$(BENCH_OUT)/$$f"; done)
+
+# bench-quick checks that every benchmark runs and produces numbers, not
+# that they are fast: the cowfs benchmark in its tiny mode (every section,
+# every peer), the chunkstore benchmark on a small tree, the VM benchmark
+# where /dev/kvm exists, and a report drawn from those results into a
+# scratch directory. Under two minutes on an idle 2-core machine.
+QUICK_OUT ?= /var/tmp/tine-bench-quick
+bench-quick:
+	rm -rf $(QUICK_OUT) && mkdir -p $(QUICK_OUT)
+	$(GO) run ./bench/cowfs --tiny --save $(QUICK_OUT)/cowfs.json > $(QUICK_OUT)/cowfs.txt
+	$(GO) run ./bench/chunkstore --quick --tools tine --random-mib 8 --src $$($(GO) env GOROOT)/src/bufio \
+		--work $(QUICK_OUT)/chunkstore-work > $(QUICK_OUT)/chunkstore.txt
+	@if [ -e /dev/kvm ]; then $(GO) run ./bench/vmm --quick --forks 10 > $(QUICK_OUT)/vmm.txt; \
+	else echo "bench/vmm: not run: this machine has no /dev/kvm" > $(QUICK_OUT)/vmm.txt; fi
+	$(GO) run ./bench/report --check --cowfs $(QUICK_OUT)/cowfs.json --out $(QUICK_OUT)/report \
+		--text chunkstore=$(QUICK_OUT)/chunkstore.txt --text vmm=$(QUICK_OUT)/vmm.txt
+	@grep -Eq '[0-9]' $(QUICK_OUT)/chunkstore.txt || { echo "bench-quick: chunkstore printed no numbers"; exit 1; }
 
 bench-staleness: deps
 	$(GO) run ./bench/staleness

@@ -45,6 +45,9 @@ type CreateRequest struct {
 	Network    *NetworkRequest         `json:"network,omitempty"`
 	Secrets    []sandbox.SecretBinding `json:"secrets,omitempty"`
 	AutoExpose bool                    `json:"auto_expose,omitempty"`
+	// Runtime names the sandbox's runtime, ns or vm (default: ns; from a
+	// snapshot: the snapshot's).
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // Sandbox is a sandbox as the API reports it.

@@ -98,10 +98,12 @@ type branch struct {
 	orphans     map[*inode]*inode // unlinked files still open
 	passthrough bool
 	rootNode    *node
+	keepCache   bool // plain opens and directory opens keep the kernel's caches (MountOptions.NoKeepCache)
 
 	chunkCache map[chunkstore.ID][]byte // small cache of decoded chunks
 	chunkOrder []chunkstore.ID
-	overlays   overlayFiles // open overlay files, least recently used first
+	overlays   overlayFiles   // open overlay files, least recently used first
+	removals   overlayRemover // overlay files being deleted off the request path
 }
 
 func nowNs() int64 { return time.Now().UnixNano() }
@@ -168,6 +170,7 @@ func (b *branch) open(name string, pre *stateDir) (used bool, err error) {
 		}
 		// Overlay files from an earlier mount hold nothing committed:
 		// the branch ref is the durable state.
+		b.removals.drain()
 		olds, _ := filepath.Glob(filepath.Join(dir, "overlay", "*"))
 		for _, o := range olds {
 			os.Remove(o)

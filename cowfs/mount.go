@@ -17,24 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// MountOptions tunes Mount.
-type MountOptions struct {
-	// Timeout is the kernel's entry, attribute and negative-lookup cache
-	// time. Zero means one second; a negative value disables caching.
-	Timeout time.Duration
-	// NoPassthrough turns off FUSE passthrough for reads of unchanged files.
-	NoPassthrough bool
-	// Debug logs every FUSE request.
-	Debug bool
-	// AllowOther lets users other than the mounting one into the mount
-	// (FUSE's allow_other; needs root or user_allow_other in
-	// /etc/fuse.conf). Without it the kernel refuses every other user,
-	// root included. Set it only when the sandbox's processes run as
-	// another uid, and keep the mount's parent directory closed to the
-	// users who must not enter.
-	AllowOther bool
-}
-
 // Mount is a branch served over FUSE at a directory.
 type Mount struct {
 	fs     *FS
@@ -99,6 +81,7 @@ func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, e
 		return nil, err
 	}
 	b.passthrough = !opts.NoPassthrough && os.Geteuid() == 0
+	b.keepCache = !opts.NoKeepCache
 	root := &node{b: b, in: b.root}
 	b.rootNode = root
 	srv, err := mountFUSE(dir, root, fuseOptions(fsName+"@"+f.tag, opts))
@@ -111,39 +94,6 @@ func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, e
 		close(m.served)
 	}()
 	return m, nil
-}
-
-// fuseOptions are the go-fuse options of every mount.
-func fuseOptions(fsName string, opts *MountOptions) *gofs.Options {
-	to := opts.Timeout
-	if to == 0 {
-		to = time.Second
-	}
-	if to < 0 {
-		to = 0
-	}
-	return &gofs.Options{
-		EntryTimeout:    &to,
-		AttrTimeout:     &to,
-		NegativeTimeout: &to,
-		RootStableAttr:  &gofs.StableAttr{Ino: 1},
-		MountOptions: fuse.MountOptions{
-			FsName:      fsName,
-			Name:        "cowfs",
-			AllowOther:  opts.AllowOther,
-			Options:     []string{"default_permissions"},
-			DirectMount: true,
-			// Sandboxes in a user namespace see the mount idmapped (sandbox/ns).
-			IDMappedMount: true,
-			MaxWrite:      1 << 20,
-			Debug:         opts.Debug,
-			// Attributes with directory listings only when the caller goes
-			// on to stat the entries (the kernel's adaptive mode).
-			ExtraCapabilities: fuse.CAP_READDIRPLUS_AUTO,
-			// A symlink's target never changes for an inode number.
-			EnableSymlinkCaching: true,
-		},
-	}
 }
 
 // checkMountpoint returns dir made absolute and free of symlinks, as
@@ -260,6 +210,7 @@ func (b *branch) close() {
 		b.dropOverlay(in.f)
 	}
 	b.orphans = nil
+	b.removals.drain()
 	if b.lock != nil {
 		b.lock.Close()
 		b.lock = nil
@@ -498,6 +449,7 @@ type handle struct {
 	in   *inode
 	pt   *os.File // passthrough backing file, when used
 	kind int      // 0 plain, 1 passthrough, 2 direct
+	keep bool     // a plain open keeps the kernel's page cache
 }
 
 var _ gofs.FileReleaser = (*handle)(nil)
@@ -584,7 +536,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			return nil, 0, toErrno(err)
 		}
 	}
-	h := &handle{n: n, in: in}
+	h := &handle{n: n, in: in, keep: b.keepCache}
 	if flags&syscall.O_ACCMODE == syscall.O_RDONLY && b.passthrough && in.cachedOpens == 0 &&
 		(in.f == nil || !in.f.changed) && !in.id.IsZero() {
 		id, size := in.id, in.size
@@ -614,10 +566,24 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	}
 	b.mu.Unlock()
 	if h.kind == 0 {
-		// Never a backing file for a writable open (see above).
-		return h, fl, 0
+		// Never a backing file for a writable open (see above). The page
+		// cache stays across opens: every change of the file's bytes goes
+		// through this mount, or replaces the inode (rollback).
+		return h, fl | h.openFlags(), 0
 	}
-	return ptHandle{h}, fl, 0
+	return ptHandle{h}, fl | h.openFlags(), 0
+}
+
+// openFlags are the FOPEN_ flags of every open: no FLUSH request at
+// close (cowfs has nothing to do then; data reaches the branch with each
+// write and is committed by fsync), and, unless NoKeepCache, the page
+// cache kept across opens.
+func (h *handle) openFlags() uint32 {
+	fl := uint32(fuse.FOPEN_NOFLUSH)
+	if h.keep && h.kind == 0 {
+		fl |= fuse.FOPEN_KEEP_CACHE
+	}
+	return fl
 }
 
 // handleOf returns the handle behind fh, or nil.
@@ -705,10 +671,10 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 		return nil, nil, 0, toErrno(err)
 	}
 	ch := n.child(ctx, c, out)
-	h := &handle{n: ch.Operations().(*node), in: c}
+	h := &handle{n: ch.Operations().(*node), in: c, keep: b.keepCache}
 	c.opens++
 	c.cachedOpens++
-	return ch, h, 0, 0
+	return ch, h, h.openFlags(), 0
 }
 
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*gofs.Inode, syscall.Errno) {
@@ -1030,6 +996,15 @@ func isAncestor(a, d *inode) bool {
 }
 
 func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
+	list, errno := n.listDir()
+	if errno != 0 {
+		return nil, errno
+	}
+	return gofs.NewListDirStream(list), 0
+}
+
+// listDir returns the directory's entries sorted by name.
+func (n *node) listDir() ([]fuse.DirEntry, syscall.Errno) {
 	b := n.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -1047,7 +1022,7 @@ func (n *node) Readdir(ctx context.Context) (gofs.DirStream, syscall.Errno) {
 		c := d.children[name]
 		list = append(list, fuse.DirEntry{Name: name, Mode: typeBits(c.typ), Ino: c.ino})
 	}
-	return gofs.NewListDirStream(list), 0
+	return list, 0
 }
 
 func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {

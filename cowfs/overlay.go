@@ -74,7 +74,7 @@ func (b *branch) dropOverlay(fd *fileData) {
 	}
 	b.closeOverlay(fd)
 	if fd.ovPath != "" {
-		os.Remove(fd.ovPath)
+		b.removals.remove(fd.ovPath)
 		fd.ovPath = ""
 	}
 }

@@ -95,7 +95,7 @@ func (m *Manager) sandboxExposures(name string) (*exposures, error) {
 	}
 	np, ok := l.inst.(netPider)
 	if !ok || np.NetPid() == 0 {
-		return nil, fmt.Errorf("sandbox %q: runtime %s cannot expose ports", name, m.rt.Name())
+		return nil, fmt.Errorf("sandbox %q: runtime %s cannot expose ports", name, m.runtimeNameOf(name))
 	}
 	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", np.NetPid()))
 	if err != nil {

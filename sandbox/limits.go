@@ -134,6 +134,11 @@ func (m *Manager) UpdateLimits(ctx context.Context, name string, l Limits) (*Inf
 	if err != nil {
 		return nil, err
 	}
+	if rt, err := m.runtimeOf(info); err == nil && !featuresOf(rt).Limits {
+		if err := checkNoCgroupLimits(rt.Name(), l); err != nil {
+			return nil, fmt.Errorf("update sandbox %q: %w", name, err)
+		}
+	}
 	old := info.Limits
 	if l.ProjectBytes != old.ProjectBytes {
 		if err := m.fs.SetQuota(ctx, info.Branch, l.ProjectBytes); err != nil {

@@ -24,8 +24,11 @@ import (
 
 // Options configures a Manager.
 type Options struct {
-	// Runtime runs the sandboxes (required).
+	// Runtime runs the sandboxes (required): the default runtime.
 	Runtime Runtime
+	// Runtimes are more runtimes, each under its own Name, that a sandbox
+	// may name in CreateOptions.Runtime (runtimes.go).
+	Runtimes []Runtime
 	// MountPool, when positive, keeps that many cowfs mounts made ahead of
 	// time, so that creating or forking a sandbox does not wait for one.
 	MountPool int
@@ -45,6 +48,7 @@ type Manager struct {
 	root string
 	fs   *cowfs.FS
 	rt   Runtime
+	rts  map[string]Runtime // every runtime by name, rt included (runtimes.go)
 	pool *cowfs.MountPool
 	warm io.Closer
 	id   string // short hash of root, so cgroup names differ between roots
@@ -91,6 +95,9 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 	sum := sha256.Sum256([]byte(root))
 	m := &Manager{root: root, fs: fs, rt: opts.Runtime, id: hex.EncodeToString(sum[:4]), live: map[string]*live{}}
 	m.net.opts = opts.Network
+	if err := m.initRuntimes(opts); err != nil {
+		return nil, err
+	}
 	if opts.MountPool > 0 {
 		p, err := fs.NewMountPool(ctx, filepath.Join(root, "mounts"), opts.MountPool, projectMountOptions())
 		if err != nil {
@@ -181,6 +188,9 @@ type CreateOptions struct {
 	Secrets []SecretBinding
 	// AutoExpose forwards a host port to every new listener.
 	AutoExpose bool
+	// Runtime names the runtime that runs the sandbox (default: the
+	// Manager's Options.Runtime; from a snapshot: the snapshot's).
+	Runtime string
 }
 
 // Create makes a sandbox and starts it. Its metadata is written once,
@@ -198,12 +208,16 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 	if (o.Dir == "") == (o.Snapshot == "") {
 		return nil, fmt.Errorf("create sandbox %q: give exactly one of Dir and Snapshot", o.Name)
 	}
+	rt, err := m.pickRuntime(o)
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, err)
+	}
 	if err := os.Mkdir(m.dir(o.Name), 0o700); errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, ErrExists)
 	} else if err != nil {
 		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, err)
 	}
-	info := &Info{Name: o.Name, Runtime: m.rt.Name(), State: Stopped, Branch: branchName(o.Name),
+	info := &Info{Name: o.Name, Runtime: rt.Name(), State: Stopped, Branch: branchName(o.Name),
 		Created: time.Now().UTC(), Limits: o.Limits, Env: o.Env, Services: o.Services, ForkedFrom: forkedFrom}
 	seed, err := m.prepare(ctx, info, o)
 	if err == nil {
@@ -325,7 +339,11 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	if spec.APISocket, err = m.insideSocket(name); err != nil {
 		return fail(err)
 	}
-	if l.inst, err = m.rt.Start(ctx, spec); err != nil {
+	rt, err := m.runtimeOf(info)
+	if err != nil {
+		return fail(err)
+	}
+	if l.inst, err = rt.Start(ctx, spec); err != nil {
 		return fail(err)
 	}
 	if err = m.startNetwork(ctx, name, l.inst); err != nil {
@@ -544,13 +562,17 @@ func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) 
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)
 	}
+	rt, err := m.runtimeOf(info)
+	if err != nil {
+		return nil, err
+	}
 	err = m.freezeWhile(ctx, name, func() error {
 		id, err := m.fs.Snapshot(ctx, info.Branch)
 		if err != nil {
 			return err
 		}
 		s.FS = id.String()
-		return m.rt.CopyState(ctx, m.rtDir(name), filepath.Join(dir, "runtime"))
+		return rt.CopyState(ctx, m.rtDir(name), filepath.Join(dir, "runtime"))
 	})
 	if err == nil {
 		err = writeJSON(filepath.Join(dir, "snapshot.json"), s)
@@ -672,6 +694,10 @@ func (m *Manager) Rollback(ctx context.Context, name, id string) error {
 	if err != nil {
 		return err
 	}
+	rt, err := m.runtimeOf(info)
+	if err != nil {
+		return fmt.Errorf("rollback: %w", err)
+	}
 	wasRunning := false
 	if _, err := m.running(name); err == nil {
 		wasRunning = true
@@ -683,7 +709,7 @@ func (m *Manager) Rollback(ctx context.Context, name, id string) error {
 	if err := os.Rename(m.rtDir(name), old); err != nil {
 		return fmt.Errorf("rollback sandbox %q: %w", name, err)
 	}
-	if err := m.rt.CopyState(ctx, filepath.Join(m.snapDir(id), "runtime"), m.rtDir(name)); err != nil {
+	if err := rt.CopyState(ctx, filepath.Join(m.snapDir(id), "runtime"), m.rtDir(name)); err != nil {
 		os.RemoveAll(m.rtDir(name))
 		return errors.Join(fmt.Errorf("rollback sandbox %q: %w", name, err), os.Rename(old, m.rtDir(name)))
 	}

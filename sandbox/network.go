@@ -104,6 +104,11 @@ func (m *Manager) SetNetwork(ctx context.Context, name string, p *netpolicy.Poli
 	if _, err := m.Get(name); err != nil {
 		return fmt.Errorf("set network of sandbox %q: %w", name, err)
 	}
+	if p.GetMode() != netpolicy.None || len(p.Allow) > 0 {
+		if err := m.checkFeature(name, "network policy", func(f Features) bool { return f.Network }); err != nil {
+			return err
+		}
+	}
 	if err := writeJSON(m.networkFile(name), p); err != nil {
 		return err
 	}
@@ -167,7 +172,7 @@ func (m *Manager) startNetwork(ctx context.Context, name string, inst Instance) 
 	}
 	np, ok := inst.(netPider)
 	if !ok || np.NetPid() == 0 {
-		return fmt.Errorf("sandbox %q: runtime %s cannot attach a network (use network mode none)", name, m.rt.Name())
+		return fmt.Errorf("sandbox %q: runtime %s cannot attach a network (use network mode none)", name, m.runtimeNameOf(name))
 	}
 	if needsForwarding(p) {
 		if err := gateway.EnableForwarding(); err != nil {

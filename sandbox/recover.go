@@ -36,6 +36,7 @@ func (m *Manager) recover(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("sandbox manager: %w", err)
 	}
+sandboxes:
 	for _, e := range ents {
 		name := e.Name()
 		dir := m.dir(name)
@@ -44,11 +45,15 @@ func (m *Manager) recover(ctx context.Context) error {
 			continue
 		}
 		removeTemps(dir)
-		if rc, ok := m.rt.(Reclaimer); ok {
+		for _, rt := range m.rts {
+			rc, ok := rt.(Reclaimer)
+			if !ok {
+				continue
+			}
 			found, err := rc.Reclaim(ctx, m.instanceID(name))
 			if err != nil {
 				errs = append(errs, fmt.Errorf("sandbox %q: %w", name, err))
-				continue
+				continue sandboxes
 			}
 			if found != "" {
 				did("sandbox %q: its processes outlived the process that ran it: %s", name, found)

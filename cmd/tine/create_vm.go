@@ -2,25 +2,26 @@ package main
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/spf13/pflag"
 
 	"tine/sandbox/vm"
 )
 
-// vmFlags are create's flags that choose the runtime of a sandbox. A vm
-// sandbox is sized by the limits flags: --memory is its guest memory,
-// --cpus its vCPUs (limits.go).
+// vmFlags are create's flags that choose the runtime. A vm guest's
+// kernel, memory and vCPUs are the daemon's (tine serve --vm-kernel,
+// --vm-memory, --vm-cpus); create's --memory and --cpus are cgroup limits,
+// which vm sandboxes refuse.
 type vmFlags struct {
-	runtime, kernel string
+	runtime string
 }
 
 func (vf *vmFlags) flags(f *pflag.FlagSet) {
-	f.StringVar(&vf.runtime, "runtime", "ns", "runtime of the sandbox: ns (namespaces) or vm (a Linux VM, see docs/sandboxes.md)")
-	f.StringVar(&vf.kernel, "kernel", "", "vm runtime: the guest kernel (default: Debian's cloud kernel from `make kernels`)")
+	f.StringVar(&vf.runtime, "runtime", "ns", "runtime of the sandbox: ns (namespaces) or vm (a Linux VM, sized by the daemon: see docs/sandboxes.md)")
 }
 
-// check refuses what this host or daemon cannot run, with the reason.
+// check refuses what this host cannot run, with the reason.
 func (vf *vmFlags) check() error {
 	switch vf.runtime {
 	case "ns", "":
@@ -30,8 +31,16 @@ func (vf *vmFlags) check() error {
 		return usageErr("--runtime %q: want ns or vm", vf.runtime)
 	}
 	p := vm.Probe()
-	if p.Support != vm.Native {
+	if p.Support != vm.Native && os.Getenv(EnvVM) != "on" {
 		return fmt.Errorf("vm sandboxes cannot run on this host (%s): %s; use --runtime ns", p.Support, p.Detail)
 	}
-	return fmt.Errorf("this daemon runs ns sandboxes only: the vm runtime (package sandbox/vm) is not yet one a daemon picks per sandbox; use --runtime ns")
+	return nil
+}
+
+// name is the runtime the request names ("" for the daemon's default).
+func (vf *vmFlags) name() string {
+	if vf.runtime == "ns" {
+		return ""
+	}
+	return vf.runtime
 }

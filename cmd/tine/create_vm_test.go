@@ -1,10 +1,12 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"tine/api"
 	"tine/sandbox/vm"
 )
 
@@ -23,5 +25,35 @@ func TestCreateRuntimeVMRefused(t *testing.T) {
 	}
 	if _, errOut, code = c.run("", "create", "--runtime", "xen"); code == 0 || !strings.Contains(errOut, "want ns or vm") {
 		t.Errorf("create --runtime xen: exit %d: %s", code, errOut)
+	}
+}
+
+// TestCreateRuntimeVMDaemonWithout: past the host check ($TINE_VM=on), a
+// daemon that runs no vm runtime (here: no guest kernel given) refuses
+// create --runtime vm, naming the runtimes it has, and makes nothing.
+func TestCreateRuntimeVMDaemonWithout(t *testing.T) {
+	t.Setenv(EnvVM, "on")
+	t.Setenv("TINE_VM_KERNEL", "")
+	base := t.TempDir()
+	c := cli{t: t, root: filepath.Join(base, "root")}
+	c.ok("init")
+	t.Cleanup(func() {
+		if _, err := os.Stat(filepath.Join(c.root, api.SocketName)); err == nil {
+			c.stopDaemon()
+		}
+	})
+	project := filepath.Join(base, "p")
+	if err := os.MkdirAll(project, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code := c.run("", "create", "--runtime", "vm", "--from", project, "--name", "v")
+	if code == 0 || !strings.Contains(errOut, `runtime "vm" is not one this manager runs`) {
+		t.Fatalf("create --runtime vm on a daemon without it: exit %d: %s", code, errOut)
+	}
+	if out, _, _ := c.run("", "ls"); strings.Contains(out, "v") && strings.Contains(out, "running") {
+		t.Fatalf("a refused create left a sandbox: %s", out)
+	}
+	if _, errOut, code := c.run("", "create", "--runtime", "ns", "--from", project, "--name", "n"); code != 0 {
+		t.Fatalf("create --runtime ns: exit %d: %s", code, errOut)
 	}
 }

@@ -134,6 +134,7 @@ func (a *app) rootCommand() *cobra.Command {
 		c.GroupID = "low"
 		root.AddCommand(c)
 	}
+	root.AddCommand(a.benchCommand())
 	root.SetHelpCommandGroupID("host")
 	return root
 }

@@ -117,6 +117,7 @@ func (a *app) createCommand() *cobra.Command {
 			if err := vf.check(); err != nil {
 				return err
 			}
+			req.Runtime = vf.name()
 			cl, err := a.daemon(ctx)
 			if err != nil {
 				return err

@@ -28,6 +28,7 @@ func (a *app) serveCommand() *cobra.Command {
 	var stop bool
 	var warm, pool int
 	var dash string
+	var vs vmServe // serve_vm.go
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "run the daemon: owns the state root's store, mounts and sandboxes; answers the API on ROOT/" + api.SocketName,
@@ -44,13 +45,15 @@ func (a *app) serveCommand() *cobra.Command {
 			if err := ns.EnterRootless(); err != nil {
 				return err
 			}
-			return a.serve(c.Context(), group, sandbox.Options{Warm: warm, MountPool: pool}, dash)
+			opts := sandbox.Options{Warm: warm, MountPool: pool, Runtimes: vs.runtimes(a.root, a.stderr)}
+			return a.serve(c.Context(), group, opts, dash)
 		},
 	}
 	c.Flags().StringVar(&group, "group", "", "also let members of this group use the socket (default: root only)")
 	c.Flags().BoolVar(&stop, "stop", false, "stop the daemon that serves the state root (its sandboxes stop, their files stay)")
 	c.Flags().IntVar(&warm, "warm", 2, "sandboxes kept started ahead of time, so that create answers at once")
 	c.Flags().IntVar(&pool, "mount-pool", 2, "project mounts kept made ahead of time")
+	vs.flags(c.Flags())
 	c.Flags().StringVar(&dash, "dashboard", "", "also serve the web dashboard and the API on this TCP address (e.g. 127.0.0.1:8080), behind a token")
 	return c
 }

@@ -1,4 +1,4 @@
-package main
+package fsbench
 
 import (
 	"bytes"
@@ -30,7 +30,7 @@ func TestTinyRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Dir = t.TempDir()
-	cfg.Sections, _ = parseSet("", []string{secSnapFork, secDiff, secIO})
+	cfg.Sections, _ = parseSet("", []string{secSnapFork, secDiff, secIO, secAgent})
 	cfg.Tools, _ = parseSet("", allTools)
 	var log bytes.Buffer
 	cfg.Log = &log
@@ -42,9 +42,10 @@ func TestTinyRun(t *testing.T) {
 		"Snapshot and fork latency": {toolTine, toolTinePool, toolBtrfs, toolOverlay, toolCp, toolGit},
 		"Diff latency":              {toolTine, toolBtrfs, toolGit},
 		"Data and metadata":         {toolTine, toolNative, toolOverlay, toolFuseOverlay},
+		"Agent workloads":           {toolTine, toolTineShort, toolExt4, toolBtrfs, toolOverlay, toolFuseOverlay},
 	}
-	if len(rep.Sections) != 3 {
-		t.Fatalf("got %d sections, want 3", len(rep.Sections))
+	if len(rep.Sections) != 4 {
+		t.Fatalf("got %d sections, want 4", len(rep.Sections))
 	}
 	for _, s := range rep.Sections {
 		var tools []string
@@ -90,6 +91,13 @@ func TestTinyRun(t *testing.T) {
 	}
 	if len(back.Sections) != len(rep.Sections) || back.Machine.CPUs == 0 {
 		t.Errorf("report JSON lost data: %d sections, %d CPUs", len(back.Sections), back.Machine.CPUs)
+	}
+	var csv bytes.Buffer
+	if err := writeCSV(&csv, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(csv.String(), "section,row,unit,cache,tool,") || strings.Count(csv.String(), "\n") < 10 {
+		t.Errorf("CSV report:\n%s", csv.String())
 	}
 	var tab bytes.Buffer
 	if err := writeTable(&tab, rep); err != nil {
@@ -204,5 +212,30 @@ func TestSummarize(t *testing.T) {
 		if r.Median != tc.median || r.Min != tc.min || r.Max != tc.max {
 			t.Errorf("summarize(%v) = %v/%v/%v, want %v/%v/%v", tc.in, r.Median, r.Min, r.Max, tc.median, tc.min, tc.max)
 		}
+	}
+}
+
+// TestSmallModule checks the tiny mode's cut of this module's go.mod and
+// go.sum: one requirement and only its checksums.
+func TestSmallModule(t *testing.T) {
+	mod, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := os.ReadFile("../../go.sum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, s := string(smallModule("go.mod", mod)), string(smallModule("go.sum", sum))
+	if !strings.HasPrefix(m, "module tine\n") || strings.Count(m, "require ") != 1 || !strings.Contains(m, "require github.com/google/go-cmp v") {
+		t.Errorf("go.mod cut:\n%s", m)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(s), "\n") {
+		if !strings.HasPrefix(l, "github.com/google/go-cmp ") {
+			t.Errorf("go.sum cut has %q", l)
+		}
+	}
+	if s == "\n" {
+		t.Error("go.sum cut is empty")
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package fsbench
 
 import (
 	"context"
@@ -81,8 +81,7 @@ func ioSection(ctx context.Context, e *env) (*section, error) {
 	}
 	var gb *goBuild
 	if cfg.GoBuild {
-		e.cfg.logf("io: warming a Go build cache for the go build row")
-		if gb, err = newGoBuild(ctx, filepath.Join(e.work, "io", "gobuild-seed")); err != nil {
+		if gb, err = e.goBuild(ctx); err != nil {
 			return sec, err
 		}
 		rBuild = newRow("go build, small module", unitSeconds, "warm", metaGoal)

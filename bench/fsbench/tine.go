@@ -1,4 +1,4 @@
-package main
+package fsbench
 
 import (
 	"context"
@@ -19,6 +19,7 @@ type tineFS struct {
 	fs     *cowfs.FS
 	mounts map[string]*cowfs.Mount // by branch
 	pool   *cowfs.MountPool        // nil unless a pooled fork was asked for
+	opts   *cowfs.MountOptions     // options of branchMount's mounts; nil: the defaults
 	closed bool
 }
 
@@ -54,7 +55,7 @@ func (t *tineFS) branchMount(ctx context.Context, snap cowfs.SnapshotID, branch 
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return "", fmt.Errorf("mount point %s: %w", dir, err)
 	}
-	m, err := t.fs.Mount(ctx, branch, dir, nil)
+	m, err := t.fs.Mount(ctx, branch, dir, t.opts)
 	if err != nil {
 		return "", err
 	}

@@ -1,11 +1,13 @@
-package main
+package fsbench
 
 import (
+	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -25,9 +27,13 @@ type result struct {
 	Median  float64   `json:"median"`
 	Min     float64   `json:"min"`
 	Max     float64   `json:"max"`
+	P99     float64   `json:"p99"` // nearest rank; with few samples, the largest
 	Samples []float64 `json:"samples"`
-	Note    string    `json:"note,omitempty"`
-	Err     string    `json:"error,omitempty"`
+	// Quantiles, when set, are the 0th, 1st, ..., 100th percentiles of the
+	// per-operation latencies inside the samples (for latency CDFs).
+	Quantiles []float64 `json:"quantiles,omitempty"`
+	Note      string    `json:"note,omitempty"`
+	Err       string    `json:"error,omitempty"`
 }
 
 // row is one measured quantity across tools, e.g. "snapshot, synth 100k".
@@ -93,6 +99,7 @@ func summarize(samples []float64) *result {
 	s := append([]float64(nil), samples...)
 	sort.Float64s(s)
 	r.Min, r.Max = s[0], s[len(s)-1]
+	r.P99 = s[min(len(s)-1, int(math.Ceil(0.99*float64(len(s))))-1)]
 	if len(s)%2 == 1 {
 		r.Median = s[len(s)/2]
 	} else {
@@ -257,6 +264,35 @@ func writeTable(w io.Writer, rep *report) error {
 		for _, n := range notes {
 			fmt.Fprintf(w, "  note: %s\n", n)
 		}
+	}
+	return nil
+}
+
+// writeCSV prints one line per row and tool: the summary and the samples
+// (separated by spaces).
+func writeCSV(w io.Writer, rep *report) error {
+	cw := csv.NewWriter(w)
+	cw.Write([]string{"section", "row", "unit", "cache", "tool", "median", "min", "max", "p99", "samples", "error"})
+	f := func(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
+	for _, s := range rep.Sections {
+		for _, r := range s.Rows {
+			for _, t := range rep.Tools {
+				res, ok := r.Results[t]
+				if !ok {
+					continue
+				}
+				var ss []string
+				for _, v := range res.Samples {
+					ss = append(ss, f(v))
+				}
+				cw.Write([]string{s.Title, r.Name, string(r.Unit), r.Cache, t, f(res.Median), f(res.Min), f(res.Max), f(res.P99),
+					strings.Join(ss, " "), res.Err})
+			}
+		}
+	}
+	cw.Flush()
+	if err := cw.Error(); err != nil {
+		return fmt.Errorf("write csv: %w", err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package main
+package fsbench
 
 import (
 	"bufio"
@@ -26,6 +26,22 @@ type env struct {
 	trees map[int]string // synthetic trees by file count
 
 	btrfsFS *peer.Btrfs // made on first use, shared by the sections
+	gb      *goBuild    // the seed Go build cache, made on first use
+}
+
+// goBuild returns the seed Go build cache shared by the sections, warming
+// it on first use.
+func (e *env) goBuild(ctx context.Context) (*goBuild, error) {
+	if e.gb != nil {
+		return e.gb, nil
+	}
+	e.cfg.logf("warming a Go build cache")
+	gb, err := newGoBuild(ctx, filepath.Join(e.work, "gobuild-seed"))
+	if err != nil {
+		return nil, err
+	}
+	e.gb = gb
+	return gb, nil
 }
 
 // run measures every selected section and returns the report. Every mount,
@@ -67,11 +83,20 @@ func run(ctx context.Context, cfg config, command string) (rep *report, err erro
 		{secSnapFork, snapForkSection},
 		{secDiff, diffSection},
 		{secIO, ioSection},
+		{secAgent, agentSection},
+	}
+	total, done := 0, 0
+	for _, s := range sections {
+		if cfg.Sections[s.name] {
+			total++
+		}
 	}
 	for _, s := range sections {
 		if !cfg.Sections[s.name] {
 			continue
 		}
+		cfg.step(done, total, "section "+s.name)
+		done++
 		sec, err := s.fn(ctx, e)
 		if sec != nil {
 			for _, r := range sec.Rows {
@@ -83,6 +108,7 @@ func run(ctx context.Context, cfg config, command string) (rep *report, err erro
 			return rep, fmt.Errorf("section %s: %w", s.name, err)
 		}
 	}
+	cfg.step(total, total, "done")
 	return rep, nil
 }
 
