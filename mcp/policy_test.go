@@ -22,6 +22,7 @@ func TestPolicyTools(t *testing.T) {
 	cs := e.session(mcp.Options{}, nil)
 	other := e.session(mcp.Options{}, nil)
 	call(t, cs, tool("create", map[string]any{"from": e.project, "name": "p",
+		"limits": map[string]any{"memory_bytes": 300 << 20}, "network": map[string]any{"allow": []string{"example.org"}},
 		"services": []string{"cd " + e.project + " && exec python3 -m http.server 8765 --bind 0.0.0.0"}}), nil)
 
 	var ex mcp.ExposeOut
@@ -51,8 +52,8 @@ func TestPolicyTools(t *testing.T) {
 	}
 	var lim mcp.LimitsOut
 	call(t, cs, tool("limits", map[string]any{"sandbox": "p"}), &lim)
-	if lim.Frozen == "" {
-		t.Errorf("limits of a frozen sandbox: %+v", lim)
+	if lim.Frozen == "" || lim.MemoryBytes != 300<<20 {
+		t.Errorf("limits of a frozen sandbox created with 300 MiB: %+v", lim)
 	}
 	call(t, cs, tool("thaw", map[string]any{"sandbox": "p"}), &fr)
 	if fr.Frozen {
@@ -66,7 +67,7 @@ func TestPolicyTools(t *testing.T) {
 
 	var net mcp.NetworkOut
 	call(t, cs, tool("network", map[string]any{"sandbox": "p"}), &net)
-	if net.Mode != "none" || len(net.Allow) != 0 {
+	if net.Mode != "allow" || len(net.Allow) != 1 || net.Allow[0] != "example.org" {
 		t.Errorf("network: %+v", net)
 	}
 	call(t, cs, tool("set_network", map[string]any{"sandbox": "p", "mode": "allow", "allow": []string{"example.com"}}), &net)
