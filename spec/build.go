@@ -52,13 +52,18 @@ func (c Cache) drop(key string) { os.Remove(filepath.Join(c.Dir, key)) }
 
 // Keys are the cache keys of a spec's setup steps over a base: key i
 // covers the base's content (its cowfs snapshot id, a content hash), the
-// environment and steps 0..i. The same spec over the same files gives the
+// environment, the network policy and steps 0..i. The same spec over the same files gives the
 // same keys; a changed step changes its key and every later one.
 func Keys(s *Spec, baseID string) []string {
 	h := sha256.New()
 	fmt.Fprintf(h, "tine-setup-v1\x00%s\x00%s\x00", baseID, s.Base.Image)
 	for _, e := range s.EnvList() {
 		fmt.Fprintf(h, "env\x00%s\x00", e)
+	}
+	// The steps run under the spec's network policy: what they can fetch
+	// depends on it.
+	if n, err := s.NetworkRequest(); err == nil && n != nil {
+		fmt.Fprintf(h, "net\x00%s\x00%s\x00", n.Mode, strings.Join(n.Allow, "\x00"))
 	}
 	prev := h.Sum(nil)
 	keys := make([]string, len(s.Setup))

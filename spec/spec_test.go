@@ -256,4 +256,8 @@ func TestKeys(t *testing.T) {
 	if k := Keys(a, "root-1"); !slices.Equal(k, ka) {
 		t.Errorf("keys not stable")
 	}
+	n, _ := Parse([]byte("setup: [one, two, three]\nnetwork:\n  allow: [deb.debian.org]\n"))
+	if k := Keys(n, "root-1"); k[0] == ka[0] {
+		t.Errorf("another network policy gives the same key")
+	}
 }
