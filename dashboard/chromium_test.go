@@ -22,6 +22,8 @@ import (
 	"tine/api/client"
 	"tine/cowfs"
 	"tine/dashboard"
+	"tine/execpolicy"
+	"tine/guestagent/proto"
 	"tine/sandbox"
 	"tine/sandbox/ns"
 )
@@ -92,6 +94,15 @@ const elementKey = "element-6066-11e4-a52e-4f735466cecf"
 
 func (d *webDriver) call(method, path string, in any) json.RawMessage {
 	d.t.Helper()
+	v, err := d.try(method, path, in)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return v
+}
+
+// try is call returning the error.
+func (d *webDriver) try(method, path string, in any) (json.RawMessage, error) {
 	var body io.Reader
 	if in != nil {
 		b, _ := json.Marshal(in)
@@ -101,15 +112,15 @@ func (d *webDriver) call(method, path string, in any) json.RawMessage {
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		d.t.Fatalf("webdriver %s %s: %v", method, path, err)
+		return nil, fmt.Errorf("webdriver %s %s: %v", method, path, err)
 	}
 	defer resp.Body.Close()
 	var out struct{ Value json.RawMessage }
 	b, _ := io.ReadAll(resp.Body)
 	if err := json.Unmarshal(b, &out); err != nil || resp.StatusCode != 200 {
-		d.t.Fatalf("webdriver %s %s: %s: %s", method, path, resp.Status, b)
+		return nil, fmt.Errorf("webdriver %s %s: %s: %s", method, path, resp.Status, b)
 	}
-	return out.Value
+	return out.Value, nil
 }
 
 // find waits up to 20 s for an element matching css and returns its id.
@@ -131,8 +142,19 @@ func (d *webDriver) find(css string) string {
 	}
 }
 
+// click clicks the element matching css, finding it again when the
+// page's poll replaced it between the find and the click.
 func (d *webDriver) click(css string) {
-	d.call("POST", "/session/"+d.session+"/element/"+d.find(css)+"/click", map[string]any{})
+	d.t.Helper()
+	for i := 0; ; i++ {
+		_, err := d.try("POST", "/session/"+d.session+"/element/"+d.find(css)+"/click", map[string]any{})
+		if err == nil {
+			return
+		}
+		if i >= 5 || !strings.Contains(err.Error(), "stale element") {
+			d.t.Fatal(err)
+		}
+	}
 }
 
 func (d *webDriver) typeIn(css, text string) {
@@ -140,9 +162,18 @@ func (d *webDriver) typeIn(css, text string) {
 }
 
 func (d *webDriver) text(css string) string {
-	var s string
-	json.Unmarshal(d.call("GET", "/session/"+d.session+"/element/"+d.find(css)+"/text", nil), &s)
-	return s
+	d.t.Helper()
+	for i := 0; ; i++ {
+		v, err := d.try("GET", "/session/"+d.session+"/element/"+d.find(css)+"/text", nil)
+		if err == nil {
+			var s string
+			json.Unmarshal(v, &s)
+			return s
+		}
+		if i >= 5 || !strings.Contains(err.Error(), "stale element") {
+			d.t.Fatal(err)
+		}
+	}
 }
 
 // screenshot saves the page as NAME.png in the test's artifact directory.
@@ -277,4 +308,69 @@ func TestDashboardInChromium(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	d.screenshot("5-promoted")
+
+	// Freeze, then thaw, from the panel: the state shows, and the daemon
+	// agrees; the audit log, polled, shows both.
+	d.click("#b-freeze")
+	d.find(`#detail[data-frozen="yes"] #d-frozen:not([hidden])`)
+	if l, err := c.Limits(t.Context(), "web-1"); err != nil || l.Frozen == "" {
+		t.Errorf("after the freeze button: %+v %v", l, err)
+	}
+	d.screenshot("6-frozen")
+	d.click("#b-thaw")
+	d.find(`#detail[data-frozen="no"] #d-frozen[hidden]`)
+	if l, err := c.Limits(t.Context(), "web-1"); err != nil || l.Frozen != "" {
+		t.Errorf("after the thaw button: %+v %v", l, err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if a := d.text("#audit"); strings.Contains(a, " freeze ") && strings.Contains(a, " thaw ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("audit log pane: %q", d.text("#audit"))
+		}
+	}
+	// An exposed port is a link.
+	ex, err := c.Expose(t.Context(), "web-1", api.ExposeRequest{Port: 8000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.find(fmt.Sprintf(`#exposures a[href^=%q]`, ex.URL))
+	d.screenshot("7-thawed-exposed")
+
+	// A command the exec policy holds for a person: approved from the
+	// panel, it runs; denied, it does not.
+	if _, err := c.SetExecPolicy(t.Context(), "web-1", &execpolicy.Policy{Rules: []execpolicy.Rule{{Pattern: "touch *", Action: execpolicy.Ask}}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, answer := range []string{"approve", "deny"} {
+		target := filepath.Join(proj, answer+".txt")
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Exec(context.WithoutCancel(t.Context()), "web-1", api.ExecRequest{ExecRequest: proto.ExecRequest{Argv: []string{"touch", target}}}, client.ExecIO{})
+			done <- err
+		}()
+		d.find(`#approvals-pane:not([hidden]) #approvals li[data-approval]`)
+		if got := d.text("#approvals"); !strings.Contains(got, "touch "+target) {
+			t.Errorf("approvals pane shows %q", got)
+		}
+		if answer == "approve" {
+			d.screenshot("8-approval")
+		}
+		d.click("#approvals button." + answer)
+		select {
+		case err := <-done:
+			if (err == nil) != (answer == "approve") {
+				t.Errorf("%s: exec returned %v", answer, err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: the command still waits", answer)
+		}
+		var out strings.Builder
+		c.Exec(t.Context(), "web-1", api.ExecRequest{ExecRequest: proto.ExecRequest{Argv: []string{"sh", "-c", "test -e " + target + " && echo yes || echo no"}}}, client.ExecIO{Stdout: &out})
+		if want := map[string]string{"approve": "yes\n", "deny": "no\n"}[answer]; out.String() != want {
+			t.Errorf("%s: the file exists? %q", answer, out.String())
+		}
+	}
+	d.find(`#approvals-pane[hidden]`)
 }

@@ -80,7 +80,8 @@ func TestToolsList(t *testing.T) {
 			t.Errorf("tool %s: input schema %v, output schema %v, description %q", tl.Name, tl.InputSchema != nil, tl.OutputSchema != nil, tl.Description)
 		}
 	}
-	for _, want := range []string{"create", "list", "status", "exec", "fork", "snapshot", "rollback", "diff", "promote", "ps", "ports", "rm"} {
+	for _, want := range []string{"create", "list", "status", "exec", "fork", "snapshot", "rollback", "diff", "promote", "ps", "ports", "rm",
+		"expose", "freeze", "thaw", "network", "set_network", "limits", "update_limits"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no tool %s among %v", want, names)
 		}
@@ -264,7 +265,7 @@ func TestResources(t *testing.T) {
 	call(t, cs, tool("create", map[string]any{"from": e.project, "name": "r"}), nil)
 	call(t, cs, tool("exec", map[string]any{"sandbox": "r", "command": "printf 'new\\n' > new.txt; printf '\\377\\000' > bin"}), nil)
 	tpl, err := cs.ListResourceTemplates(ctxT(t), nil)
-	if err != nil || len(tpl.ResourceTemplates) != 2 {
+	if err != nil || len(tpl.ResourceTemplates) != 3 {
 		t.Fatalf("templates: %v %v", tpl, err)
 	}
 	res, err := cs.ReadResource(ctxT(t), &sdk.ReadResourceParams{URI: "tine://sandboxes/r/files" + e.project + "/new.txt"})

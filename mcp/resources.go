@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"strings"
 	"unicode/utf8"
@@ -31,6 +32,12 @@ func (t *tools) registerResources(s *sdk.Server) {
 		Description: "The sandbox's project changes since its origin, as JSON.",
 		MIMEType:    "application/json",
 	}, t.readResource)
+	s.AddResourceTemplate(&sdk.ResourceTemplate{
+		Name: "sandbox-audit", Title: "A sandbox's audit log",
+		URITemplate: uriPrefix + "{sandbox}/audit",
+		Description: "The sandbox's audit log: one JSON record a line, hash-chained, oldest first (its last 4 MiB when longer).",
+		MIMEType:    "application/x-ndjson",
+	}, t.readResource)
 }
 
 // limitedBuffer fails a write past its limit.
@@ -52,15 +59,15 @@ func (b *limitedBuffer) Write(p []byte) (int, error) {
 func parseURI(uri string) (sb, kind, path string, err error) {
 	rest, ok := strings.CutPrefix(uri, uriPrefix)
 	if !ok {
-		return "", "", "", fmt.Errorf("resource %q: want %sSANDBOX/files/PATH or %sSANDBOX/diff", uri, uriPrefix, uriPrefix)
+		return "", "", "", fmt.Errorf("resource %q: want %sSANDBOX/files/PATH, %sSANDBOX/diff or %sSANDBOX/audit", uri, uriPrefix, uriPrefix, uriPrefix)
 	}
 	sb, rest, _ = strings.Cut(rest, "/")
 	if sb, err = url.PathUnescape(sb); err != nil || sb == "" {
 		return "", "", "", fmt.Errorf("resource %q: bad sandbox name", uri)
 	}
 	switch {
-	case rest == "diff":
-		return sb, "diff", "", nil
+	case rest == "diff", rest == "audit":
+		return sb, rest, "", nil
 	case strings.HasPrefix(rest, "files/"):
 		p, err := url.PathUnescape(strings.TrimPrefix(rest, "files"))
 		if err != nil {
@@ -68,7 +75,7 @@ func parseURI(uri string) (sb, kind, path string, err error) {
 		}
 		return sb, "files", p, nil
 	}
-	return "", "", "", fmt.Errorf("resource %q: want %sSANDBOX/files/PATH or %sSANDBOX/diff", uri, uriPrefix, uriPrefix)
+	return "", "", "", fmt.Errorf("resource %q: want %sSANDBOX/files/PATH, %sSANDBOX/diff or %sSANDBOX/audit", uri, uriPrefix, uriPrefix, uriPrefix)
 }
 
 func (t *tools) readResource(ctx context.Context, req *sdk.ReadResourceRequest) (*sdk.ReadResourceResult, error) {
@@ -91,6 +98,12 @@ func (t *tools) readResource(ctx context.Context, req *sdk.ReadResourceRequest) 
 			return nil, err
 		}
 		return &sdk.ReadResourceResult{Contents: []*sdk.ResourceContents{{URI: uri, MIMEType: "application/json", Text: string(b)}}}, nil
+	case "audit":
+		text, err := t.auditTail(ctx, sb)
+		if err != nil {
+			return nil, err
+		}
+		return &sdk.ReadResourceResult{Contents: []*sdk.ResourceContents{{URI: uri, MIMEType: "application/x-ndjson", Text: text}}}, nil
 	default:
 		buf := &limitedBuffer{limit: maxResourceBytes}
 		if err := t.c.GetFile(ctx, sb, path, buf); err != nil {
@@ -107,4 +120,36 @@ func (t *tools) readResource(ctx context.Context, req *sdk.ReadResourceRequest) 
 		}
 		return &sdk.ReadResourceResult{Contents: []*sdk.ResourceContents{rc}}, nil
 	}
+}
+
+// auditTail reads a sandbox's audit log, keeping its last
+// maxResourceBytes in whole lines.
+func (t *tools) auditTail(ctx context.Context, sb string) (string, error) {
+	rc, err := t.c.Audit(ctx, sb, 0, false)
+	if err != nil {
+		return "", err
+	}
+	defer rc.Close()
+	var keep []byte
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := rc.Read(buf)
+		keep = append(keep, buf[:n]...)
+		if len(keep) > 2*maxResourceBytes {
+			keep = append([]byte(nil), keep[len(keep)-maxResourceBytes:]...)
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return "", fmt.Errorf("audit log of %s: %w", sb, err)
+		}
+	}
+	if len(keep) > maxResourceBytes {
+		keep = keep[len(keep)-maxResourceBytes:]
+		if i := bytes.IndexByte(keep, '\n'); i >= 0 {
+			keep = keep[i+1:]
+		}
+	}
+	return strings.ToValidUTF8(string(keep), "\uFFFD"), nil
 }

@@ -37,6 +37,7 @@ func New(o Options) *sdk.Server {
 	t := &tools{c: o.Client, sc: newScope(o.Client, o.All)}
 	t.register(s)
 	t.registerResources(s)
+	t.registerPolicy(s)
 	return s
 }
 

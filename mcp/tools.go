@@ -45,17 +45,26 @@ func summary(s *api.Sandbox) Sandbox {
 
 // Limits are a sandbox's resource limits.
 type Limits struct {
-	Pids         int64 `json:"pids,omitempty" jsonschema:"the most processes and threads at once"`
-	ProjectBytes int64 `json:"project_bytes,omitempty" jsonschema:"the most bytes written into the project"`
+	Pids         int64   `json:"pids,omitempty" jsonschema:"the most processes and threads at once"`
+	ProjectBytes int64   `json:"project_bytes,omitempty" jsonschema:"the most bytes written into the project"`
+	MemoryBytes  int64   `json:"memory_bytes,omitempty" jsonschema:"the most memory, tmpfs files included"`
+	CPUs         float64 `json:"cpus,omitempty" jsonschema:"CPU time per second, in CPUs"`
+}
+
+// NetworkIn is a new sandbox's network policy.
+type NetworkIn struct {
+	Mode  string   `json:"mode,omitempty" jsonschema:"none (the default), allow (only the allow-list) or open"`
+	Allow []string `json:"allow,omitempty" jsonschema:"NAME, *.NAME, IP or CIDR, each with an optional :PORT or :LO-HI"`
 }
 
 // CreateIn are the create tool's arguments.
 type CreateIn struct {
-	From     string   `json:"from" jsonschema:"an absolute host directory (imported; appears at the same path inside), or a snapshot id, or SANDBOX:LABEL"`
-	Name     string   `json:"name,omitempty" jsonschema:"1-63 of [A-Za-z0-9._-]; default: a generated name"`
-	Env      []string `json:"env,omitempty" jsonschema:"the environment of commands that give none, as KEY=VALUE pairs"`
-	Services []string `json:"services,omitempty" jsonschema:"shell commands started now and at every start, fork and rollback"`
-	Limits   *Limits  `json:"limits,omitempty"`
+	From     string     `json:"from" jsonschema:"an absolute host directory (imported; appears at the same path inside), or a snapshot id, or SANDBOX:LABEL"`
+	Name     string     `json:"name,omitempty" jsonschema:"1-63 of [A-Za-z0-9._-]; default: a generated name"`
+	Env      []string   `json:"env,omitempty" jsonschema:"the environment of commands that give none, as KEY=VALUE pairs"`
+	Services []string   `json:"services,omitempty" jsonschema:"shell commands started now and at every start, fork and rollback"`
+	Limits   *Limits    `json:"limits,omitempty"`
+	Network  *NetworkIn `json:"network,omitempty" jsonschema:"the network policy (default: no network)"`
 }
 
 // SandboxOut is the result of create and of status.
@@ -234,6 +243,14 @@ func (t *tools) create(ctx context.Context, _ *sdk.CallToolRequest, in CreateIn)
 	req := api.CreateRequest{Name: in.Name, From: in.From, Env: in.Env, Services: in.Services}
 	if in.Limits != nil {
 		req.Limits = sandbox.Limits{Pids: in.Limits.Pids, ProjectBytes: in.Limits.ProjectBytes}
+		req.Limits.MemoryBytes, req.Limits.CPUs = in.Limits.MemoryBytes, in.Limits.CPUs
+	}
+	if in.Network != nil {
+		mode := in.Network.Mode
+		if mode == "" && len(in.Network.Allow) > 0 {
+			mode = "allow"
+		}
+		req.Network = &api.NetworkRequest{Mode: mode, Allow: in.Network.Allow}
 	}
 	sb, err := t.c.Create(ctx, req)
 	if err != nil {

@@ -24,7 +24,8 @@ func (m *Manager) Status(ctx context.Context, name string) (*Status, error) {
 		return nil, err
 	}
 	st := &Status{Info: *info}
-	if _, err := m.running(name); err == nil {
+	// A frozen sandbox's agent does not answer: its counts stay 0.
+	if _, err := m.running(name); err == nil && m.Frozen(name) == "" {
 		c, err := m.Agent(ctx, name)
 		if err != nil {
 			return nil, fmt.Errorf("status of sandbox %q: %w", name, err)

@@ -14,6 +14,7 @@ import (
 
 	"tine/api"
 	"tine/api/client"
+	"tine/execpolicy"
 	"tine/guestagent/proto"
 	"tine/sandbox"
 )
@@ -51,13 +52,18 @@ func (c Cache) drop(key string) { os.Remove(filepath.Join(c.Dir, key)) }
 
 // Keys are the cache keys of a spec's setup steps over a base: key i
 // covers the base's content (its cowfs snapshot id, a content hash), the
-// environment and steps 0..i. The same spec over the same files gives the
+// environment, the network policy and steps 0..i. The same spec over the same files gives the
 // same keys; a changed step changes its key and every later one.
 func Keys(s *Spec, baseID string) []string {
 	h := sha256.New()
 	fmt.Fprintf(h, "tine-setup-v1\x00%s\x00%s\x00", baseID, s.Base.Image)
 	for _, e := range s.EnvList() {
 		fmt.Fprintf(h, "env\x00%s\x00", e)
+	}
+	// The steps run under the spec's network policy: what they can fetch
+	// depends on it.
+	if n, err := s.NetworkRequest(); err == nil && n != nil {
+		fmt.Fprintf(h, "net\x00%s\x00%s\x00", n.Mode, strings.Join(n.Allow, "\x00"))
 	}
 	prev := h.Sum(nil)
 	keys := make([]string, len(s.Setup))
@@ -101,19 +107,62 @@ func (b *Builder) Build(ctx context.Context, s *Spec) (*Result, error) {
 	if len(s.Pending) > 0 {
 		return nil, fmt.Errorf("the spec asks for what this tine cannot do yet:\n  %s", strings.Join(s.Pending, "\n  "))
 	}
-	limits := sandbox.Limits{Pids: s.Limits.Pids}
-	if s.Limits.Disk != "" {
-		n, err := ParseSize(s.Limits.Disk)
-		if err != nil {
-			return nil, err
-		}
-		limits.ProjectBytes = n
+	limits, err := s.SandboxLimits()
+	if err != nil {
+		return nil, err
+	}
+	netReq, err := s.NetworkRequest()
+	if err != nil {
+		return nil, err
+	}
+	policy, err := s.ExecPolicy()
+	if err != nil {
+		return nil, err
 	}
 	var services []string
 	for _, st := range s.Services {
 		services = append(services, st.Run)
 	}
-	final := api.CreateRequest{Name: s.Name, Env: s.EnvList(), Limits: limits, Services: services}
+	final := api.CreateRequest{Name: s.Name, Env: s.EnvList(), Limits: limits, Services: services,
+		Network: netReq, Secrets: s.SecretBindings()}
+	// Setup runs under the spec's limits and network, without its
+	// lifetime or secrets.
+	setupLimits := limits
+	setupLimits.Lifetime = 0
+	r, err := b.build(ctx, s, final, setupLimits)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.apply(ctx, s, r.Sandbox.Name, policy); err != nil {
+		b.Client.Remove(context.WithoutCancel(ctx), r.Sandbox.Name)
+		return nil, err
+	}
+	if sb, err := b.Client.Get(ctx, r.Sandbox.Name); err == nil {
+		r.Sandbox = sb
+	}
+	return r, nil
+}
+
+// apply sets what follows creation: the exec policy, then the exposed
+// ports (each on the same host port when free).
+func (b *Builder) apply(ctx context.Context, s *Spec, name string, policy *execpolicy.Policy) error {
+	if policy != nil {
+		if _, err := b.Client.SetExecPolicy(ctx, name, policy); err != nil {
+			return fmt.Errorf("exec policy: %w", err)
+		}
+	}
+	for _, p := range s.Expose {
+		ex, err := b.Client.Expose(ctx, name, api.ExposeRequest{Port: p})
+		if err != nil {
+			return fmt.Errorf("expose %d: %w", p, err)
+		}
+		b.logf("exposed port %d at %s:%d", p, ex.HostAddress, ex.HostPort)
+	}
+	return nil
+}
+
+// build creates the sandbox final describes from the spec's setup result.
+func (b *Builder) build(ctx context.Context, s *Spec, final api.CreateRequest, limits sandbox.Limits) (*Result, error) {
 	if len(s.Setup) == 0 {
 		final.From = s.Base.Dir
 		sb, err := b.Client.Create(ctx, final)
@@ -125,7 +174,7 @@ func (b *Builder) Build(ctx context.Context, s *Spec) (*Result, error) {
 
 	// The builder starts from the base directory: its origin is the
 	// content id the keys start from.
-	bld, err := b.Client.Create(ctx, api.CreateRequest{From: s.Base.Dir, Env: s.EnvList(), Limits: limits})
+	bld, err := b.Client.Create(ctx, api.CreateRequest{From: s.Base.Dir, Env: s.EnvList(), Limits: limits, Network: final.Network})
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +194,7 @@ func (b *Builder) Build(ctx context.Context, s *Spec) (*Result, error) {
 	}
 	if done > 0 && done < len(keys) {
 		// Continue from the cached step: a builder over its snapshot.
-		nb, err := b.Client.Create(ctx, api.CreateRequest{From: from, Env: s.EnvList(), Limits: limits})
+		nb, err := b.Client.Create(ctx, api.CreateRequest{From: from, Env: s.EnvList(), Limits: limits, Network: final.Network})
 		if errors.Is(err, sandbox.ErrNotFound) {
 			b.logf("setup: cached snapshot %s is gone; running every step", from)
 			b.Cache.drop(keys[done-1])
@@ -192,7 +241,7 @@ func (b *Builder) Build(ctx context.Context, s *Spec) (*Result, error) {
 	if errors.Is(err, sandbox.ErrNotFound) && done == len(keys) {
 		// The fully cached result was removed: build again.
 		b.Cache.drop(keys[len(keys)-1])
-		return b.Build(ctx, s)
+		return b.build(ctx, s, final, limits)
 	}
 	if err != nil {
 		return nil, err

@@ -53,4 +53,9 @@ func TestSchemaMatchesTypes(t *testing.T) {
 			t.Errorf("schema %s %v, parser %v", name, got, want)
 		}
 	}
+	var secrets struct{ Items obj }
+	json.Unmarshal(root.Properties["secrets"], &secrets)
+	if got, want := props(secrets.Items), fields(Secret{}); !slices.Equal(got, want) {
+		t.Errorf("schema secrets %v, parser %v", got, want)
+	}
 }

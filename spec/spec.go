@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"tine/sandbox"
 )
 
 // MaxFileBytes bounds a spec file.
@@ -98,29 +100,41 @@ type Limits struct {
 	Pids int64 `yaml:"pids,omitempty"`
 	// Disk is the most bytes written into the project: 512M, 2G...
 	Disk string `yaml:"disk,omitempty"`
-	// Memory and CPU are for the limits work to come.
-	Memory string  `yaml:"memory,omitempty"`
-	CPUs   float64 `yaml:"cpus,omitempty"`
+	// Memory bounds the sandbox's memory, its tmpfs files included: 512M,
+	// 2G...
+	Memory string `yaml:"memory,omitempty"`
+	// CPUs is the CPU time per second the sandbox may use, in CPUs.
+	CPUs float64 `yaml:"cpus,omitempty"`
 }
 
-// Network is the egress policy.
+// Network is the egress policy: mode none (the default without the
+// section), allow (only the allow-list; the default with one) or open.
 type Network struct {
-	// Allow lists the host names (or CIDRs) the sandbox may reach.
+	Mode string `yaml:"mode,omitempty"`
+	// Allow lists the host names, *.names, addresses or CIDRs (each with
+	// an optional :PORT or :LO-HI) the sandbox may reach.
 	Allow []string `yaml:"allow,omitempty"`
 }
 
-// Secret is a credential bound to the destinations that receive it: the
-// sandbox sees a placeholder in Env, the gateway swaps in the value.
+// Secret binds a secret stored in the daemon ("tine secret set NAME") to
+// the one destination that receives it: the sandbox sees a placeholder in
+// $NAME, and the gateway sets Header to "Prefix value" on HTTPS requests
+// to Destination, which the network policy must allow.
 type Secret struct {
-	Env          string   `yaml:"env"`
-	From         string   `yaml:"from"` // env:VAR or file:PATH on the host
-	Destinations []string `yaml:"destinations"`
+	Name        string `yaml:"name"`
+	Destination string `yaml:"destination"`
+	Header      string `yaml:"header"`
+	Prefix      string `yaml:"prefix,omitempty"`
 }
 
-// ExecPolicy says which commands may run.
+// ExecPolicy says which commands the API runs: glob patterns over the
+// command line, each list one action (see the execpolicy package).
 type ExecPolicy struct {
 	Allow []string `yaml:"allow,omitempty"`
+	Ask   []string `yaml:"ask,omitempty"`
 	Deny  []string `yaml:"deny,omitempty"`
+	// FreezeOnAsk freezes the sandbox while a command waits for a person.
+	FreezeOnAsk bool `yaml:"freeze_on_ask,omitempty"`
 }
 
 var (
@@ -237,10 +251,24 @@ func (s *Spec) Check() error {
 			bad("lifetime %q: want a duration such as 30m or 2h", s.Lifetime)
 		}
 	}
-	for i, sec := range s.Secrets {
-		if !envRE.MatchString(sec.Env) || len(sec.Destinations) == 0 || sec.From == "" {
-			bad("secrets[%d]: want env (a variable name), from (env:VAR or file:PATH) and destinations", i)
+	if s.Limits.Memory != "" {
+		if _, err := ParseSize(s.Limits.Memory); err != nil {
+			bad("limits.memory: %v", err)
 		}
+	}
+	if s.Limits.CPUs < 0 {
+		bad("limits.cpus %g: want a positive number of CPUs", s.Limits.CPUs)
+	}
+	if _, err := s.NetworkRequest(); err != nil {
+		bad("%v", err)
+	}
+	for i, b := range s.SecretBindings() {
+		if _, err := sandbox.ParseSecretBinding(b.String()); err != nil {
+			bad("secrets[%d]: %v", i, err)
+		}
+	}
+	if _, err := s.ExecPolicy(); err != nil {
+		bad("exec: %v", err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
@@ -249,24 +277,6 @@ func (s *Spec) Check() error {
 	pend := func(format string, a ...any) { s.Pending = append(s.Pending, fmt.Sprintf(format, a...)) }
 	if s.Base.Image != "" {
 		pend("base.image %q: this tine cannot import OCI images yet; remove it to run over the host's OS", s.Base.Image)
-	}
-	if s.Limits.Memory != "" || s.Limits.CPUs != 0 {
-		pend("limits.memory and limits.cpus: this tine enforces pids and disk only so far")
-	}
-	if s.Network != nil {
-		pend("network: this tine has no egress control yet; a sandbox would reach every address, so it is not created with an allow-list it would not enforce")
-	}
-	if len(s.Secrets) > 0 {
-		pend("secrets: this tine has no credential gateway yet")
-	}
-	if len(s.Expose) > 0 {
-		pend("expose: this tine cannot expose ports yet; list them with \"tine ports\"")
-	}
-	if s.Exec != nil {
-		pend("exec: this tine has no exec policy yet")
-	}
-	if s.Lifetime != "" {
-		pend("lifetime: this tine does not expire sandboxes yet; remove them with \"tine rm\"")
 	}
 	return nil
 }

@@ -7,6 +7,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"tine/execpolicy"
 )
 
 const full = `
@@ -57,6 +60,14 @@ func TestParseErrors(t *testing.T) {
 		{"lifetime: forever\n", "lifetime"},
 		{"setup:\n  - ''\n", "setup[0]: empty run"},
 		{"base:\n  os: windows\n", "base.os"},
+		{"limits:\n  memory: much\n", "limits.memory"},
+		{"limits:\n  cpus: -1\n", "limits.cpus"},
+		{"network:\n  mode: some\n", "unknown mode"},
+		{"network:\n  mode: none\n  allow: [x.com]\n", "takes no allow-list"},
+		{"network:\n  allow: ['bad host!']\n", "network"},
+		{"secrets:\n  - name: T\n    destination: 'a b'\n    header: Authorization\n", "secrets[0]"},
+		{"secrets:\n  - name: T\n    destinations: [x.com]\n", "field destinations not found"},
+		{"exec:\n  allow: [x]\n  deny: [x]\n", "given twice"},
 	} {
 		_, err := Parse([]byte(c.doc))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -67,18 +78,83 @@ func TestParseErrors(t *testing.T) {
 
 // TestPending: fields whose mechanism is missing are named, not ignored.
 func TestPending(t *testing.T) {
-	s, err := Parse([]byte("base:\n  image: debian:12\nnetwork:\n  allow: [github.com]\nexpose: [8000]\nlifetime: 2h\nsecrets:\n  - env: TOKEN\n    from: env:GH_TOKEN\n    destinations: [api.github.com]\n"))
+	s, err := Parse([]byte("base:\n  image: debian:12\nexpose: [8000]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	joined := strings.Join(s.Pending, "\n")
-	for _, want := range []string{"base.image", "network", "expose", "lifetime", "secrets"} {
-		if !strings.Contains(joined, want) {
-			t.Errorf("pending %q lacks %s", joined, want)
+	if !strings.Contains(joined, "base.image") || len(s.Pending) != 1 {
+		t.Errorf("pending %q, want base.image only", joined)
+	}
+	if _, err := (&Builder{}).Build(t.Context(), s); err == nil || !strings.Contains(err.Error(), "base.image") {
+		t.Errorf("Build of a spec with pending fields: %v", err)
+	}
+}
+
+const policies = `
+limits:
+  pids: 64
+  disk: 1G
+  memory: 512M
+  cpus: 1.5
+network:
+  allow: [api.github.com, "10.0.0.0/8:443"]
+secrets:
+  - name: GITHUB_TOKEN
+    destination: api.github.com
+    header: Authorization
+    prefix: Bearer
+expose: [8000, 9000]
+exec:
+  allow: ["go *", "make *"]
+  ask: ["*"]
+  deny: ["rm -rf *"]
+  freeze_on_ask: true
+lifetime: 90m
+`
+
+// TestRequest: limits, lifetime, network and secrets map onto the create
+// request, the exec policy onto the execpolicy rules.
+func TestRequest(t *testing.T) {
+	s, err := Parse([]byte(policies))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Pending) != 0 {
+		t.Fatalf("pending %q", s.Pending)
+	}
+	l, err := s.SandboxLimits()
+	if err != nil || l.Pids != 64 || l.ProjectBytes != 1<<30 || l.MemoryBytes != 512<<20 || l.CPUs != 1.5 || l.Lifetime != 90*time.Minute {
+		t.Errorf("limits %+v %v", l, err)
+	}
+	n, err := s.NetworkRequest()
+	if err != nil || n.Mode != "allow" || !slices.Equal(n.Allow, []string{"api.github.com", "10.0.0.0/8:443"}) {
+		t.Errorf("network %+v %v", n, err)
+	}
+	bs := s.SecretBindings()
+	if len(bs) != 1 || bs[0].String() != "GITHUB_TOKEN=api.github.com:header:Authorization:Bearer" {
+		t.Errorf("secrets %+v", bs)
+	}
+	p, err := s.ExecPolicy()
+	if err != nil || len(p.Rules) != 4 || !p.FreezeOnAsk {
+		t.Fatalf("exec %+v %v", p, err)
+	}
+	for cmd, want := range map[string]execpolicy.Action{"go test ./...": "allow", "rm -rf /": "deny", "curl x": "ask"} {
+		if d := p.Decide(strings.Fields(cmd)); d.Action != want {
+			t.Errorf("%q: %s, want %s", cmd, d.Action, want)
 		}
 	}
-	if _, err := (&Builder{}).Build(t.Context(), s); err == nil || !strings.Contains(err.Error(), "network") {
-		t.Errorf("Build of a spec with pending fields: %v", err)
+	// Without a section: no network request, no policy.
+	s, _ = Parse([]byte("name: x\n"))
+	if n, _ := s.NetworkRequest(); n != nil {
+		t.Errorf("network %+v without a section", n)
+	}
+	if p, _ := s.ExecPolicy(); p != nil {
+		t.Errorf("exec %+v without a section", p)
+	}
+	s, _ = Parse([]byte("network:\n  mode: open\n"))
+	if n, _ := s.NetworkRequest(); n == nil || n.Mode != "open" {
+		t.Errorf("mode open: %+v", n)
 	}
 }
 
@@ -126,7 +202,7 @@ func TestDevcontainer(t *testing.T) {
 	if len(s.Expose) != 1 || s.Expose[0] != 8080 {
 		t.Errorf("expose %v", s.Expose)
 	}
-	if j := strings.Join(s.Pending, "\n"); !strings.Contains(j, "base.image") || !strings.Contains(j, "expose") {
+	if j := strings.Join(s.Pending, "\n"); !strings.Contains(j, "base.image") || strings.Contains(j, "expose") {
 		t.Errorf("pending %q", j)
 	}
 }
@@ -179,5 +255,9 @@ func TestKeys(t *testing.T) {
 	}
 	if k := Keys(a, "root-1"); !slices.Equal(k, ka) {
 		t.Errorf("keys not stable")
+	}
+	n, _ := Parse([]byte("setup: [one, two, three]\nnetwork:\n  allow: [deb.debian.org]\n"))
+	if k := Keys(n, "root-1"); k[0] == ka[0] {
+		t.Errorf("another network policy gives the same key")
 	}
 }

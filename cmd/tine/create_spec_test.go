@@ -1,10 +1,12 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"tine/api"
 )
@@ -60,8 +62,44 @@ func TestCreateFromSpec(t *testing.T) {
 	if _, err := os.Stat(marker); err == nil {
 		t.Errorf("initializeCommand ran")
 	}
-	os.WriteFile(filepath.Join(proj, "net.yaml"), []byte("network:\n  allow: [example.com]\n"), 0o644)
-	if _, errOut, code = c.run("", "create", "-f", filepath.Join(proj, "net.yaml")); code == 0 || !strings.Contains(errOut, "no egress control yet") {
-		t.Errorf("network spec: exit %d: %s", code, errOut)
+	// The policy fields: limits, lifetime, network, a secret, an exec
+	// policy and an exposed port, each set on the sandbox.
+	tok := filepath.Join(base, "tok")
+	os.WriteFile(tok, []byte("TOKVALUE\n"), 0o600)
+	c.ok("secret", "set", "TOK", "--from-file", tok)
+	os.WriteFile(filepath.Join(proj, "pol.yaml"), []byte(`name: p1
+limits: {memory: 256M, cpus: 0.5, pids: 100}
+lifetime: 1h
+network:
+  allow: [example.com]
+secrets:
+  - {name: TOK, destination: example.com, header: Authorization, prefix: Bearer}
+exec:
+  deny: ["rm -rf *"]
+expose: [8765]
+`), 0o644)
+	if _, errOut, code = c.run("", "create", "-f", filepath.Join(proj, "pol.yaml")); code != 0 {
+		t.Fatalf("policy spec: exit %d: %s", code, errOut)
+	}
+	var lim api.LimitsResponse
+	json.Unmarshal([]byte(c.ok("limits", "p1", "--json")), &lim)
+	if l := lim.Limits; l.MemoryBytes != 256<<20 || l.CPUs != 0.5 || l.Pids != 100 || l.Lifetime != time.Hour {
+		t.Errorf("limits %+v", lim)
+	}
+	if out := c.ok("network", "p1"); !strings.Contains(out, "example.com") || !strings.Contains(out, "allow") {
+		t.Errorf("network %q", out)
+	}
+	if out := c.ok("exec", "p1", "--", "sh", "-c", "echo $TOK"); strings.Contains(out, "TOKVALUE") || !strings.Contains(out, "placeholder") {
+		t.Errorf("secret in the sandbox: %q", out)
+	}
+	if _, errOut, code = c.run("", "exec", "p1", "--", "rm", "-rf", "/tmp/x"); code == 0 || !strings.Contains(errOut, "rm -rf") {
+		t.Errorf("exec policy: exit %d: %s", code, errOut)
+	}
+	if out := c.ok("ports", "p1"); !strings.Contains(out, "8765") {
+		t.Errorf("ports %q", out)
+	}
+	os.WriteFile(filepath.Join(proj, "img.yaml"), []byte("base:\n  image: debian:12\n"), 0o644)
+	if _, errOut, code = c.run("", "create", "-f", filepath.Join(proj, "img.yaml")); code == 0 || !strings.Contains(errOut, "base.image") {
+		t.Errorf("image spec: exit %d: %s", code, errOut)
 	}
 }

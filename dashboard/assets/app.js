@@ -3,10 +3,16 @@
 "use strict";
 
 let selected = null;
+// The audit log of the selected sandbox, fetched from where the last poll
+// ended (records are numbered from 0).
+const audit = { name: null, lines: [] };
+const maxAuditLines = 500;
 const $ = (id) => document.getElementById(id);
 
-async function api(method, path, body) {
-  const opts = { method, headers: {} };
+async function api(method, path, body, asText) {
+  // A call that hangs (a sandbox that stopped answering) must not stall
+  // the page's polling.
+  const opts = { method, headers: {}, signal: AbortSignal.timeout(10000) };
   if (body !== undefined) {
     opts.body = JSON.stringify(body);
     opts.headers["Content-Type"] = "application/json";
@@ -19,7 +25,7 @@ async function api(method, path, body) {
   }
   const ct = res.headers.get("Content-Type") || "";
   if (res.status === 204) return null;
-  return ct.includes("json") ? res.json() : res.text();
+  return !asText && ct.includes("json") ? res.json() : res.text();
 }
 
 function say(msg, isError) {
@@ -80,16 +86,62 @@ async function renderDetail(sb) {
     (sb.limits && sb.limits.project_bytes ? ` · disk ≤ ${bytes(sb.limits.project_bytes)}` : "");
   const name = encodeURIComponent(sb.name);
   const running = sb.state === "running";
-  const [ps, ports, diff, snaps, logs] = await Promise.all([
-    running ? api("GET", `/sandboxes/${name}/ps`).catch(() => []) : [],
-    running ? api("GET", `/sandboxes/${name}/ports`).catch(() => []) : [],
+  if (audit.name !== sb.name) { audit.name = sb.name; audit.lines = []; audit.next = 0; }
+  // A frozen sandbox's agent does not answer: no ps or ports then.
+  const limits = running ? await api("GET", `/sandboxes/${name}/limits`).catch(() => null) : null;
+  const live = running && !(limits && limits.frozen);
+  const [ps, ports, diff, snaps, logs, exposures, approvals, auditText] = await Promise.all([
+    live ? api("GET", `/sandboxes/${name}/ps`).catch(() => []) : [],
+    live ? api("GET", `/sandboxes/${name}/ports`).catch(() => []) : [],
     api("GET", `/sandboxes/${name}/diff`).catch(() => []),
     api("GET", `/sandboxes/${name}/snapshots`).catch(() => []),
     api("GET", `/sandboxes/${name}/logs?tail=100`).catch(() => ""),
+    api("GET", `/sandboxes/${name}/exposures`).catch(() => null),
+    api("GET", `/approvals?sandbox=${name}`).catch(() => []),
+    api("GET", `/sandboxes/${name}/audit?from=${audit.next}`, undefined, true).catch(() => ""),
   ]);
+  if (audit.name !== sb.name) return; // another sandbox was selected meanwhile
+  const frozen = limits && limits.frozen;
+  $("d-frozen").hidden = !frozen;
+  $("d-frozen").textContent = frozen ? "frozen: " + frozen : "";
+  $("detail").dataset.frozen = frozen ? "yes" : "no";
+  $("b-freeze").disabled = !running || !!frozen;
+  $("b-thaw").disabled = !frozen;
+  const pending = (approvals || []).filter((a) => a.state === "pending");
+  $("approvals-pane").hidden = pending.length === 0;
+  $("approvals").replaceChildren(...pending.map((a) => {
+    const yes = el("button", { class: "approve" }, "Approve");
+    const no = el("button", { class: "deny danger" }, "Deny");
+    yes.onclick = () => act("approve", () => api("POST", `/approvals/${encodeURIComponent(a.id)}/approve`, {}));
+    no.onclick = () => act("deny", () => api("POST", `/approvals/${encodeURIComponent(a.id)}/deny`, {}));
+    return el("li", { "data-approval": a.id }, `${a.kind}: ${a.reason || ""}`, yes, no);
+  }));
+  const exposed = (exposures && exposures.exposures) || [];
+  $("exposures").replaceChildren(...(exposed.length ? exposed.map((x) =>
+    el("li", {}, `${x.port} → `, el("a", { href: x.url, target: "_blank", rel: "noopener noreferrer" }, x.url))) :
+    [el("li", {}, "none")]));
+  for (const line of (auditText || "").split("\n")) {
+    if (!line) continue;
+    try {
+      const r = JSON.parse(line);
+      audit.next = r.seq + 1;
+      audit.lines.push(`${r.seq} ${r.time} ${r.kind} ${r.fields ? JSON.stringify(r.fields) : ""}`);
+    } catch (e) { /* a cut line: fetched again next time */ }
+  }
+  if (audit.lines.length > maxAuditLines) audit.lines.splice(0, audit.lines.length - maxAuditLines);
+  $("audit").textContent = audit.lines.join("\n") || "(empty)";
   $("ps").replaceChildren(...ps.map((p) => el("tr", {}, el("td", {}, String(p.pid)), el("td", {}, p.user || String(p.uid)),
     el("td", {}, p.state), el("td", {}, (p.argv && p.argv.length ? p.argv.join(" ") : `[${p.comm}]`)))));
-  $("ports").replaceChildren(...ports.map((p) => el("li", {}, `${p.proto} ${p.address}:${p.port}` + (p.pid ? ` (pid ${p.pid})` : ""))));
+  const isExposed = (port) => ((exposures && exposures.exposures) || []).some((x) => x.port === port);
+  $("ports").replaceChildren(...ports.map((p) => {
+    const li = el("li", {}, `${p.proto} ${p.address}:${p.port}` + (p.pid ? ` (pid ${p.pid})` : ""));
+    if (p.proto.startsWith("tcp") && !isExposed(p.port)) {
+      const b = el("button", { class: "expose", "data-port": String(p.port) }, "Expose");
+      b.onclick = () => act("expose", () => api("POST", `/sandboxes/${name}/exposures`, { port: p.port }));
+      li.append(" ", b);
+    }
+    return li;
+  }));
   $("diff").replaceChildren(...(diff.length ? diff.map((c) => el("li", { class: "kind-" + c.kind }, `${c.kind} ${c.path}`)) : [el("li", {}, "no changes")]));
   $("snaps").replaceChildren(...snaps.map((s) => el("li", {}, `${s.id}` + (s.name ? ` (${s.name})` : "") + ` ${s.created}`)));
   $("logs").textContent = logs || "(no service output)";
@@ -125,6 +177,8 @@ $("create").onsubmit = (ev) => {
 };
 $("b-snapshot").onclick = () => act("snapshot", () => api("POST", `/sandboxes/${encodeURIComponent(selected)}/snapshots`, {}));
 $("b-fork").onclick = () => act("fork", () => api("POST", `/sandboxes/${encodeURIComponent(selected)}/fork`, { n: Number($("fork-n").value) || 1 }));
+$("b-freeze").onclick = () => act("freeze", () => api("POST", `/sandboxes/${encodeURIComponent(selected)}/freeze`, {}));
+$("b-thaw").onclick = () => act("thaw", () => api("POST", `/sandboxes/${encodeURIComponent(selected)}/thaw`, {}));
 $("b-rm").onclick = () => {
   if (confirm(`Remove sandbox ${selected} and its files?`)) act("remove", () => api("DELETE", `/sandboxes/${encodeURIComponent(selected)}`));
 };
