@@ -103,7 +103,9 @@ func (m *Manager) watchOnce(ctx context.Context, now time.Time) {
 		}
 		w := m.pol.watch[name]
 		if w == nil {
-			w = &watchState{cpu: u.CPUNanos, oom: u.OOMKills, lastActive: now}
+			// A sandbox's cgroup counts OOM kills from 0: kills made
+			// before the loop first saw it are reported too.
+			w = &watchState{cpu: u.CPUNanos, lastActive: now}
 			m.pol.watch[name] = w
 		}
 		oom := u.OOMKills - min(u.OOMKills, w.oom)
