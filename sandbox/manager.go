@@ -53,6 +53,7 @@ type Manager struct {
 	warm io.Closer
 	id   string // short hash of root, so cgroup names differ between roots
 
+	ops  ops // operations Close waits for (closing.go)
 	mu   sync.Mutex
 	live map[string]*live
 	ext  extra // services, logs, snapshot labels, recovery
@@ -138,6 +139,7 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 // Close stops every running sandbox (they stay, Stopped) and the mount pool.
 func (m *Manager) Close(ctx context.Context) error {
 	defer m.stopWatch()
+	m.ops.close()
 	m.mu.Lock()
 	names := make([]string, 0, len(m.live))
 	for n := range m.live {
@@ -197,6 +199,11 @@ type CreateOptions struct {
 // when it runs: a crash before that leaves a directory without metadata,
 // which List skips.
 func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
+	done, err := m.ops.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	return m.create(ctx, o, "")
 }
 
@@ -287,6 +294,11 @@ func (m *Manager) prepare(ctx context.Context, info *Info, o CreateOptions) (str
 // Start runs a stopped sandbox: it mounts the project and starts the
 // runtime.
 func (m *Manager) Start(ctx context.Context, name string) error {
+	done, err := m.ops.enter()
+	if err != nil {
+		return err
+	}
+	defer done()
 	info, err := m.Get(name)
 	if err != nil {
 		return err
@@ -628,6 +640,11 @@ func (m *Manager) RemoveSnapshot(id string) error {
 // parent runs on. The forks are made in parallel; if one fails, those
 // made are removed.
 func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info, error) {
+	done, err := m.ops.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	n := o.N
 	if n < 1 || (o.Names != nil && len(o.Names) != n) {
 		return nil, fmt.Errorf("fork sandbox %q: want N >= 1 and, if given, N names (N=%d, %d names)", name, n, len(o.Names))
@@ -681,6 +698,11 @@ const forkParallel = 16
 // which must be one of its own: the project and OS layer become the snapshot's and its processes
 // start again.
 func (m *Manager) Rollback(ctx context.Context, name, id string) error {
+	done, err := m.ops.enter()
+	if err != nil {
+		return err
+	}
+	defer done()
 	s, err := m.findSnapshot(name, id)
 	if err != nil {
 		return fmt.Errorf("rollback sandbox %q: %w", name, err)
