@@ -69,7 +69,7 @@ func race(ctx context.Context, c *client.Client, dir string, n int, task, test s
 			sh := func(cmd string) (int, error) {
 				ex, err := c.Exec(ctx, f.Name, api.ExecRequest{ExecRequest: proto.ExecRequest{
 					Argv: []string{"sh", "-c", cmd}, Dir: f.ProjectPath,
-					Env:  []string{"PATH=/usr/local/bin:/usr/bin:/bin", "FORK_INDEX=" + strconv.Itoa(i)},
+					Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "FORK_INDEX=" + strconv.Itoa(i)},
 				}}, client.ExecIO{})
 				return ex.Code, err
 			}
