@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"tine/api/client"
 	"tine/cowfs"
 	"tine/guestagent/proto"
+	"tine/internal/testagent"
 	"tine/sandbox"
 	"tine/sandbox/ns"
 )
@@ -32,21 +32,7 @@ func TestMain(m *testing.M) {
 		peerDial(sock) // TestPeerCheck's peer, run as another user
 		os.Exit(0)
 	}
-	ns.Init()
-	dir, err := os.MkdirTemp("", "api-agent")
-	if err != nil {
-		panic(err)
-	}
-	agentPath = filepath.Join(dir, "tine-agent")
-	cmd := exec.Command("go", "build", "-o", agentPath, "tine/cmd/tine-agent")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build agent: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testagent.Main(m, &agentPath)
 }
 
 // testGroup is a group every test host has; the socket is shared with it.

@@ -3,10 +3,8 @@ package mcp_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"tine/api"
 	"tine/api/client"
 	"tine/cowfs"
+	"tine/internal/testagent"
 	"tine/mcp"
 	"tine/sandbox"
 	"tine/sandbox/ns"
@@ -24,21 +23,7 @@ import (
 var agentPath string
 
 func TestMain(m *testing.M) {
-	ns.Init()
-	dir, err := os.MkdirTemp("", "mcp-agent")
-	if err != nil {
-		panic(err)
-	}
-	agentPath = filepath.Join(dir, "tine-agent")
-	cmd := exec.Command("go", "build", "-o", agentPath, "tine/cmd/tine-agent")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build agent: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testagent.Main(m, &agentPath)
 }
 
 // env is a daemon (manager and API server over a fresh store) and a

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 
 	"tine/cowfs"
 	"tine/guestagent/proto"
+	"tine/internal/testagent"
 	"tine/sandbox"
 	"tine/sandbox/ns"
 )
@@ -21,21 +21,7 @@ import (
 var agentPath string
 
 func TestMain(m *testing.M) {
-	ns.Init()
-	dir, err := os.MkdirTemp("", "sandbox-agent")
-	if err != nil {
-		panic(err)
-	}
-	agentPath = filepath.Join(dir, "tine-agent")
-	cmd := exec.Command("go", "build", "-o", agentPath, "tine/cmd/tine-agent")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build agent: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testagent.Main(m, &agentPath)
 }
 
 // env is one test's manager over a fresh cowfs root and project directory.

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"tine/api/client"
 	"tine/cowfs"
 	"tine/guestagent/proto"
+	"tine/internal/testagent"
 	"tine/sandbox"
 	"tine/sandbox/ns"
 )
@@ -24,21 +24,7 @@ import (
 var agentPath string
 
 func TestMain(m *testing.M) {
-	ns.Init()
-	dir, err := os.MkdirTemp("", "spec-agent")
-	if err != nil {
-		panic(err)
-	}
-	agentPath = filepath.Join(dir, "tine-agent")
-	cmd := exec.Command("go", "build", "-o", agentPath, "tine/cmd/tine-agent")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build agent: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testagent.Main(m, &agentPath)
 }
 
 // daemon serves a manager over a fresh store and returns its client.

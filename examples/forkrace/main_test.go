@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -15,6 +13,7 @@ import (
 	"tine/api/client"
 	"tine/cowfs"
 	"tine/guestagent/proto"
+	"tine/internal/testagent"
 	"tine/sandbox"
 	"tine/sandbox/ns"
 )
@@ -22,21 +21,7 @@ import (
 var agentPath string
 
 func TestMain(m *testing.M) {
-	ns.Init()
-	dir, err := os.MkdirTemp("", "forkrace-agent")
-	if err != nil {
-		panic(err)
-	}
-	agentPath = filepath.Join(dir, "tine-agent")
-	cmd := exec.Command("go", "build", "-o", agentPath, "tine/cmd/tine-agent")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build agent: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	testagent.Main(m, &agentPath)
 }
 
 // TestRace: of 5 forks, only the one whose index is 3 passes its test; it
