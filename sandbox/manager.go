@@ -61,6 +61,7 @@ type Manager struct {
 	pol  policyState // audit logs, exec policy, approvals, deadlines (policy.go)
 	// inside serves each sandbox's own API (inside.go).
 	inside InsideAPI
+	msg    messaging // inboxes (messages.go)
 }
 
 // live is a running sandbox's host-side state.
@@ -193,6 +194,9 @@ type CreateOptions struct {
 	// Runtime names the runtime that runs the sandbox (default: the
 	// Manager's Options.Runtime; from a snapshot: the snapshot's).
 	Runtime string
+	// MessageTo is its message policy (ParseMessagePolicy; default: a
+	// fork's parent's, else family).
+	MessageTo string
 }
 
 // Create makes a sandbox and starts it. Its metadata is written once,
@@ -229,6 +233,9 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 	seed, err := m.prepare(ctx, info, o)
 	if err == nil {
 		err = m.inherit(info, o)
+	}
+	if err == nil {
+		err = m.initMessages(info, o, forkedFrom)
 	}
 	if err == nil {
 		m.inheritPolicy(forkedFrom, o.Name)

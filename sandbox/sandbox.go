@@ -76,6 +76,9 @@ type Info struct {
 	// Services are shell commands started at every start of the sandbox
 	// (create, fork, rollback, restart), their output kept as its logs.
 	Services []string `json:"services,omitempty"`
+	// MessageTo says which sandboxes it may message (see
+	// ParseMessagePolicy); empty means family.
+	MessageTo string `json:"message_to,omitempty"`
 }
 
 // SnapshotInfo is a sandbox snapshot's persisted metadata: the project at
