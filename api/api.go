@@ -48,6 +48,10 @@ type CreateRequest struct {
 	// Runtime names the sandbox's runtime, ns or vm (default: ns; from a
 	// snapshot: the snapshot's).
 	Runtime string `json:"runtime,omitempty"`
+	// MessageTo is the sandboxes it may message: family (default: its
+	// parent, siblings and forks), none, or family and name globs
+	// ("family,worker-*"); a fork takes its parent's (messages.go).
+	MessageTo string `json:"message_to,omitempty"`
 }
 
 // Sandbox is a sandbox as the API reports it.

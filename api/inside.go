@@ -152,6 +152,8 @@ func (h *insideHandler) mux() http.Handler {
 		{"GET", "/" + Version + "/self/approvals", h.approvals},
 		{"POST", "/" + Version + "/self/approvals", h.ask},
 		{"GET", "/" + Version + "/self/approvals/{id}", h.approval},
+		{"POST", "/" + Version + "/messages", h.send},
+		{"GET", "/" + Version + "/messages", h.receive},
 	} {
 		mux.HandleFunc(rt.method+" "+rt.path, rt.h)
 	}

@@ -90,6 +90,7 @@ var goTypes = map[string]any{
 	"api.LimitsResponse": LimitsResponse{}, "sandbox.Usage": sandbox.Usage{}, "audit.Record": audit.Record{},
 	"audit.Head": audit.Head{}, "audit.Report": audit.Report{}, "api.VerifyResponse": VerifyResponse{},
 	"execpolicy.Rule": execpolicy.Rule{}, "execpolicy.Policy": execpolicy.Policy{},
+	"api.MessageRequest": MessageRequest{}, "api.Message": Message{}, "api.MessageSent": MessageSent{},
 }
 
 // jsonFields returns the JSON names of a struct's fields as encoding/json

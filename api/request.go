@@ -150,6 +150,9 @@ func (req *CreateRequest) validate() error {
 	if err := req.Limits.Check(); err != nil {
 		return badRequest("field \"limits\": %v", err)
 	}
+	if _, err := sandbox.ParseMessagePolicy(req.MessageTo); err != nil {
+		return badRequest("field \"message_to\": %v", err)
+	}
 	return nil
 }
 

@@ -108,6 +108,9 @@ func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
 		{"GET", "/" + Version + "/secrets", s.secrets},
 		{"PUT", "/" + Version + "/secrets/{secret}", s.setSecret},
 		{"DELETE", "/" + Version + "/secrets/{secret}", s.removeSecret},
+		// messages from the host and inboxes (messages.go)
+		{"POST", sb + "/messages", s.sendMessage},
+		{"GET", sb + "/messages", s.messages},
 	}
 	for _, rt := range s.routes {
 		s.mux.HandleFunc(rt.method+" "+rt.path, rt.h)
@@ -227,7 +230,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	o := sandbox.CreateOptions{Name: req.Name, Env: req.Env, Limits: req.Limits, Services: req.Services, Runtime: req.Runtime}
+	o := sandbox.CreateOptions{Name: req.Name, Env: req.Env, Limits: req.Limits, Services: req.Services, Runtime: req.Runtime, MessageTo: req.MessageTo}
 	if err := s.createPolicy(&req, &o); err != nil {
 		writeError(w, err)
 		return

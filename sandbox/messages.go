@@ -244,6 +244,9 @@ func (m *Manager) SendMessage(ctx context.Context, from, to string, body []byte)
 	if err != nil {
 		return nil, err
 	}
+	if _, err := checkBody(body); err != nil {
+		return nil, err
+	}
 	if !nameRE.MatchString(to) || !m.mayMessage(fi, to) {
 		m.audit(from, "message_refused", map[string]any{"to": to, "reason": "not allowed by the sandbox's message policy or no such sandbox"})
 		return nil, notFoundFor(from, to)
@@ -287,14 +290,15 @@ func (m *Manager) auditMessage(name string, msg *Message) {
 		"sha256": hex.EncodeToString(sum[:]), "bytes": len(msg.Body)})
 }
 
-// checkBody returns body compacted, or why it cannot be a message.
+// checkBody returns body compacted, or why it cannot be a message. The
+// bound is on the compacted body.
 func checkBody(body []byte) ([]byte, error) {
-	if len(body) > MaxMessageBytes {
-		return nil, fmt.Errorf("message body of %d bytes is over %d: %w; send a path or a smaller part", len(body), MaxMessageBytes, ErrMessageTooLarge)
-	}
 	var b bytes.Buffer
 	if err := json.Compact(&b, body); err != nil || b.Len() == 0 {
 		return nil, fmt.Errorf("message body is not one JSON value: %w", ErrBadMessage)
+	}
+	if b.Len() > MaxMessageBytes {
+		return nil, fmt.Errorf("message body of %d bytes is over %d: %w; send a path or a smaller part", b.Len(), MaxMessageBytes, ErrMessageTooLarge)
 	}
 	if b.String() == "null" {
 		return nil, fmt.Errorf("message body is null: %w", ErrBadMessage)
