@@ -322,8 +322,8 @@ func (m *Manager) deliver(from, to string, body []byte) (*Message, error) {
 		return nil, fmt.Errorf("inbox of sandbox %q: %w", to, err)
 	}
 	if len(in.Messages) >= MaxInboxMessages || in.bytes()+len(body) > MaxInboxBytes {
-		return nil, fmt.Errorf("the inbox of sandbox %q is full (%d messages, %d bytes; at most %d and %d): %w; it reads and takes them with GET /v1/messages?take=true",
-			to, len(in.Messages), in.bytes(), MaxInboxMessages, MaxInboxBytes, ErrInboxFull)
+		return nil, fmt.Errorf("sandbox %q: %w: it holds %d messages, %d bytes (at most %d and %d); it takes them with GET /v1/messages?take=true",
+			to, ErrInboxFull, len(in.Messages), in.bytes(), MaxInboxMessages, MaxInboxBytes)
 	}
 	msg := &Message{ID: in.Next, From: from, To: to, Time: time.Now().UTC(), Body: body}
 	line, err := encodeMessage(msg)
