@@ -124,7 +124,7 @@ func (b *Builder) Build(ctx context.Context, s *Spec) (*Result, error) {
 		services = append(services, st.Run)
 	}
 	final := api.CreateRequest{Name: s.Name, Env: s.EnvList(), Limits: limits, Services: services,
-		Network: netReq, Secrets: s.SecretBindings()}
+		Network: netReq, Secrets: s.SecretBindings(), MessageTo: s.MessageTo}
 	// Setup runs under the spec's limits and network, without its
 	// lifetime or secrets.
 	setupLimits := limits

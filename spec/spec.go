@@ -44,6 +44,9 @@ type Spec struct {
 	Expose   []int             `yaml:"expose,omitempty"`
 	Exec     *ExecPolicy       `yaml:"exec,omitempty"`
 	Lifetime string            `yaml:"lifetime,omitempty"`
+	// MessageTo is which sandboxes it may message: family (the
+	// default), none, or family and name globs ("family,worker-*").
+	MessageTo string `yaml:"message_to,omitempty"`
 
 	// Pending lists what the spec asks for that this tine cannot do yet,
 	// each with the reason; creation refuses a spec with any.
@@ -255,6 +258,9 @@ func (s *Spec) Check() error {
 		if _, err := ParseSize(s.Limits.Memory); err != nil {
 			bad("limits.memory: %v", err)
 		}
+	}
+	if _, err := sandbox.ParseMessagePolicy(s.MessageTo); err != nil {
+		bad("message_to: %v", err)
 	}
 	if s.Limits.CPUs < 0 {
 		bad("limits.cpus %g: want a positive number of CPUs", s.Limits.CPUs)

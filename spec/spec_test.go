@@ -261,3 +261,26 @@ func TestKeys(t *testing.T) {
 		t.Errorf("another network policy gives the same key")
 	}
 }
+
+// TestMessageTo: message_to takes the policies tine create takes and
+// refuses the rest.
+func TestMessageTo(t *testing.T) {
+	for _, ok := range []string{"", "family", "none", "family,worker-*", "w?"} {
+		s, err := Parse([]byte("message_to: \"" + ok + "\"\n"))
+		if err == nil {
+			err = s.Check()
+		}
+		if err != nil {
+			t.Errorf("message_to %q: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"none,family", "../x", "a/b", "["} {
+		s, err := Parse([]byte("message_to: \"" + bad + "\"\n"))
+		if err == nil {
+			err = s.Check()
+		}
+		if err == nil || !strings.Contains(err.Error(), "message_to") {
+			t.Errorf("message_to %q: %v", bad, err)
+		}
+	}
+}
