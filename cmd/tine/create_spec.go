@@ -26,7 +26,7 @@ func (a *app) createFromSpec(c *cobra.Command, sf specFlags, name string) error 
 	if sf.file != "" && sf.devcontainer != "" {
 		return usageErr("give -f or --devcontainer, not both")
 	}
-	for _, fl := range []string{"from", "service", "env", "pids", "disk", "memory", "cpus", "network", "allow", "secret", "lifetime"} {
+	for _, fl := range []string{"from", "service", "env", "pids", "disk", "memory", "cpus", "network", "allow", "secret", "lifetime", "message-to"} {
 		if c.Flags().Changed(fl) {
 			return usageErr("--%s: the spec says it; edit the spec instead", fl)
 		}

@@ -26,7 +26,7 @@ func (a *app) sandboxCommands() []*cobra.Command {
 		a.snapshotCommand(), a.rollbackCommand(), a.snapshotsCommand(), a.diffCommand(),
 		a.psCommand(), a.portsCommand(), a.logsCommand(), a.statusCommand(), a.lsCommand(),
 		a.rmCommand(), a.startCommand(), a.stopCommand(), a.promoteCommand(),
-	}, a.policyCommands()...)
+	}, append(a.policyCommands(), a.messageCommands()...)...)
 }
 
 // sbErr turns an API error about sandbox name into one that names it and
@@ -146,6 +146,7 @@ func (a *app) createCommand() *cobra.Command {
 	sf.flags(f)
 	pf.flags(f)
 	vf.flags(f)
+	messageToFlag(f, &req.MessageTo) // messages.go
 	return c
 }
 
@@ -438,6 +439,7 @@ func (a *app) statusCommand() *cobra.Command {
 			if s.Limits.Pids > 0 {
 				fmt.Fprintf(w, "pids limit %d\n", s.Limits.Pids)
 			}
+			fmt.Fprintf(w, "messages   to %s\n", messageToText(s.MessageTo))
 			st := s.Stale
 			switch {
 			case st.Unknown != "":
