@@ -65,6 +65,8 @@ type CreateIn struct {
 	Services []string   `json:"services,omitempty" jsonschema:"shell commands started now and at every start, fork and rollback"`
 	Limits   *Limits    `json:"limits,omitempty"`
 	Network  *NetworkIn `json:"network,omitempty" jsonschema:"the network policy (default: no network)"`
+	// MessageTo is its message policy (messages.go).
+	MessageTo string `json:"message_to,omitempty" jsonschema:"which sandboxes it may message from inside: family (the default: its parent, siblings and forks), none, or family,GLOB[,GLOB]"`
 }
 
 // SandboxOut is the result of create and of status.
@@ -237,10 +239,11 @@ func (t *tools) register(s *sdk.Server) {
 	sdk.AddTool(s, &sdk.Tool{Name: "ports", Description: "List a sandbox's listening sockets.", Annotations: readOnly}, t.ports)
 	sdk.AddTool(s, &sdk.Tool{Name: "rm", Description: "Stop and delete a sandbox and its snapshots.",
 		Annotations: &sdk.ToolAnnotations{DestructiveHint: &yes}}, t.rm)
+	t.registerMessages(s) // messages.go
 }
 
 func (t *tools) create(ctx context.Context, _ *sdk.CallToolRequest, in CreateIn) (*sdk.CallToolResult, SandboxOut, error) {
-	req := api.CreateRequest{Name: in.Name, From: in.From, Env: in.Env, Services: in.Services}
+	req := api.CreateRequest{Name: in.Name, From: in.From, Env: in.Env, Services: in.Services, MessageTo: in.MessageTo}
 	if in.Limits != nil {
 		req.Limits = sandbox.Limits{Pids: in.Limits.Pids, ProjectBytes: in.Limits.ProjectBytes}
 		req.Limits.MemoryBytes, req.Limits.CPUs = in.Limits.MemoryBytes, in.Limits.CPUs
