@@ -314,7 +314,7 @@ func (m *Manager) deliver(from, to string, body []byte) (*Message, error) {
 	}
 	unlock := m.msg.lock(to)
 	defer unlock()
-	if _, err := os.Stat(m.dir(to)); err != nil {
+	if _, err := m.Get(to); err != nil {
 		return nil, fmt.Errorf("sandbox %q: %w", to, ErrNotFound)
 	}
 	in, good, err := readInbox(m.inboxPath(to))
