@@ -77,6 +77,7 @@ secrets:
 exec:
   deny: ["rm -rf *"]
 expose: [8765]
+message_to: family,w-*
 `), 0o644)
 	if _, errOut, code = c.run("", "create", "-f", filepath.Join(proj, "pol.yaml")); code != 0 {
 		t.Fatalf("policy spec: exit %d: %s", code, errOut)
@@ -97,6 +98,9 @@ expose: [8765]
 	}
 	if out := c.ok("ports", "p1"); !strings.Contains(out, "8765") {
 		t.Errorf("ports %q", out)
+	}
+	if out := c.ok("status", "p1"); !strings.Contains(out, "messages   to family,w-*") {
+		t.Errorf("message_to from the spec: %q", out)
 	}
 	os.WriteFile(filepath.Join(proj, "img.yaml"), []byte("base:\n  image: debian:12\n"), 0o644)
 	if _, errOut, code = c.run("", "create", "-f", filepath.Join(proj, "img.yaml")); code == 0 || !strings.Contains(errOut, "base.image") {
