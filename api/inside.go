@@ -47,6 +47,7 @@ type Inside struct {
 	mu     sync.Mutex
 	served map[string]*insideListener
 	appr   approvals
+	reads  inboxReads // messages.go
 }
 
 // insideListener is one sandbox's socket and the server answering it.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"tine/sandbox"
@@ -170,6 +171,38 @@ func (h *insideHandler) send(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, sent(msg))
 }
 
+// maxInboxReads bounds the reads of one sandbox's inbox in progress at
+// once, waiting or writing their answer: each may hold the inbox (up to
+// 4 MiB) in memory until the sandbox reads it.
+const maxInboxReads = 4
+
+// inboxReads counts the reads in progress of each sandbox's inbox.
+type inboxReads struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// acquire counts a read of name's inbox, unless maxInboxReads are in
+// progress; release ends it.
+func (ir *inboxReads) acquire(name string) (release func(), ok bool) {
+	ir.mu.Lock()
+	defer ir.mu.Unlock()
+	if ir.n == nil {
+		ir.n = map[string]int{}
+	}
+	if ir.n[name] >= maxInboxReads {
+		return nil, false
+	}
+	ir.n[name]++
+	return func() {
+		ir.mu.Lock()
+		defer ir.mu.Unlock()
+		if ir.n[name]--; ir.n[name] <= 0 {
+			delete(ir.n, name)
+		}
+	}, true
+}
+
 // receive reads the asking sandbox's inbox, waiting when asked.
 func (h *insideHandler) receive(w http.ResponseWriter, r *http.Request) {
 	o, err := readOptions(r)
@@ -177,6 +210,12 @@ func (h *insideHandler) receive(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	release, ok := h.in.reads.acquire(h.self)
+	if !ok {
+		writeJSON(w, http.StatusTooManyRequests, &Error{Code: "busy", Message: fmt.Sprintf("sandbox %q has %d reads of its inbox in progress, the most at once; wait for one to end", h.self, maxInboxReads)})
+		return
+	}
+	defer release()
 	msgs, err := h.in.m.Messages(r.Context(), h.self, o)
 	if err != nil {
 		writeMessageError(w, err)

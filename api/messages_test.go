@@ -143,6 +143,22 @@ func TestMessagesHostile(t *testing.T) {
 	if _, err := e.c.Fork(ctxT(t), "a", api.ForkRequest{N: 1}); err != nil {
 		t.Fatal(err)
 	}
+	// Reads in progress at once are bounded: each may hold the inbox in
+	// memory.
+	out := e.sh("a", fmt.Sprintf(`for i in 1 2 3 4; do curl -sS -o /dev/null --unix-socket %[1]s 'http://tine/v1/messages?wait=30s' >/dev/null 2>&1 & done
+sleep 1.5
+curl -sS -o /dev/null -w '%%{http_code}' --unix-socket %[1]s http://tine/v1/messages`, api.InsideSocket))
+	if out != "429" {
+		t.Errorf("a fifth read of an inbox at once: %q, want 429", out)
+	}
+	if _, err := e.c.Send(ctxT(t), "a", json.RawMessage(`"wake"`)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the waiting reads to end", func() bool {
+		st, _ := e.call("a", "GET", "/v1/messages?take=true", "")
+		return st == 200
+	})
+
 	// Spoofing the sender, in any spelling.
 	for _, body := range []string{`{"to":"a-1","from":"host","body":1}`, `{"to":"a-1","From":"z","body":1}`, `{"to":"a-1","SENDER":"host","body":1}`, `{"to":"a-1","body":1,"from":"a"}`} {
 		if st, out := e.call("a", "POST", "/v1/messages", body); st != 400 || !strings.Contains(out, "sender") {
@@ -176,7 +192,7 @@ func TestMessagesHostile(t *testing.T) {
 	}
 
 	// A body over 64 KiB: 413; one of 64 KiB exactly: taken.
-	out := e.sh("a", fmt.Sprintf(`
+	out = e.sh("a", fmt.Sprintf(`
 big() { printf '{"to":"a-1","body":"'; head -c $1 /dev/zero | tr '\0' x; printf '"}'; }
 big %d > /tmp/over; big %d > /tmp/fits
 for f in over fits; do curl -sS -o /dev/null -w '%%{http_code} ' --unix-socket %s -H 'Content-Type: application/json' --data-binary @/tmp/$f http://tine/v1/messages; done`,
