@@ -29,6 +29,8 @@ const questionFreeze = "waiting for a person to answer its question (tine approv
 const (
 	maxQuestionTimeout = 24 * 60 * 60 // seconds
 	maxLongPoll        = 10 * time.Minute
+	// freezeWithin bounds how long a freeze for a question may take.
+	freezeWithin = 10 * time.Second
 )
 
 // parseWait parses the wait query parameter of GET
@@ -83,6 +85,7 @@ func (h *insideHandler) ask(w http.ResponseWriter, r *http.Request) {
 		// Still pending, but the sandbox runs on: a person answers as
 		// ever, and the record says it is not frozen.
 		fmt.Fprintf(os.Stderr, "tine: sandbox %q: freeze for question %s: %v\n", h.self, a.ID, err)
+		h.in.appr.notFrozen(a.ID)
 		a.Frozen = false
 	}
 	if !req.Wait {
@@ -153,6 +156,8 @@ func (in *Inside) hold(ctx context.Context, a *Approval) error {
 	if cur, _ := s.get(a.ID); cur == nil || cur.State != "pending" {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, freezeWithin)
+	defer cancel()
 	if err := in.m.FreezeFor(ctx, a.Sandbox, questionFreeze); err != nil {
 		return err
 	}
@@ -185,9 +190,21 @@ func (in *Inside) release(a *Approval) {
 	in.m.ThawFor(a.Sandbox, questionFreeze)
 }
 
+// notFrozen records that question id does not keep its sandbox frozen.
+func (s *approvals) notFrozen(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a, ok := s.byID[id]; ok {
+		a.Frozen = false
+	}
+}
+
 // expire denies question id as timed out, if it is still pending, and
 // releases its sandbox.
 func (in *Inside) expire(id string) {
+	if in.ctx.Err() != nil {
+		return // the daemon is stopping, and its sandboxes with it
+	}
 	a := in.appr.expire(id)
 	if a == nil {
 		return
