@@ -333,6 +333,18 @@ func (e *insideEnv) askFromHost(sb, body string) api.Approval {
 	return a
 }
 
+// poll reads approval id on sandbox sb's socket with ?wait=wait.
+func (e *insideEnv) poll(sb, id, wait string) api.Approval {
+	var a api.Approval
+	resp, err := e.socket(sb).Get("http://tine/v1/self/approvals/" + id + "?wait=" + wait)
+	if err != nil {
+		return a
+	}
+	defer resp.Body.Close()
+	json.NewDecoder(resp.Body).Decode(&a)
+	return a
+}
+
 // ticker is a service writing the time every 50 ms.
 const ticker = "while :; do date +%s%N >> /tmp/ticks; sleep 0.05; done"
 
@@ -440,8 +452,25 @@ func TestInsideTwoQuestions(t *testing.T) {
 	if v := cgroupFile(t, "two", "freezer", "freezer.state"); v != "FROZEN" || e.m.Frozen("two") == "" {
 		t.Fatalf("thawed with a question still pending: %s", v)
 	}
-	if _, err := e.in.Answer(ctxT(t), a1.ID, true, ""); err != nil {
+	// A long poll ends at its wait with the record still pending, or at
+	// the answer.
+	start := time.Now()
+	if got := e.poll("two", a1.ID, "300ms"); got.State != "pending" || time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("poll past its wait: %+v after %s", got, time.Since(start))
+	}
+	polled := make(chan api.Approval, 1)
+	go func() { polled <- e.poll("two", a1.ID, "30s") }()
+	time.Sleep(200 * time.Millisecond)
+	if _, err := e.in.Answer(ctxT(t), a1.ID, true, "yes"); err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case got := <-polled:
+		if got.State != "approved" || got.Answer != "yes" {
+			t.Fatalf("long poll got %+v", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the long poll did not end at the answer")
 	}
 	if v := cgroupFile(t, "two", "freezer", "freezer.state"); v != "THAWED" || e.m.Frozen("two") != "" {
 		t.Fatalf("frozen after the last answer: %s", v)
