@@ -179,3 +179,18 @@ func (m *Manager) Usage(name string) (*Usage, error) {
 	}
 	return &u, nil
 }
+
+// ProjectBytes returns the bytes charged to a sandbox's project branch,
+// read from the store: its agent is not asked, so it answers for a
+// frozen or stopped sandbox too.
+func (m *Manager) ProjectBytes(ctx context.Context, name string) (int64, error) {
+	info, err := m.Get(name)
+	if err != nil {
+		return 0, err
+	}
+	used, _, err := m.fs.BranchUsage(ctx, info.Branch)
+	if err != nil {
+		return 0, fmt.Errorf("sandbox %q: project bytes: %w", name, err)
+	}
+	return used, nil
+}
