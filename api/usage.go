@@ -28,6 +28,9 @@ type SandboxUsage struct {
 	Limits sandbox.Limits `json:"limits"`
 	// ProjectBytes is the bytes charged to its project branch.
 	ProjectBytes int64 `json:"project_bytes"`
+	// LayerBoundBytes is the bound of its OS layer in force:
+	// Limits.LayerBytes, or sandbox.DefaultLayerBytes when that is 0.
+	LayerBoundBytes int64 `json:"layer_bound_bytes"`
 	// Usage is what its cgroups count; absent when it is stopped or its
 	// runtime reports none (UsageError then says why).
 	Usage      *sandbox.Usage `json:"usage,omitempty"`
@@ -43,7 +46,11 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 	}
 	out := &UsageResponse{Time: time.Now().UTC(), Sandboxes: make([]SandboxUsage, 0, len(infos))}
 	for _, in := range infos {
-		su := SandboxUsage{Name: in.Name, State: in.State, Limits: in.Limits, Frozen: s.m.Frozen(in.Name)}
+		su := SandboxUsage{Name: in.Name, State: in.State, Limits: in.Limits, Frozen: s.m.Frozen(in.Name),
+			LayerBoundBytes: in.Limits.LayerBytes}
+		if su.LayerBoundBytes == 0 {
+			su.LayerBoundBytes = sandbox.DefaultLayerBytes
+		}
 		su.ProjectBytes, err = s.m.ProjectBytes(r.Context(), in.Name)
 		if errors.Is(err, sandbox.ErrNotFound) {
 			continue // removed meanwhile

@@ -14,7 +14,8 @@ import (
 // call, from the cgroups and the store: a frozen sandbox's answer comes
 // as fast (its agent cannot answer), processes started in a sandbox show
 // in its pids, a file written shows in its project bytes, and a stopped
-// sandbox has no usage.
+// sandbox has no usage; a file written to its OS layer shows in the
+// layer's size.
 func TestUsageAll(t *testing.T) {
 	e := newEnv(t)
 	ctx := ctxT(t)
@@ -38,7 +39,8 @@ func TestUsageAll(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := byName(before)["busy"]
-	if len(before.Sandboxes) != 3 || base.Usage == nil || base.Usage.Pids == 0 || base.Usage.MemoryBytes == 0 || base.Limits.Pids != 64 {
+	if len(before.Sandboxes) != 3 || base.Usage == nil || base.Usage.Pids == 0 || base.Usage.MemoryBytes == 0 || base.Limits.Pids != 64 ||
+		base.LayerBoundBytes != sandbox.DefaultLayerBytes {
 		t.Fatalf("usage: %+v", before)
 	}
 	if off := byName(before)["off"]; off.State != sandbox.Stopped || off.Usage != nil || off.UsageError != "" {
@@ -86,6 +88,21 @@ func TestUsageAll(t *testing.T) {
 	thawed, err := e.c.Usage(ctx)
 	if err != nil || byName(thawed)["busy"].Frozen != "" {
 		t.Errorf("after thaw: %+v %v", thawed, err)
+	}
+	// A file written outside the project and its tmpfs counts in the OS
+	// layer, which the daemon measures every few seconds.
+	e.sh("idle", "head -c 2097152 /dev/urandom > /root/blob")
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		r, err := e.c.Usage(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u := byName(r)["idle"].Usage; u != nil && u.LayerBytes >= 2<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("OS layer after writing 2 MiB to it: %+v", byName(r)["idle"].Usage)
+		}
 	}
 	if err := e.c.Remove(ctx, "idle"); err != nil {
 		t.Fatal(err)

@@ -482,6 +482,11 @@ func TestDashboardInChromium(t *testing.T) {
 	d.click(`li[data-sandbox="web"] > .node`)
 	d.find(`#usage tr.near[data-usage="pids"]`)
 	d.find(`#usage tr[data-usage="memory"]:not(.near)`)
+	// The OS layer, measured every few seconds while the sandbox uses
+	// CPU, beside the default bound; in the tree only when near it.
+	d.waitText(`#usage tr[data-usage="layer"] td.limit`, func(s string) bool { return s == "of 10.0 GiB" })
+	d.find(fig("web", "pids") + ".near")
+	d.gone(fig("web", "layer"))
 	d.screenshot("9-near-limit")
 	if _, err := c.UpdateLimits(t.Context(), "web", sandbox.Limits{}); err != nil {
 		t.Fatal(err)

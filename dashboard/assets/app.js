@@ -78,6 +78,11 @@ function figures(u) {
   out.push(["pids", "pids", String(u.usage.pids), l.pids ? String(l.pids) : "", near(u.usage.pids, l.pids)]);
   out.push(["project", "disk", bytes(u.project_bytes), l.project_bytes ? bytes(l.project_bytes) : "",
     near(u.project_bytes, l.project_bytes)]);
+  // The OS layer as last measured (absent before the first measure),
+  // beside the bound in force.
+  if (u.usage.layer_bytes) {
+    out.push(["layer", "os", bytes(u.usage.layer_bytes), bytes(u.layer_bound_bytes), near(u.usage.layer_bytes, u.layer_bound_bytes)]);
+  }
   return out;
 }
 
@@ -122,7 +127,8 @@ function renderTree(list, usage, waiting) {
     if (n) label.append(el("span", { class: "badge waiting" }, `${n} waiting`));
     // A frozen sandbox's agent cannot count its processes and ports.
     if (!(u && u.frozen)) label.append(el("span", { class: "usage" }, `${s.processes} proc · ${s.ports} ports`));
-    const figs = figures(u);
+    // The OS layer shows in the tree only when near its bound.
+    const figs = figures(u).filter(([key, , , , near]) => key !== "layer" || near);
     if (figs.length) {
       label.append(el("span", { class: "figs" }, ...figs.map(([key, name, used, limit, near]) =>
         el("span", { class: "fig" + (near ? " near" : ""), "data-usage": key }, `${name} ${used}` + (limit ? `/${limit}` : "")))));
@@ -212,7 +218,7 @@ async function renderDetail(sb, u, approvals) {
 // renderUsage fills the detail pane's table of limits and live usage.
 function renderUsage(sb, u) {
   const rows = figures(u).map(([key, , used, limit, near]) => {
-    const names = { memory: "Memory", cpu: "CPU", pids: "Processes (pids)", project: "Project bytes" };
+    const names = { memory: "Memory", cpu: "CPU", pids: "Processes (pids)", project: "Project bytes", layer: "OS layer (last measured)" };
     let extra = "";
     if (key === "memory" && u.usage.memory_peak_bytes) extra = ` (peak ${bytes(u.usage.memory_peak_bytes)})`;
     if (key === "memory" && u.usage.oom_kills) extra += ` · ${u.usage.oom_kills} OOM kill(s)`;
