@@ -87,7 +87,7 @@ var goTypes = map[string]any{
 	"api.NetworkRequest": NetworkRequest{}, "api.ExposeRequest": ExposeRequest{}, "api.Exposures": Exposures{},
 	"api.AutoExposeRequest": AutoExposeRequest{}, "api.SecretRequest": SecretRequest{},
 	"sandbox.Exposure": sandbox.Exposure{}, "sandbox.SecretInfo": sandbox.SecretInfo{}, "sandbox.SecretBinding": sandbox.SecretBinding{},
-	"api.LimitsResponse": LimitsResponse{}, "sandbox.Usage": sandbox.Usage{}, "audit.Record": audit.Record{},
+	"api.LimitsResponse": LimitsResponse{}, "api.UsageResponse": UsageResponse{}, "api.SandboxUsage": SandboxUsage{}, "sandbox.Usage": sandbox.Usage{}, "audit.Record": audit.Record{},
 	"audit.Head": audit.Head{}, "audit.Report": audit.Report{}, "api.VerifyResponse": VerifyResponse{},
 	"execpolicy.Rule": execpolicy.Rule{}, "execpolicy.Policy": execpolicy.Policy{},
 }

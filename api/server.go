@@ -85,6 +85,7 @@ func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
 		// Limits, freezer, audit and exec policy (limits.go, audit.go,
 		// execpolicy.go); exec approvals join the list below.
 		{"GET", sb + "/limits", s.getLimits},
+		{"GET", "/" + Version + "/usage", s.usage},
 		{"PUT", sb + "/limits", s.putLimits},
 		{"POST", sb + "/freeze", s.freeze},
 		{"POST", sb + "/thaw", s.thaw},
