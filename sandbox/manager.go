@@ -533,6 +533,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 	if len(req.Env) == 0 {
 		req.Env = l.env
 	}
+	req.Env = m.commandEnv(name, req.Env)
 	if req.Dir == "" {
 		req.Dir = l.project
 	}
