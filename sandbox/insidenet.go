@@ -58,15 +58,12 @@ func (m *Manager) apiURL(name string) string {
 	return ""
 }
 
-// commandEnv adds TINE_API_SOCKET (when the API is served) and
-// TINE_API_URL (when it is served over HTTP too) to a command's
-// environment, unless the command sets them itself.
-func (m *Manager) commandEnv(name string, env []string) []string {
-	m.mu.Lock()
-	served := m.inside != nil
-	m.mu.Unlock()
+// commandEnv adds TINE_API_SOCKET (when the runtime bound the API's
+// socket) and TINE_API_URL (when the API is served over HTTP too) to a
+// command's environment, unless the command sets them itself.
+func (m *Manager) commandEnv(name string, l *live, env []string) []string {
 	var add []string
-	if served {
+	if l.apiSocket {
 		add = append(add, "TINE_API_SOCKET="+InsideSocket)
 	}
 	if u := m.apiURL(name); u != "" {
