@@ -8,7 +8,9 @@
 // connection it serves is tracked, so that a policy change closes the
 // ones the new policy no longer allows. The packet filter in the
 // sandbox's namespace (see Link) is what makes the gateway the only way
-// out.
+// out. Each gateway serves one sandbox: its sockets are bound to that
+// sandbox's veth and answer only its address, and it never dials into
+// the sandboxes' range (listen.go).
 package gateway
 
 import (

@@ -31,7 +31,7 @@ type InsideHTTP interface {
 }
 
 // serveInsideHTTP serves the sandbox's API on its gateway's address when
-// the manager's InsideAPI can; it returns the listener (nil: not served).
+// the manager's InsideAPI can, and keeps the listener in sn.api.
 func (m *Manager) serveInsideHTTP(ctx context.Context, name string, sn *sandboxNet) error {
 	m.mu.Lock()
 	a, _ := m.inside.(InsideHTTP)

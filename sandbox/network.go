@@ -188,8 +188,14 @@ func (m *Manager) startNetwork(ctx context.Context, name string, inst Instance) 
 	if err != nil {
 		return fmt.Errorf("sandbox %q: attach network: %w", name, err)
 	}
+	var local []string
+	m.mu.Lock()
+	if _, ok := m.inside.(InsideHTTP); ok {
+		local = []string{InsideName}
+	}
+	m.mu.Unlock()
 	gw, err := gateway.Start(gateway.Config{Sandbox: name, Addr: link.Gateway, Device: link.HostName, Peer: link.Addr,
-		Local: []string{InsideName}, Policy: p, CA: ca,
+		Local: local, Policy: p, CA: ca,
 		Dial: m.net.opts.Dial, RootCAs: m.net.opts.RootCAs, Audit: m.netAuditor(name), Secrets: m.boundSecrets(name)})
 	if err != nil {
 		link.Close()
