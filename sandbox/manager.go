@@ -74,6 +74,8 @@ type live struct {
 	// runs).
 	env     []string
 	project string
+	// apiSocket: the runtime bound the inside API's socket.
+	apiSocket bool
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -355,6 +357,7 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	if err != nil {
 		return fail(err)
 	}
+	l.apiSocket = spec.APISocket != "" && featuresOf(rt).APISocket
 	if l.inst, err = rt.Start(ctx, spec); err != nil {
 		return fail(err)
 	}
@@ -533,6 +536,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 	if len(req.Env) == 0 {
 		req.Env = l.env
 	}
+	req.Env = m.commandEnv(name, l, req.Env)
 	if req.Dir == "" {
 		req.Dir = l.project
 	}

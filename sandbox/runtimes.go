@@ -23,6 +23,9 @@ type Features struct {
 	// layer, devices, GPU) and usage; the project quota and the lifetime
 	// are the Manager's own and work for every runtime.
 	Limits bool
+	// APISocket: the inside API's socket bound at /run/tine/api.sock
+	// (Spec.APISocket).
+	APISocket bool
 }
 
 // Featurer is a Runtime that supports only some of the Manager's
@@ -36,7 +39,7 @@ func featuresOf(rt Runtime) Features {
 	if f, ok := rt.(Featurer); ok {
 		return f.Features()
 	}
-	return Features{Network: true, Limits: true}
+	return Features{Network: true, Limits: true, APISocket: true}
 }
 
 // initRuntimes registers opts' runtimes by name.
