@@ -20,6 +20,9 @@ import (
 // DefaultMemSize is the guest RAM a Machine gets when none is asked for.
 const DefaultMemSize = 512 << 20
 
+// MaxVCPUs is the most vCPUs a Machine describes to its guest.
+const MaxVCPUs = maxMPCPUs
+
 // PortRange is a device a Machine adds to its I/O port space.
 type PortRange struct {
 	Base, Size uint16
