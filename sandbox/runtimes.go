@@ -137,7 +137,7 @@ func checkNoCgroupLimits(rtName string, l Limits) error {
 	if l.IsZero() {
 		return nil
 	}
-	return fmt.Errorf("limits other than the project quota, lifetime and idle time are not built for %s sandboxes (they are cgroup limits): size a %s sandbox with its runtime's settings", rtName, rtName)
+	return fmt.Errorf("limits other than the project quota, lifetime and idle time are not built for %s sandboxes (they are cgroup limits): size a %s sandbox with its guest size (create --memory and --cpus)", rtName, rtName)
 }
 
 // checkFeature refuses a part of the Manager that the sandbox's runtime
