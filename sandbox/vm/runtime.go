@@ -64,7 +64,7 @@ type Runtime struct {
 	kernel []byte
 	initrd []byte
 	store  *chunkstore.Store
-	gen    atomic.Uint64
+	gen    atomic.Uint64 // last generation given (see New)
 
 	mu   sync.Mutex
 	live map[string]*Instance // by Spec.Dir
@@ -117,6 +117,14 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("vm runtime: disk store: %w", err)
 	}
 	r := &Runtime{cfg: cfg, kernel: kernel, initrd: a.bytes(), store: store, live: map[string]*Instance{}}
+	// Generations count from the clock in microseconds, so that a
+	// guest cloned by a later daemon from an image an earlier one saved
+	// never gets a generation given before (docs/fork-hygiene.md).
+	r.gen.Store(uint64(time.Now().UnixMicro()))
+	if _, err := r.GuestSize(nil); err != nil {
+		store.Close()
+		return nil, fmt.Errorf("vm runtime: default size: %w", err)
+	}
 	if err := r.pruneRefs(); err != nil {
 		store.Close()
 		return nil, err
