@@ -31,7 +31,9 @@ const (
 // agent socket, then Freeze, CopyState, Thaw and 3 Starts from that
 // state; each clone answers exec through its own socket with the state
 // made before the fork, its own generation and RNG output, and still
-// serves the listener.
+// serves the listener, and is stopped (its state keeps its disk, not the
+// image). Then the parent stops and TestRuntimeCloneInNewProcess runs in
+// a new process.
 func TestRuntimeGuest(t *testing.T) {
 	if os.Getenv(EnvKernel) == "" {
 		t.Skipf("needs a real KVM: run through vmm/nested's TestVMRuntimeUnderKVM (%s unset)", EnvKernel)
@@ -127,6 +129,18 @@ func TestRuntimeGuest(t *testing.T) {
 		seen[f[3]] = strconv.Itoa(i)
 		if s, _ := strconv.ParseInt(f[4], 10, 64); time.Since(time.Unix(s, 0)).Abs() > 2*time.Minute {
 			t.Errorf("clone %d: wall clock %s, host %s", i, time.Unix(s, 0), time.Now())
+		}
+		// Stop it (fewer machines share the emulated CPUs): its state
+		// keeps the disk and drops the image it was cloned from.
+		if err := k.Stop(ctx); err != nil {
+			t.Errorf("stop clone %d: %v", i, err)
+		}
+		cdir := filepath.Join(dir, "c"+strconv.Itoa(i))
+		if m, err := readManifest(cdir); err != nil || m.Image || m.Disk == "" {
+			t.Errorf("stopped clone %d: manifest %+v %v", i, m, err)
+		}
+		if _, err := os.Stat(filepath.Join(cdir, imageDir)); !os.IsNotExist(err) {
+			t.Errorf("stopped clone %d still holds its image: %v", i, err)
 		}
 	}
 	// The parent goes on with its own state.
