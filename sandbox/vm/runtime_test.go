@@ -105,8 +105,18 @@ func TestCopyStateOfStoppedState(t *testing.T) {
 		t.Fatal(err)
 	}
 	to := filepath.Join(dir, "b")
+	// A temporary directory left by a copy cut short is replaced.
+	stale := filepath.Join(dir, ".b.tmp")
+	os.MkdirAll(filepath.Join(stale, imageDir), 0o700)
+	os.WriteFile(filepath.Join(stale, manifestName), []byte("{half"), 0o600)
 	if err := r.CopyState(ctx, from, to); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("temporary directory left: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(to, imageDir)); !os.IsNotExist(err) {
+		t.Fatalf("the stale temporary's image came along: %v", err)
 	}
 	if got, err := readManifest(to); err != nil || got != want {
 		t.Fatalf("copied %+v %v, want %+v", got, err, want)
