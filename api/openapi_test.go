@@ -77,7 +77,7 @@ var goTypes = map[string]any{
 	"api.ExecRequest": ExecRequest{}, "api.ExecEvent": ExecEvent{}, "api.ExecInput": ExecInput{},
 	"api.Info": Info{}, "api.RuntimeInfo": RuntimeInfo{}, "api.FSRequest": FSRequest{},
 	"api.FSResponse": FSResponse{}, "api.Approval": Approval{}, "api.AnswerRequest": AnswerRequest{},
-	"sandbox.Limits": sandbox.Limits{}, "sandbox.Staleness": sandbox.Staleness{},
+	"sandbox.Limits": sandbox.Limits{}, "sandbox.GuestSize": sandbox.GuestSize{}, "sandbox.Staleness": sandbox.Staleness{},
 	"sandbox.SnapshotInfo": sandbox.SnapshotInfo{}, "sandbox.MergeConflict": sandbox.MergeConflict{}, "merge.Conflict": merge.Conflict{},
 	"cowfs.Conflict": cowfs.Conflict{}, "cowfs.Refusal": cowfs.Refusal{},
 	"proto.Started": proto.Started{}, "proto.Exit": proto.Exit{}, "proto.Resize": proto.Resize{},

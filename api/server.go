@@ -228,7 +228,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	o := sandbox.CreateOptions{Name: req.Name, Env: req.Env, Limits: req.Limits, Services: req.Services, Runtime: req.Runtime}
+	o := sandbox.CreateOptions{Name: req.Name, Env: req.Env, Limits: req.Limits, Services: req.Services, Runtime: req.Runtime, Guest: req.Guest}
 	if err := s.createPolicy(&req, &o); err != nil {
 		writeError(w, err)
 		return
