@@ -48,6 +48,10 @@ type CreateRequest struct {
 	// Runtime names the sandbox's runtime, ns or vm (default: ns; from a
 	// snapshot: the snapshot's).
 	Runtime string `json:"runtime,omitempty"`
+	// Guest is a vm sandbox's machine size: RAM and vCPUs (default: the
+	// daemon's --vm-memory and --vm-cpus; from a snapshot: the
+	// snapshot's). Other runtimes refuse it.
+	Guest *sandbox.GuestSize `json:"guest,omitempty"`
 }
 
 // Sandbox is a sandbox as the API reports it.

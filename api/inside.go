@@ -103,6 +103,18 @@ func (in *Inside) Listen(name, path string) error {
 	return nil
 }
 
+// ServeListener serves sandbox name's API on ln (its address on its
+// gateway, bound to its veth: see sandbox.InsideHTTP) until ln is closed;
+// its connections end with it.
+func (in *Inside) ServeListener(name string, ln net.Listener) error {
+	h := &insideHandler{in: in, self: name}
+	srv := &http.Server{Handler: h.mux(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 16 << 10,
+		BaseContext: func(net.Listener) context.Context { return in.ctx }}
+	err := srv.Serve(ln)
+	srv.Close()
+	return err
+}
+
 // Forget stops serving sandbox name and drops its approvals.
 func (in *Inside) Forget(name string) {
 	in.mu.Lock()

@@ -77,7 +77,7 @@ var goTypes = map[string]any{
 	"api.ExecRequest": ExecRequest{}, "api.ExecEvent": ExecEvent{}, "api.ExecInput": ExecInput{},
 	"api.Info": Info{}, "api.RuntimeInfo": RuntimeInfo{}, "api.FSRequest": FSRequest{},
 	"api.FSResponse": FSResponse{}, "api.Approval": Approval{}, "api.AnswerRequest": AnswerRequest{},
-	"sandbox.Limits": sandbox.Limits{}, "sandbox.Staleness": sandbox.Staleness{},
+	"sandbox.Limits": sandbox.Limits{}, "sandbox.GuestSize": sandbox.GuestSize{}, "sandbox.Staleness": sandbox.Staleness{},
 	"sandbox.SnapshotInfo": sandbox.SnapshotInfo{}, "sandbox.MergeConflict": sandbox.MergeConflict{}, "merge.Conflict": merge.Conflict{},
 	"cowfs.Conflict": cowfs.Conflict{}, "cowfs.Refusal": cowfs.Refusal{},
 	"proto.Started": proto.Started{}, "proto.Exit": proto.Exit{}, "proto.Resize": proto.Resize{},
@@ -87,7 +87,7 @@ var goTypes = map[string]any{
 	"api.NetworkRequest": NetworkRequest{}, "api.ExposeRequest": ExposeRequest{}, "api.Exposures": Exposures{},
 	"api.AutoExposeRequest": AutoExposeRequest{}, "api.SecretRequest": SecretRequest{},
 	"sandbox.Exposure": sandbox.Exposure{}, "sandbox.SecretInfo": sandbox.SecretInfo{}, "sandbox.SecretBinding": sandbox.SecretBinding{},
-	"api.LimitsResponse": LimitsResponse{}, "sandbox.Usage": sandbox.Usage{}, "audit.Record": audit.Record{},
+	"api.LimitsResponse": LimitsResponse{}, "api.UsageResponse": UsageResponse{}, "api.SandboxUsage": SandboxUsage{}, "sandbox.Usage": sandbox.Usage{}, "audit.Record": audit.Record{},
 	"audit.Head": audit.Head{}, "audit.Report": audit.Report{}, "api.VerifyResponse": VerifyResponse{},
 	"execpolicy.Rule": execpolicy.Rule{}, "execpolicy.Policy": execpolicy.Policy{},
 }

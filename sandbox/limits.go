@@ -112,6 +112,10 @@ type Usage struct {
 	MemoryPeak  uint64 `json:"memory_peak_bytes,omitempty"`
 	OOMKills    uint64 `json:"oom_kills"`
 	Pids        uint64 `json:"pids"`
+	// LayerBytes is the disk space of its OS layer when the manager last
+	// measured it (every few seconds while it uses CPU, up to a little
+	// past its bound); absent before the first measure.
+	LayerBytes int64 `json:"layer_bytes,omitempty"`
 }
 
 // Limiter is an Instance whose limits change while it runs and whose use
@@ -214,5 +218,25 @@ func (m *Manager) Usage(name string) (*Usage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %q: %w", name, err)
 	}
+	m.pol.mu.Lock()
+	if w := m.pol.watch[name]; w != nil && w.layer >= 0 {
+		u.LayerBytes = w.layer
+	}
+	m.pol.mu.Unlock()
 	return &u, nil
+}
+
+// ProjectBytes returns the bytes charged to a sandbox's project branch,
+// read from the store: its agent is not asked, so it answers for a
+// frozen or stopped sandbox too.
+func (m *Manager) ProjectBytes(ctx context.Context, name string) (int64, error) {
+	info, err := m.Get(name)
+	if err != nil {
+		return 0, err
+	}
+	used, _, err := m.fs.BranchUsage(ctx, info.Branch)
+	if err != nil {
+		return 0, fmt.Errorf("sandbox %q: project bytes: %w", name, err)
+	}
+	return used, nil
 }

@@ -209,9 +209,13 @@ func (a *app) printLimits(name string, r *api.LimitsResponse) error {
 		fmt.Fprintf(w, "frozen      %s (tine thaw %s)\n", r.Frozen, name)
 	}
 	if u := r.Usage; u != nil {
-		fmt.Fprintf(w, "using       cpu %v, memory %s (peak %s), %d tasks, %d OOM kills\n",
+		fmt.Fprintf(w, "using       cpu %v, memory %s (peak %s), %d tasks, %d OOM kills",
 			time.Duration(u.CPUNanos).Round(time.Millisecond), humanBytes(int64(u.MemoryBytes)),
 			humanBytes(int64(u.MemoryPeak)), u.Pids, u.OOMKills)
+		if u.LayerBytes > 0 {
+			fmt.Fprintf(w, ", OS layer %s", humanBytes(u.LayerBytes))
+		}
+		fmt.Fprintln(w)
 	}
 	return nil
 }

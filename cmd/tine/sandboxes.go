@@ -117,6 +117,9 @@ func (a *app) createCommand() *cobra.Command {
 			if err := vf.check(); err != nil {
 				return err
 			}
+			if err := vf.guest(&req); err != nil {
+				return err
+			}
 			req.Runtime = vf.name()
 			cl, err := a.daemon(ctx)
 			if err != nil {
@@ -437,6 +440,9 @@ func (a *app) statusCommand() *cobra.Command {
 			fmt.Fprintf(w, "written    %s\n", written)
 			if s.Limits.Pids > 0 {
 				fmt.Fprintf(w, "pids limit %d\n", s.Limits.Pids)
+			}
+			if g := s.Guest; g != nil {
+				fmt.Fprintf(w, "guest      %s memory, %d vCPUs\n", humanBytes(g.MemoryBytes), g.CPUs)
 			}
 			st := s.Stale
 			switch {
