@@ -257,3 +257,59 @@ func BenchmarkAgentFiles(b *testing.B) {
 		b.ReportMetric(float64(v[0].Microseconds())/float64(b.N)/1000, "native-ms-"+s)
 	}
 }
+
+// BenchmarkDirGetattr measures a create in a directory of 5000 files
+// followed by a stat of the directory (the create makes the kernel ask
+// for the directory's attributes again, link count included).
+func BenchmarkDirGetattr(b *testing.B) {
+	needFUSE(b)
+	files := map[string]string{}
+	for i := range 5000 {
+		files[fmt.Sprintf("big/f%04d", i)] = ""
+	}
+	f := openTestFS(b)
+	m, _ := mountNew(b, f, "main", files)
+	dir := filepath.Join(m.Dir(), "big")
+	b.ResetTimer()
+	for i := range b.N {
+		fh, err := os.Create(filepath.Join(dir, fmt.Sprintf("n%d", i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		fh.Close()
+		if _, err := os.Lstat(dir); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkDiff measures the diff of two snapshots of 4000 files in 200
+// directories that differ in one file of every tenth directory, as an
+// agent's loop asks again and again.
+func BenchmarkDiff(b *testing.B) {
+	ctx := context.Background()
+	f := openTestFS(b)
+	src := b.TempDir()
+	files := map[string]string{}
+	for i := range 4000 {
+		files[fmt.Sprintf("d%03d/e/f%04d", i%200, i)] = fmt.Sprint(i)
+	}
+	writeTree(b, src, files)
+	s1, err := f.Import(ctx, src, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < 200; i += 10 {
+		os.WriteFile(filepath.Join(src, fmt.Sprintf("d%03d/e/f%04d", i, i)), []byte("changed"), 0o644)
+	}
+	s2, err := f.Import(ctx, src, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		if _, err := f.Diff(ctx, s1, s2); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
