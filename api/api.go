@@ -52,6 +52,10 @@ type CreateRequest struct {
 	// parent, siblings and forks), none, or family and name globs
 	// ("family,worker-*"); a fork takes its parent's (messages.go).
 	MessageTo string `json:"message_to,omitempty"`
+	// Guest is a vm sandbox's machine size: RAM and vCPUs (default: the
+	// daemon's --vm-memory and --vm-cpus; from a snapshot: the
+	// snapshot's). Other runtimes refuse it.
+	Guest *sandbox.GuestSize `json:"guest,omitempty"`
 }
 
 // Sandbox is a sandbox as the API reports it.

@@ -36,6 +36,14 @@ type Approval struct {
 	Answer   string     `json:"answer,omitempty"` // the person's words
 	Created  time.Time  `json:"created"`
 	Answered *time.Time `json:"answered,omitempty"`
+	// Frozen says the sandbox is frozen while the question waits (kind
+	// approval; see inside_questions.go).
+	Frozen bool `json:"frozen,omitempty"`
+	// Deadline is when a question no one answered counts as denied (its
+	// timeout_s); none when it waits for as long as it takes.
+	Deadline *time.Time `json:"deadline,omitempty"`
+	// TimedOut says no one answered before the deadline.
+	TimedOut bool `json:"timed_out,omitempty"`
 }
 
 // ApprovalRequest is the body of POST /v1/self/approvals inside a sandbox.
@@ -45,6 +53,10 @@ type ApprovalRequest struct {
 	// Wait: answer only once a person has (or the request's connection
 	// ends), rather than at once with the pending record.
 	Wait bool `json:"wait,omitempty"`
+	// TimeoutS, when positive, is how many seconds a person has to
+	// answer (at most a day): past it the question counts as denied and
+	// the sandbox thaws.
+	TimeoutS int64 `json:"timeout_s,omitempty"`
 }
 
 // AnswerRequest is the body of POST /v1/approvals/{id}/approve and /deny.
@@ -74,9 +86,17 @@ type approvals struct {
 	byID map[string]*Approval
 	// changed is closed (and replaced) at every answer.
 	changed chan struct{}
+
+	// holdMu guards holds: by sandbox, the questions keeping it frozen
+	// (inside_questions.go). It is taken before mu, never after.
+	holdMu sync.Mutex
+	holds  map[string]map[string]bool
 }
 
-func (s *approvals) add(sb, kind, reason string, limits *sandbox.Limits) (*Approval, error) {
+// add records a pending request (a's Sandbox, Kind, Reason, Limits,
+// Frozen) with a deadline timeout from now when positive.
+func (s *approvals) add(a *Approval, timeout time.Duration) (*Approval, error) {
+	sb := a.Sandbox
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.byID == nil {
@@ -105,8 +125,12 @@ func (s *approvals) add(sb, kind, reason string, limits *sandbox.Limits) (*Appro
 	}
 	var b [8]byte
 	rand.Read(b[:])
-	a := &Approval{ID: "ap-" + hex.EncodeToString(b[:]), Sandbox: sb, Kind: kind, Reason: reason,
-		Limits: limits, State: "pending", Created: time.Now().UTC()}
+	a = &Approval{ID: "ap-" + hex.EncodeToString(b[:]), Sandbox: sb, Kind: a.Kind, Reason: a.Reason,
+		Limits: a.Limits, Frozen: a.Frozen, State: "pending", Created: time.Now().UTC()}
+	if timeout > 0 {
+		d := a.Created.Add(timeout)
+		a.Deadline = &d
+	}
 	s.byID[a.ID] = a
 	c := *a
 	return &c, nil
@@ -157,15 +181,42 @@ func (s *approvals) answer(id string, approve bool, msg string, apply func(*Appr
 			return nil, err
 		}
 	}
-	now := time.Now().UTC()
-	a.State, a.Answer, a.Answered = map[bool]string{true: "approved", false: "denied"}[approve], msg, &now
-	close(s.changed)
-	s.changed = make(chan struct{})
+	s.settle(a, approve, msg)
 	c := *a
 	return &c, nil
 }
 
+// settle records the answer to a pending approval; s.mu is held.
+func (s *approvals) settle(a *Approval, approve bool, msg string) {
+	now := time.Now().UTC()
+	a.State, a.Answer, a.Answered = map[bool]string{true: "approved", false: "denied"}[approve], msg, &now
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// expire denies approval id if it is still pending, as timed out; it
+// returns a copy of it then, or nil.
+func (s *approvals) expire(id string) *Approval {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.byID[id]
+	if !ok || a.State != "pending" {
+		return nil
+	}
+	a.TimedOut = true
+	msg := "no answer before the deadline"
+	if a.Deadline != nil {
+		msg = fmt.Sprintf("no answer within %s", a.Deadline.Sub(a.Created).Round(time.Second))
+	}
+	s.settle(a, false, msg)
+	c := *a
+	return &c
+}
+
 func (s *approvals) forget(sb string) {
+	s.holdMu.Lock()
+	delete(s.holds, sb)
+	s.holdMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, a := range s.byID {
@@ -175,59 +226,10 @@ func (s *approvals) forget(sb string) {
 	}
 }
 
-// Inside a sandbox: ask, list, look at one.
-
-func (h *insideHandler) ask(w http.ResponseWriter, r *http.Request) {
-	var req ApprovalRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	if err := validReason(req.Reason); err != nil {
-		writeError(w, err)
-		return
-	}
-	if req.Reason == "" {
-		writeError(w, badRequest("field \"reason\" is empty: say what a person is to approve"))
-		return
-	}
-	a, err := h.in.appr.add(h.self, "approval", req.Reason, nil)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	if !req.Wait {
-		writeJSON(w, http.StatusAccepted, a)
-		return
-	}
-	for {
-		cur, changed := h.in.appr.get(a.ID)
-		if cur == nil || cur.State != "pending" {
-			if cur == nil {
-				cur = a
-			}
-			writeJSON(w, http.StatusOK, cur)
-			return
-		}
-		select {
-		case <-changed:
-		case <-r.Context().Done():
-			return
-		}
-	}
-}
+// Inside a sandbox: list (ask and look at one: inside_questions.go).
 
 func (h *insideHandler) approvals(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, h.in.appr.list(h.self))
-}
-
-func (h *insideHandler) approval(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	a, _ := h.in.appr.get(id)
-	if !approvalIDRE.MatchString(id) || a == nil || a.Sandbox != h.self {
-		writeError(w, &Error{Code: "not_found", Message: fmt.Sprintf("approval %q: no such request of this sandbox", id)})
-		return
-	}
-	writeJSON(w, http.StatusOK, a)
 }
 
 // On the daemon's API: list and answer.
@@ -237,18 +239,30 @@ func (h *insideHandler) approval(w http.ResponseWriter, r *http.Request) {
 func (in *Inside) Approvals(sb string) []Approval { return in.appr.list(sb) }
 
 // Answer approves or denies a pending request. An approved raise of
-// limits is recorded in the sandbox's metadata and takes effect at its
-// next start.
+// limits is applied to the sandbox at once (running or not), checked
+// against the policy's ceiling again; an answered question thaws its
+// sandbox once no other question of it waits. Answers are audited.
 func (in *Inside) Answer(ctx context.Context, id string, approve bool, msg string) (*Approval, error) {
 	if !approvalIDRE.MatchString(id) {
 		return nil, badRequest("approval id %q: want ap- and 16 hex digits, as tine approvals lists", id)
 	}
-	return in.appr.answer(id, approve, msg, func(a *Approval) error {
+	a, err := in.appr.answer(id, approve, msg, func(a *Approval) error {
 		if a.Kind != "resources" || a.Limits == nil {
 			return nil
 		}
-		return in.m.GrantLimits(a.Sandbox, *a.Limits)
+		return in.applyApproved(context.WithoutCancel(ctx), a)
 	})
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case a.Kind == "resources" && !approve:
+		in.m.Audit(a.Sandbox, "resources-denied", map[string]any{"id": a.ID, "asked": a.Limits, "answer": msg})
+	case a.Kind == "approval":
+		in.m.Audit(a.Sandbox, "question-answered", map[string]any{"id": a.ID, "state": a.State, "answer": msg})
+		in.release(a)
+	}
+	return a, nil
 }
 
 func (s *Server) approvalsList(w http.ResponseWriter, r *http.Request) {

@@ -26,9 +26,13 @@ const InsideSocket = "/run/tine/api.sock"
 // InsideOptions is the policy of what sandboxes may ask for themselves.
 type InsideOptions struct {
 	// MaxLimits bounds what a sandbox may ask its limits to be raised to
-	// (POST /v1/self/resources); a field left zero may not be raised at
-	// all. Requests within it are pended for a person's approval.
+	// (POST /v1/self/resources: memory, cpus, pids, project bytes); a
+	// field left zero may not be raised at all. Requests within it and
+	// past Grant wait for a person's approval.
 	MaxLimits sandbox.Limits
+	// Grant is what a sandbox gets at once when it asks, applied while
+	// it runs (inside_resources.go); at most MaxLimits, field by field.
+	Grant sandbox.Limits
 	// MaxTree bounds how many sandboxes a sandbox's tree (itself and its
 	// forks) may hold after a fork made from inside; default 64.
 	MaxTree int
@@ -98,6 +102,18 @@ func (in *Inside) Listen(name, path string) error {
 	in.served[name] = &insideListener{path: path, srv: srv}
 	go srv.Serve(ln)
 	return nil
+}
+
+// ServeListener serves sandbox name's API on ln (its address on its
+// gateway, bound to its veth: see sandbox.InsideHTTP) until ln is closed;
+// its connections end with it.
+func (in *Inside) ServeListener(name string, ln net.Listener) error {
+	h := &insideHandler{in: in, self: name}
+	srv := &http.Server{Handler: h.mux(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 16 << 10,
+		BaseContext: func(net.Listener) context.Context { return in.ctx }}
+	err := srv.Serve(ln)
+	srv.Close()
+	return err
 }
 
 // Forget stops serving sandbox name and drops its approvals.
@@ -242,6 +258,8 @@ type InsideLimits struct {
 	Limits sandbox.Limits `json:"limits"`
 	// Max is what the policy lets it ask for (POST /v1/self/resources).
 	Max sandbox.Limits `json:"max"`
+	// Grant is what it gets at once when it asks; past it a person decides.
+	Grant sandbox.Limits `json:"grant"`
 	// Processes and ProjectBytes are what it uses now.
 	Processes    int   `json:"processes"`
 	ProjectBytes int64 `json:"project_bytes"`
@@ -257,7 +275,7 @@ func (h *insideHandler) limits(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, &InsideLimits{Limits: st.Limits, Max: h.in.o.MaxLimits, Processes: st.Processes, ProjectBytes: st.ProjectBytes})
+	writeJSON(w, http.StatusOK, &InsideLimits{Limits: st.Limits, Max: h.in.o.MaxLimits, Grant: h.in.o.Grant, Processes: st.Processes, ProjectBytes: st.ProjectBytes})
 }
 
 func (h *insideHandler) remove(w http.ResponseWriter, r *http.Request) {
@@ -409,72 +427,4 @@ func (h *insideHandler) fork(w http.ResponseWriter, r *http.Request) {
 		out[i] = Sandbox{Info: *f}
 	}
 	writeJSON(w, http.StatusCreated, out)
-}
-
-// ResourcesRequest is the body of POST /v1/self/resources inside a
-// sandbox: the limits it asks to have.
-type ResourcesRequest struct {
-	Limits sandbox.Limits `json:"limits"`
-	// Reason tells the person who answers why.
-	Reason string `json:"reason,omitempty"`
-}
-
-// validate refuses what no policy could grant.
-func (req *ResourcesRequest) validate() error {
-	if req.Limits.Pids < 0 || req.Limits.ProjectBytes < 0 {
-		return badRequest("field \"limits\": negative values; give the limits wanted, 0 to leave one as it is")
-	}
-	if req.Limits.Pids == 0 && req.Limits.ProjectBytes == 0 {
-		return badRequest("field \"limits\" asks for nothing; give pids or project_bytes")
-	}
-	return validReason(req.Reason)
-}
-
-// beyond names the first limit in want that raises have past max, or "".
-// A raise is any value above the current limit, or any value where the
-// current one is none (0).
-func beyond(have, want, max sandbox.Limits) string {
-	check := func(field string, h, w, m int64) string {
-		if w == 0 || (h != 0 && w <= h) {
-			return ""
-		}
-		if m == 0 || w > m {
-			return fmt.Sprintf("%s %d (now %d, the policy allows at most %d)", field, w, h, m)
-		}
-		return ""
-	}
-	if s := check("pids", have.Pids, want.Pids, max.Pids); s != "" {
-		return s
-	}
-	return check("project_bytes", have.ProjectBytes, want.ProjectBytes, max.ProjectBytes)
-}
-
-// resources asks for more: beyond the policy it is refused; within it a
-// person decides (tine approve|deny), and an approved raise takes effect
-// at the sandbox's next start.
-func (h *insideHandler) resources(w http.ResponseWriter, r *http.Request) {
-	var req ResourcesRequest
-	if !decode(w, r, &req) {
-		return
-	}
-	if err := req.validate(); err != nil {
-		writeError(w, err)
-		return
-	}
-	info, err := h.in.m.Get(h.self)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	if b := beyond(info.Limits, req.Limits, h.in.o.MaxLimits); b != "" {
-		forbidden(w, "sandbox %q asks for %s: refused by policy", h.self, b)
-		return
-	}
-	want := req.Limits
-	a, err := h.in.appr.add(h.self, "resources", req.Reason, &want)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusAccepted, a)
 }

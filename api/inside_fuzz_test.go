@@ -40,7 +40,7 @@ func FuzzInsideRequest(f *testing.F) {
 			if rr.Limits.Pids < 0 || rr.Limits.ProjectBytes < 0 {
 				t.Fatalf("negative limits passed: %+v", rr.Limits)
 			}
-			if beyond(have, rr.Limits, max) == "" && (rr.Limits.Pids > max.Pids || rr.Limits.ProjectBytes > 0) {
+			if decideRaise(have, rr.Limits, sandbox.Limits{}, max).refused == "" && (rr.Limits.Pids > max.Pids || rr.Limits.ProjectBytes > 0) {
 				t.Fatalf("raise past the policy let through: %+v", rr.Limits)
 			}
 		}

@@ -310,7 +310,7 @@ func statusOf(err error) (int, *Error) {
 		return http.StatusConflict, &Error{Code: "not_running", Message: msg + "; start it first"}
 	case errors.Is(err, sandbox.ErrDenied):
 		return http.StatusForbidden, &Error{Code: "denied", Message: msg}
-	case errors.Is(err, sandbox.ErrFrozen):
+	case errors.Is(err, sandbox.ErrFrozen), errors.Is(err, sandbox.ErrBelowUsage):
 		return http.StatusConflict, &Error{Code: "conflict", Message: msg}
 	}
 	return http.StatusInternalServerError, &Error{Code: "internal", Message: msg}
@@ -323,7 +323,7 @@ func codeStatus(code string) int {
 		return http.StatusBadRequest
 	case "not_found":
 		return http.StatusNotFound
-	case "denied":
+	case "denied", "forbidden":
 		return http.StatusForbidden
 	case "exists", "not_running", "conflict":
 		return http.StatusConflict

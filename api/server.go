@@ -85,6 +85,7 @@ func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
 		// Limits, freezer, audit and exec policy (limits.go, audit.go,
 		// execpolicy.go); exec approvals join the list below.
 		{"GET", sb + "/limits", s.getLimits},
+		{"GET", "/" + Version + "/usage", s.usage},
 		{"PUT", sb + "/limits", s.putLimits},
 		{"POST", sb + "/freeze", s.freeze},
 		{"POST", sb + "/thaw", s.thaw},
@@ -230,7 +231,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	o := sandbox.CreateOptions{Name: req.Name, Env: req.Env, Limits: req.Limits, Services: req.Services, Runtime: req.Runtime, MessageTo: req.MessageTo}
+	o := sandbox.CreateOptions{Name: req.Name, Env: req.Env, Limits: req.Limits, Services: req.Services, Runtime: req.Runtime, Guest: req.Guest, MessageTo: req.MessageTo}
 	if err := s.createPolicy(&req, &o); err != nil {
 		writeError(w, err)
 		return

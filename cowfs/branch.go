@@ -39,6 +39,7 @@ type inode struct {
 	loaded   bool
 	children map[string]*inode
 	encBytes int64         // directory: entryCost summed over children
+	subdirs  uint32        // directory: children that are directories (its link count is 2 more)
 	dirty    bool          // directory: entries changed since id was computed
 	id       chunkstore.ID // directory: tree id when !dirty; file: content id when !f.changed()
 
@@ -65,6 +66,7 @@ type fileData struct {
 	offs    []int64 // offs[i] is where refs[i] starts; offs[len(refs)] = baseLen
 	dirty   []extent
 	changed bool          // content differs from id
+	mem     []byte        // written bytes kept in memory, when ovPath is "" (see memfile.go)
 	ov      *os.File      // the overlay file while open (see overlay.go)
 	ovPath  string        // the overlay file's path once made
 	ovElem  *list.Element // place among the branch's open overlays
@@ -104,6 +106,7 @@ type branch struct {
 	chunkOrder []chunkstore.ID
 	overlays   overlayFiles   // open overlay files, least recently used first
 	removals   overlayRemover // overlay files being deleted off the request path
+	memUsed    int64          // bytes of fileData.mem held by this branch's files
 }
 
 func nowNs() int64 { return time.Now().UnixNano() }
@@ -237,17 +240,18 @@ func (b *branch) load(d *inode) error {
 	if d.typ != TypeDir || d.loaded {
 		return nil
 	}
-	es, err := getDir(b.fs.store, d.id)
+	es, err := b.fs.getDir(d.id)
 	if err != nil {
 		return fmt.Errorf("branch %q: %w", b.name, err)
 	}
 	d.children = make(map[string]*inode, len(es))
-	d.encBytes = 0
+	d.encBytes, d.subdirs = 0, 0
 	for i := range es {
 		c := b.fromEntry(&es[i])
 		d.children[es[i].Name] = c
 		c.parents[d]++
 		d.encBytes += c.cost(es[i].Name)
+		d.subdirs += c.dirLinks()
 	}
 	d.loaded = true
 	return nil
@@ -271,6 +275,15 @@ func (b *branch) loadAll(top *inode) error {
 		}
 	}
 	return nil
+}
+
+// dirLinks is what in adds to its parent directory's link count: 1 for a
+// directory (its ".."), else 0.
+func (in *inode) dirLinks() uint32 {
+	if in.typ == TypeDir {
+		return 1
+	}
+	return 0
 }
 
 func loadedNames(in *inode) uint32 {
@@ -610,15 +623,9 @@ func (b *branch) readAt(in *inode, p []byte, off int64) (int, error) {
 		i := fd.extentAfter(pos)
 		if i < len(fd.dirty) && fd.dirty[i].off <= pos {
 			n := min(end, fd.dirty[i].end) - pos
-			ov, err := b.overlay(in)
-			if err != nil {
+			if err := b.ovRead(in, buf[:n], pos); err != nil {
 				return int(pos - off), err
 			}
-			m, err := ov.ReadAt(buf[:n], pos)
-			if err != nil && !errors.Is(err, io.EOF) {
-				return int(pos - off), fmt.Errorf("branch %q: read overlay %s: %w", b.name, fd.ovPath, err)
-			}
-			clear(buf[m:n])
 			pos += n
 			continue
 		}
@@ -674,11 +681,7 @@ func (b *branch) write(in *inode, p []byte, off int64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	ov, err := b.overlay(in)
-	if err != nil {
-		return 0, err
-	}
-	n, err := ov.WriteAt(p, off)
+	n, err := b.ovWrite(in, p, off)
 	if n > 0 {
 		fd.addExtent(off, off+int64(n))
 		fd.changed = true
@@ -708,11 +711,7 @@ func (b *branch) toOverlay(in *inode, a, e int64) error {
 	if _, err := b.readAt(in, buf, a); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
-	ov, err := b.overlay(in)
-	if err != nil {
-		return err
-	}
-	if _, err := ov.WriteAt(buf, a); err != nil {
+	if _, err := b.ovWrite(in, buf, a); err != nil {
 		return fmt.Errorf("branch %q: write inode %d overlay %s: %w", b.name, in.ino, in.f.ovPath, err)
 	}
 	in.f.addExtent(a, e)
@@ -749,6 +748,7 @@ func (b *branch) truncate(in *inode, n int64) error {
 			fd.setRefs(fd.refs[:j:j])
 		}
 		fd.clipExtents(n)
+		fd.memTruncate(n)
 		if fd.ovPath != "" {
 			ov, err := b.overlay(in)
 			if err != nil {
@@ -798,6 +798,7 @@ func (b *branch) punch(in *inode, off, end int64) error {
 		fd.setRefs(append(out, fd.refs[j:]...))
 	}
 	fd.cutExtents(off, end)
+	fd.memPunch(off, end)
 	if fd.ovPath != "" {
 		// Give the overlay's disk space back; the bytes are dead either way.
 		if ov, err := b.overlay(in); err == nil {

@@ -157,12 +157,12 @@ func (d *differ) pair(p string, a, b *Entry, parent *dirPair) error {
 	dp := dirPair{p: p}
 	var err error
 	if a != nil && a.Type == TypeDir {
-		if dp.as, err = getDir(d.f.store, a.ID); err != nil {
+		if dp.as, err = d.f.getDir(a.ID); err != nil {
 			return err
 		}
 	}
 	if b != nil && b.Type == TypeDir {
-		if dp.bs, err = getDir(d.f.store, b.ID); err != nil {
+		if dp.bs, err = d.f.getDir(b.ID); err != nil {
 			return err
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"tine/chunkstore"
 )
@@ -56,6 +57,13 @@ type Options struct {
 	// means DefaultCacheBytes. Files larger than it are read through
 	// FUSE instead.
 	CacheBytes int64
+	// MemBytes bounds the bytes of small written files kept in memory
+	// until a commit, over all branches (see memFileMax); zero means
+	// DefaultMemBytes, negative keeps none in memory.
+	MemBytes int64
+	// BranchMemBytes bounds the same per branch; zero means
+	// DefaultBranchMemBytes, negative keeps none in memory.
+	BranchMemBytes int64
 }
 
 // FS is tine's copy-on-write filesystem state under one root directory:
@@ -73,6 +81,11 @@ type FS struct {
 	matMu      sync.Mutex // serialises cache materialisation and eviction
 	cacheBytes int64      // the cache's budget
 	cacheUsed  int64      // bytes in the cache, under matMu
+
+	memBytes, branchMemBytes int64        // budgets of in-memory file bytes
+	memUsed                  atomic.Int64 // in-memory file bytes of every branch
+
+	dirs dirCache // decoded directory objects
 
 	viewMu  sync.Mutex
 	view    *os.File // read-only view of the cache (see cacheView)
@@ -100,6 +113,9 @@ func Open(root string, opts *Options) (*FS, error) {
 	if f.cacheBytes == 0 {
 		f.cacheBytes = DefaultCacheBytes
 	}
+	f.dirs.max = dirCacheBytes
+	f.memBytes = budget(opts.MemBytes, DefaultMemBytes)
+	f.branchMemBytes = budget(opts.BranchMemBytes, DefaultBranchMemBytes)
 	_, err = f.CleanStaleMounts()
 	if err == nil {
 		err = f.trimCache()
@@ -505,7 +521,7 @@ func (f *FS) List(ctx context.Context) ([]BranchInfo, []SnapshotInfo, error) {
 
 // rootEntry reads the single entry of a snapshot's root object.
 func (f *FS) rootEntry(id SnapshotID) (Entry, error) {
-	es, err := getDir(f.store, id)
+	es, err := f.getDir(id)
 	if err != nil {
 		return Entry{}, fmt.Errorf("snapshot %s: %w", id, err)
 	}
@@ -546,4 +562,15 @@ func (f *FS) DeleteSnapshot(ctx context.Context, id SnapshotID) error {
 		return fmt.Errorf("delete snapshot %s: %w", id, ErrNoSnapshot)
 	}
 	return nil
+}
+
+// budget turns an option into a budget: zero means def, negative none.
+func budget(opt, def int64) int64 {
+	switch {
+	case opt == 0:
+		return def
+	case opt < 0:
+		return 0
+	}
+	return opt
 }

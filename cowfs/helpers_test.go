@@ -20,7 +20,12 @@ func needFUSE(t testing.TB) {
 
 func openTestFS(t testing.TB) *FS {
 	t.Helper()
-	f, err := Open(t.TempDir(), nil)
+	return openTestFSWith(t, nil)
+}
+
+func openTestFSWith(t testing.TB, opts *Options) *FS {
+	t.Helper()
+	f, err := Open(t.TempDir(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}

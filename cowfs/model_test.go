@@ -55,6 +55,8 @@ func snapshotTree(t *testing.T, root string) treeState {
 				return err
 			}
 			desc += " -> " + tgt
+		case info.IsDir():
+			desc += fmt.Sprintf(" nlink=%d", sys.Nlink)
 		}
 		st[rel] = desc
 		return nil
@@ -87,7 +89,16 @@ func copyTree(t *testing.T, src, dst string) {
 // TestModel applies the same random operations to a cowfs branch and to a
 // plain directory and compares the two trees after every step. Snapshots,
 // forks and rollbacks are mirrored by copies of the plain directory.
-func TestModel(t *testing.T) {
+func TestModel(t *testing.T) { runModel(t, nil) }
+
+// TestModelSmallMemBudget is TestModel with budgets for in-memory file
+// bytes so small that files move between memory and overlay files all
+// the time, and budgets full.
+func TestModelSmallMemBudget(t *testing.T) {
+	runModel(t, &Options{MemBytes: 12 << 10, BranchMemBytes: 8 << 10})
+}
+
+func runModel(t *testing.T, opts *Options) {
 	needFUSE(t)
 	seed := *modelSeed
 	if seed == 0 {
@@ -111,7 +122,7 @@ func TestModel(t *testing.T) {
 	}()
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	ctx := context.Background()
-	f := openTestFS(t)
+	f := openTestFSWith(t, opts)
 	work := t.TempDir()
 	ref := filepath.Join(work, "ref")
 	if err := os.Mkdir(ref, 0o755); err != nil {
@@ -152,6 +163,9 @@ func TestModel(t *testing.T) {
 	defer func() {
 		if m != nil {
 			m.Unmount()
+		}
+		if n := f.memInUse(); n != 0 {
+			t.Errorf("%d bytes of file data still in memory after the last unmount", n)
 		}
 	}()
 

@@ -338,11 +338,7 @@ func (b *branch) fillAttr(in *inode, out *fuse.Attr) {
 	case TypeDir:
 		out.Nlink = 2
 		if b.load(in) == nil {
-			for _, c := range in.children {
-				if c.typ == TypeDir {
-					out.Nlink++
-				}
-			}
+			out.Nlink += in.subdirs
 		}
 		out.Size = 4096
 	case TypeFile:
@@ -490,7 +486,9 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	if h.pt != nil {
 		h.pt.Close()
 	}
-	if h.in.nlink == 0 && h.in.opens == 0 && h.in.f != nil {
+	// An unlinked file, or one a rollback took out of the tree, is gone
+	// at its last close.
+	if h.in.opens == 0 && h.in.f != nil && (h.in.nlink == 0 || b.orphans[h.in] != nil) {
 		b.dropOverlay(h.in.f)
 		delete(b.orphans, h.in)
 	}
@@ -630,6 +628,7 @@ func (b *branch) addChild(d *inode, name string, c *inode) error {
 	}
 	d.encBytes += c.cost(name)
 	d.children[name] = c
+	d.subdirs += c.dirLinks()
 	c.parents[d]++
 	t := nowNs()
 	d.mtime, d.ctime = t, t
@@ -788,6 +787,7 @@ func (b *branch) removeName(d *inode, name string) error {
 	c := d.children[name]
 	d.encBytes -= c.cost(name)
 	delete(d.children, name)
+	d.subdirs -= c.dirLinks()
 	c.parents[d]--
 	if c.parents[d] <= 0 {
 		delete(c.parents, d)
@@ -916,6 +916,8 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 			return toErrno(err)
 		}
 		src.children[name], dst.children[newName] = victim, c
+		src.subdirs += victim.dirLinks() - c.dirLinks()
+		dst.subdirs += c.dirLinks() - victim.dirLinks()
 		dst.encBytes += dc
 		src.encBytes += sc
 		moveParent(c, src, dst)
@@ -953,8 +955,10 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 		}
 		src.encBytes -= c.cost(name)
 		delete(src.children, name)
+		src.subdirs -= c.dirLinks()
 		dst.encBytes += c.cost(newName)
 		dst.children[newName] = c
+		dst.subdirs += c.dirLinks()
 		moveParent(c, src, dst)
 	}
 	t := nowNs()

@@ -67,11 +67,13 @@ func (b *branch) closeOverlay(fd *fileData) {
 	fd.ovElem = nil
 }
 
-// dropOverlay closes and removes a file's overlay. Caller holds b.mu.
+// dropOverlay closes and removes a file's overlay and frees its
+// in-memory bytes. Caller holds b.mu.
 func (b *branch) dropOverlay(fd *fileData) {
 	if fd == nil {
 		return
 	}
+	b.memFree(fd)
 	b.closeOverlay(fd)
 	if fd.ovPath != "" {
 		b.removals.remove(fd.ovPath)

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -127,6 +128,49 @@ func (d *webDriver) find(css string) string {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// gone waits up to 20 s until no element matches css.
+func (d *webDriver) gone(css string) {
+	d.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		v := d.call("POST", "/session/"+d.session+"/elements", map[string]string{"using": "css selector", "value": css})
+		var els []map[string]string
+		json.Unmarshal(v, &els)
+		if len(els) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			d.screenshot("timeout")
+			d.t.Fatalf("element %q still on the page after 20 s", css)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitText waits up to 20 s until the text of the element matching css
+// satisfies ok (the page redraws at each poll), and returns it.
+func (d *webDriver) waitText(css string, ok func(string) bool) string {
+	d.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := d.text(css)
+		if ok(got) {
+			return got
+		}
+		if time.Now().After(deadline) {
+			d.screenshot("timeout")
+			d.t.Fatalf("%s shows %q after 20 s", css, got)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// fig is the selector of a tree node's live usage figure (memory, cpu,
+// pids, project).
+func fig(sb, key string) string {
+	return fmt.Sprintf(`li[data-sandbox=%q] > .node .fig[data-usage=%q]`, sb, key)
 }
 
 // click clicks the element matching css, finding it again when the
@@ -259,6 +303,18 @@ func TestDashboardInChromium(t *testing.T) {
 	}
 	d.screenshot("2-created")
 
+	// Live usage (GET /v1/usage) beside each node: memory, CPU from the
+	// second poll on, pids and project bytes; the detail pane's table too.
+	d.waitText(fig("web", "pids"), func(s string) bool {
+		n, err := strconv.Atoi(strings.TrimPrefix(s, "pids "))
+		return err == nil && n > 0
+	})
+	d.waitText(fig("web", "memory"), func(s string) bool { return strings.HasPrefix(s, "mem ") && !strings.HasPrefix(s, "mem 0 B") })
+	d.waitText(fig("web", "cpu"), func(s string) bool { return strings.HasPrefix(s, "cpu ") && strings.HasSuffix(s, "%") })
+	d.waitText(fig("web", "project"), func(s string) bool { return strings.HasPrefix(s, "disk ") })
+	d.waitText(`#usage tr[data-usage="pids"] td.limit`, func(s string) bool { return s == "no limit" })
+	d.find(`#usage tr[data-usage="memory"]:not(.near)`)
+
 	d.click("#b-fork")
 	d.find(`li[data-sandbox="web"] ul li[data-sandbox="web-1"] .state.running`)
 	d.screenshot("3-forked")
@@ -298,14 +354,26 @@ func TestDashboardInChromium(t *testing.T) {
 
 	// Freeze, then thaw, from the panel: the state shows, and the daemon
 	// agrees; the audit log, polled, shows both.
+	// The tree marks the node with why it is frozen, and still shows its
+	// usage (read from its cgroups: its agent cannot answer).
+	frozenBadge := `li[data-sandbox="web-1"] > .node .badge.frozen`
 	d.click("#b-freeze")
 	d.find(`#detail[data-frozen="yes"] #d-frozen:not([hidden])`)
 	if l, err := c.Limits(t.Context(), "web-1"); err != nil || l.Frozen == "" {
 		t.Errorf("after the freeze button: %+v %v", l, err)
 	}
+	if got := d.waitText(frozenBadge, func(s string) bool { return s != "" }); got != "frozen: by hand" {
+		t.Errorf("tree badge %q, want frozen: by hand", got)
+	}
+	if got := d.text("#d-frozen"); got != "frozen by a person" {
+		t.Errorf("detail pane says %q", got)
+	}
+	d.find(`li[data-sandbox="web-1"] > .node:has(.badge.frozen) .fig[data-usage="pids"]`)
+	d.gone(`li[data-sandbox="web"] > .node .badge.frozen`)
 	d.screenshot("6-frozen")
 	d.click("#b-thaw")
 	d.find(`#detail[data-frozen="no"] #d-frozen[hidden]`)
+	d.gone(frozenBadge)
 	if l, err := c.Limits(t.Context(), "web-1"); err != nil || l.Frozen != "" {
 		t.Errorf("after the thaw button: %+v %v", l, err)
 	}
@@ -327,10 +395,13 @@ func TestDashboardInChromium(t *testing.T) {
 
 	// A command the exec policy holds for a person: approved from the
 	// panel, it runs; denied, it does not.
-	if _, err := c.SetExecPolicy(t.Context(), "web-1", &execpolicy.Policy{Rules: []execpolicy.Rule{{Pattern: "touch *", Action: execpolicy.Ask}}}); err != nil {
-		t.Fatal(err)
-	}
+	// The tree and the detail pane count what waits; the second command's
+	// policy freezes the sandbox while it waits, and the badge says why.
 	for _, answer := range []string{"approve", "deny"} {
+		freeze := answer == "deny"
+		if _, err := c.SetExecPolicy(t.Context(), "web-1", &execpolicy.Policy{FreezeOnAsk: freeze, Rules: []execpolicy.Rule{{Pattern: "touch *", Action: execpolicy.Ask}}}); err != nil {
+			t.Fatal(err)
+		}
 		target := filepath.Join(proj, answer+".txt")
 		done := make(chan error, 1)
 		go func() {
@@ -345,9 +416,16 @@ func TestDashboardInChromium(t *testing.T) {
 				t.Fatalf("approvals pane shows %q, want the request to touch %s", d.text("#approvals"), target)
 			}
 		}
-		if answer == "approve" {
-			d.screenshot("8-approval")
+		one := func(s string) bool { return s == "1 waiting" }
+		d.waitText(`li[data-sandbox="web-1"] > .node .badge.waiting`, one)
+		d.waitText("#d-waiting", one)
+		if freeze {
+			d.waitText(frozenBadge, func(s string) bool { return s == "frozen: approval" })
+			d.waitText("#d-frozen", func(s string) bool { return strings.HasPrefix(s, "frozen: waiting for approval ap-") })
+		} else {
+			d.gone(frozenBadge)
 		}
+		d.screenshot("8-" + answer)
 		d.click("#approvals button." + answer)
 		select {
 		case err := <-done:
@@ -364,4 +442,55 @@ func TestDashboardInChromium(t *testing.T) {
 		}
 	}
 	d.find(`#approvals-pane[hidden]`)
+	d.gone(`li[data-sandbox="web-1"] > .node .badge.waiting`)
+	d.gone(frozenBadge)
+	d.find(`#d-waiting[hidden]`)
+
+	// A figure near its limit is red: a few sleeps in web and a pids
+	// limit they fill to more than 90%; without the limit it is not red.
+	if _, err := c.Exec(t.Context(), "web", api.ExecRequest{ExecRequest: proto.ExecRequest{Argv: []string{"sh", "-c",
+		"for i in $(seq 25); do sleep 1000 </dev/null >/dev/null 2>&1 & done"}}}, client.ExecIO{}); err != nil {
+		t.Fatal(err)
+	}
+	u, err := c.Usage(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids int64
+	for _, s := range u.Sandboxes {
+		if s.Name == "web" && s.Usage != nil {
+			pids = int64(s.Usage.Pids)
+		}
+	}
+	if pids < 25 {
+		t.Fatalf("web runs %d pids after 25 sleeps: %+v", pids, u)
+	}
+	d.waitText(fig("web", "pids"), func(s string) bool {
+		n, err := strconv.Atoi(strings.TrimPrefix(s, "pids "))
+		return err == nil && n >= 25
+	})
+	d.find(fig("web", "pids") + ":not(.near)")
+	limit := pids * 10 / 9 // pids/limit >= 0.9, with room for a few more
+	if _, err := c.UpdateLimits(t.Context(), "web", sandbox.Limits{Pids: limit}); err != nil {
+		t.Fatal(err)
+	}
+	d.find(fig("web", "pids") + ".near")
+	if got := d.text(fig("web", "pids")); !strings.HasSuffix(got, fmt.Sprintf("/%d", limit)) {
+		t.Errorf("pids figure %q, want it out of %d", got, limit)
+	}
+	d.find(fig("web", "memory") + ":not(.near)")
+	d.click(`li[data-sandbox="web"] > .node`)
+	d.find(`#usage tr.near[data-usage="pids"]`)
+	d.find(`#usage tr[data-usage="memory"]:not(.near)`)
+	// The OS layer, measured every few seconds while the sandbox uses
+	// CPU, beside the default bound; in the tree only when near it.
+	d.waitText(`#usage tr[data-usage="layer"] td.limit`, func(s string) bool { return s == "of 10.0 GiB" })
+	d.find(fig("web", "pids") + ".near")
+	d.gone(fig("web", "layer"))
+	d.screenshot("9-near-limit")
+	if _, err := c.UpdateLimits(t.Context(), "web", sandbox.Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	d.gone(fig("web", "pids") + ".near")
+	d.gone(`#usage tr.near`)
 }

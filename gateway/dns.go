@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
@@ -18,10 +19,11 @@ const dnsTTL = 5
 
 // Answer builds the resolver's reply to one DNS query from the sandbox:
 // allowed names get the gateway's address (A) or an empty answer (other
-// types: the sandbox has no IPv6); other names NXDOMAIN. Nothing is ever
-// forwarded, so a query cannot carry data out. It returns nil for input
-// that is not a query worth answering.
-func Answer(p *netpolicy.Policy, gw [4]byte, query []byte) []byte {
+// types: the sandbox has no IPv6); other names NXDOMAIN. The local names
+// (already normalized) get the gateway's address whatever the policy.
+// Nothing is ever forwarded, so a query cannot carry data out. It returns
+// nil for input that is not a query worth answering.
+func Answer(p *netpolicy.Policy, gw [4]byte, query []byte, local ...string) []byte {
 	var parser dnsmessage.Parser
 	h, err := parser.Start(query)
 	if err != nil || h.Response {
@@ -43,7 +45,7 @@ func Answer(p *netpolicy.Policy, gw [4]byte, query []byte) []byte {
 	switch {
 	case q.Class != dnsmessage.ClassINET:
 		resp.RCode = dnsmessage.RCodeRefused
-	case nerr != nil || !p.AllowName(name, 0) || isIPv4(name):
+	case nerr != nil || !p.AllowName(name, 0) && !slices.Contains(local, name) || isIPv4(name):
 		resp.RCode = dnsmessage.RCodeNameError
 	case q.Type == dnsmessage.TypeA:
 		resp.Answers = []dnsmessage.Resource{{
@@ -59,7 +61,7 @@ func Answer(p *netpolicy.Policy, gw [4]byte, query []byte) []byte {
 }
 
 func (g *Gateway) answer(q []byte) []byte {
-	return Answer(g.Policy(), g.cfg.Addr.As4(), q)
+	return Answer(g.Policy(), g.cfg.Addr.As4(), q, g.cfg.Local...)
 }
 
 func (g *Gateway) serveDNSUDP() {
@@ -71,6 +73,9 @@ func (g *Gateway) serveDNSUDP() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			continue
+		}
+		if !fromPeer(from, g.cfg.Peer) {
 			continue
 		}
 		if b := g.answer(buf[:n]); b != nil {

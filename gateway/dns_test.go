@@ -50,6 +50,16 @@ func TestAnswer(t *testing.T) {
 	if Answer(p, gw, []byte{1, 2, 3}) != nil {
 		t.Error("answered garbage")
 	}
+	// A local name gets the gateway whatever the list; not without it.
+	for _, local := range [][]string{nil, {"tine.internal"}} {
+		var m dnsmessage.Message
+		if err := m.Unpack(Answer(p, gw, query(t, "TINE.internal.", dnsmessage.TypeA), local...)); err != nil {
+			t.Fatal(err)
+		}
+		if want := len(local); len(m.Answers) != want {
+			t.Errorf("tine.internal with local names %v: %d answers, rcode %v", local, len(m.Answers), m.RCode)
+		}
+	}
 }
 
 // FuzzAnswer feeds the resolver arbitrary packets: it must not panic, and

@@ -8,7 +8,9 @@
 // connection it serves is tracked, so that a policy change closes the
 // ones the new policy no longer allows. The packet filter in the
 // sandbox's namespace (see Link) is what makes the gateway the only way
-// out.
+// out. Each gateway serves one sandbox: its sockets are bound to that
+// sandbox's veth and answer only its address, and it never dials into
+// the sandboxes' range (listen.go).
 package gateway
 
 import (
@@ -35,10 +37,14 @@ type Auditor interface {
 // Ports are the gateway's ports on its address.
 type Ports struct {
 	DNS, HTTP, HTTPS, Proxy uint16
+	// API is the port of the sandbox's own API on the same address,
+	// served by the host beside the gateway (see Link.Listen).
+	API uint16
 }
 
-// DefaultPorts are 53, 80, 443 and 3128 (the CONNECT/HTTP proxy).
-var DefaultPorts = Ports{DNS: 53, HTTP: 80, HTTPS: 443, Proxy: 3128}
+// DefaultPorts are 53, 80, 443, 3128 (the CONNECT/HTTP proxy) and 7380
+// (the sandbox's API).
+var DefaultPorts = Ports{DNS: 53, HTTP: 80, HTTPS: 443, Proxy: 3128, API: 7380}
 
 // Config configures one sandbox's gateway.
 type Config struct {
@@ -47,6 +53,14 @@ type Config struct {
 	// Addr is the address the gateway listens on (the host end of the
 	// sandbox's veth) and the one its resolver answers with.
 	Addr netip.Addr
+	// Device is the host end of the sandbox's veth: every socket of the
+	// gateway is bound to it (required).
+	Device string
+	// Peer is the sandbox's address, the only one served (required).
+	Peer netip.Addr
+	// Local are names the resolver answers with Addr whatever the policy
+	// (the host's own services for this sandbox, such as its API).
+	Local []string
 	// Ports default to DefaultPorts.
 	Ports Ports
 	// Policy is the sandbox's policy (nil: none).
@@ -55,7 +69,9 @@ type Config struct {
 	CA *CA
 	// Dial makes upstream connections; nil dials from the host with
 	// net.Dialer, refusing loopback, link-local, private and unspecified
-	// addresses unless the policy allows that address itself.
+	// addresses unless the policy allows that address itself. Addresses
+	// in Subnet (other sandboxes and their gateways) are refused whatever
+	// the policy says, with either dialer.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// RootCAs verify upstream servers (nil: the host's roots).
 	RootCAs *x509.CertPool
@@ -91,6 +107,9 @@ func Start(cfg Config) (*Gateway, error) {
 	if cfg.CA == nil {
 		return nil, errors.New("gateway: no CA given")
 	}
+	if cfg.Device == "" || !cfg.Peer.IsValid() {
+		return nil, fmt.Errorf("gateway for sandbox %s: no device or sandbox address given", cfg.Sandbox)
+	}
 	if cfg.Ports == (Ports{}) {
 		cfg.Ports = DefaultPorts
 	}
@@ -98,6 +117,7 @@ func Start(cfg Config) (*Gateway, error) {
 	if g.cfg.Dial == nil {
 		g.cfg.Dial = g.guardedDial
 	}
+	g.cfg.Dial = refuseSandboxes(g.cfg.Dial)
 	g.transport = &http.Transport{
 		DialContext:           g.cfg.Dial,
 		TLSClientConfig:       &tls.Config{RootCAs: cfg.RootCAs},
@@ -128,7 +148,7 @@ func Start(cfg Config) (*Gateway, error) {
 		port uint16
 		q    *queue
 	}{{cfg.Ports.HTTP, g.httpQ}, {cfg.Ports.Proxy, g.httpQ}, {cfg.Ports.HTTPS, g.tlsQ}} {
-		ln, err := net.Listen("tcp4", netip.AddrPortFrom(cfg.Addr, l.port).String())
+		ln, err := ListenTCP(context.Background(), cfg.Device, netip.AddrPortFrom(cfg.Addr, l.port), cfg.Peer)
 		if err != nil {
 			return fail(err)
 		}
@@ -136,12 +156,12 @@ func Start(cfg Config) (*Gateway, error) {
 		g.wg.Add(1)
 		go g.accept(ln, l.q, l.port)
 	}
-	dnsTCP, err := net.Listen("tcp4", netip.AddrPortFrom(cfg.Addr, cfg.Ports.DNS).String())
+	dnsTCP, err := ListenTCP(context.Background(), cfg.Device, netip.AddrPortFrom(cfg.Addr, cfg.Ports.DNS), cfg.Peer)
 	if err != nil {
 		return fail(err)
 	}
 	g.lns = append(g.lns, dnsTCP)
-	if g.udp, err = net.ListenPacket("udp4", netip.AddrPortFrom(cfg.Addr, cfg.Ports.DNS).String()); err != nil {
+	if g.udp, err = listenUDP(context.Background(), cfg.Device, netip.AddrPortFrom(cfg.Addr, cfg.Ports.DNS)); err != nil {
 		return fail(err)
 	}
 	g.wg.Add(2)
@@ -221,9 +241,11 @@ func (g *Gateway) SetSecrets(s []Secret) {
 	g.mu.Unlock()
 }
 
+// allowed says whether p lets the sandbox reach name at port through
+// the gateway; never an address of the sandboxes' range.
 func allowed(p *netpolicy.Policy, name string, port uint16) bool {
 	if a, err := netip.ParseAddr(name); err == nil {
-		return p.AllowIP(a, port)
+		return !Subnet.Contains(a.Unmap()) && p.AllowIP(a, port)
 	}
 	return p.AllowName(name, port)
 }
@@ -283,7 +305,8 @@ func (g *Gateway) audit(kind string, f map[string]any) {
 
 // guardedDial dials from the host, refusing addresses of the host and its
 // private networks unless the policy allows the address itself: an
-// allowed name must not lead to the host's own services.
+// allowed name must not lead to the host's own services. Addresses of
+// the sandboxes' range are refused whatever the policy.
 func (g *Gateway) guardedDial(ctx context.Context, network, addr string) (net.Conn, error) {
 	d := net.Dialer{Timeout: 30 * time.Second, ControlContext: func(ctx context.Context, network, address string, _ syscallRawConn) error {
 		ap, err := netip.ParseAddrPort(address)
@@ -291,12 +314,35 @@ func (g *Gateway) guardedDial(ctx context.Context, network, addr string) (net.Co
 			return err
 		}
 		a := ap.Addr().Unmap()
+		if Subnet.Contains(a) {
+			return errSandboxRange(a)
+		}
 		if internal(a) && !g.Policy().AllowIP(a, ap.Port()) {
 			return fmt.Errorf("gateway: %s is a host-internal address; allow it by address to reach it", a)
 		}
 		return nil
 	}}
 	return d.DialContext(ctx, network, addr)
+}
+
+// refuseSandboxes wraps dial so that it never dials an address of the
+// sandboxes' range: one sandbox must not reach another, or another's
+// gateway, through its own.
+func refuseSandboxes(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("gateway: dial %q: %w", addr, err)
+		}
+		if a, err := netip.ParseAddr(host); err == nil && Subnet.Contains(a.Unmap()) {
+			return nil, errSandboxRange(a)
+		}
+		return dial(ctx, network, addr)
+	}
+}
+
+func errSandboxRange(a netip.Addr) error {
+	return fmt.Errorf("gateway: %s is in the sandboxes' range %s, which no sandbox reaches through the gateway", a, Subnet)
 }
 
 // internal says whether a is loopback, link-local, private, shared

@@ -87,7 +87,7 @@ func newWorld(t *testing.T, p *netpolicy.Policy) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.link.Close() })
-	w.gw, err = Start(Config{Sandbox: "test", Addr: w.link.Gateway, Policy: p, CA: w.ca, RootCAs: w.upstream.Pool(),
+	w.gw, err = Start(Config{Sandbox: "test", Addr: w.link.Gateway, Device: w.link.HostName, Peer: w.link.Addr, Policy: p, CA: w.ca, RootCAs: w.upstream.Pool(),
 		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			_, port, _ := net.SplitHostPort(addr)
 			return w.up.dial(ctx, network, "127.0.0.1:"+port)

@@ -148,9 +148,10 @@ func (l *Link) Apply(ctx context.Context, p *netpolicy.Policy) error {
 
 // Ruleset is the nftables ruleset of a sandbox's namespace for p: out
 // through lo, to the gateway's ports, and (mode allow) to the listed
-// addresses and CIDRs at their ports, or (mode open) to any IPv4 address
-// but other sandboxes'; everything else, IPv6 included, is refused (TCP
-// with a reset, so that a cut connection fails at once).
+// addresses and CIDRs at their ports, or (mode open) to any IPv4 address;
+// never to the sandboxes' range (Subnet) but its own gateway, whatever
+// the list says; everything else, IPv6 included, is refused (TCP with a
+// reset, so that a cut connection fails at once).
 func Ruleset(p *netpolicy.Policy, gw netip.Addr, ports Ports) string {
 	var b strings.Builder
 	w := func(f string, a ...any) { fmt.Fprintf(&b, f+"\n", a...) }
@@ -163,12 +164,14 @@ func Ruleset(p *netpolicy.Policy, gw netip.Addr, ports Ports) string {
 	w("    oifname \"lo\" accept")
 	w("    meta nfproto ipv6 counter name denied reject with icmpx type admin-prohibited")
 	w("    ip daddr %s udp dport %d accept", gw, ports.DNS)
-	w("    ip daddr %s tcp dport { %d, %d, %d, %d } accept", gw, ports.DNS, ports.HTTP, ports.HTTPS, ports.Proxy)
+	w("    ip daddr %s tcp dport { %s } accept", gw, ports.tcp())
 	w("    ip daddr %s ct state established accept", gw)
 	w("    ip daddr %s counter name denied reject with tcp reset", gw)
+	// Other sandboxes and their gateways, whatever the list allows.
+	w("    ip daddr %s meta l4proto tcp counter name denied reject with tcp reset", Subnet)
+	w("    ip daddr %s counter name denied reject with icmpx type admin-prohibited", Subnet)
 	switch p.GetMode() {
 	case netpolicy.Open:
-		w("    ip daddr %s counter name denied reject with icmpx type admin-prohibited", Subnet)
 		w("    accept")
 	case netpolicy.Allow:
 		for _, r := range p.Rules() {
@@ -189,6 +192,7 @@ func Ruleset(p *netpolicy.Policy, gw netip.Addr, ports Ports) string {
 	w("    type filter hook input priority 0; policy drop;")
 	w("    iifname \"lo\" accept")
 	w("    ip saddr %s accept", gw)
+	w("    ip saddr %s drop", Subnet)
 	switch p.GetMode() {
 	case netpolicy.Open:
 		w("    ct state established,related accept")
@@ -216,12 +220,19 @@ var hostOnce sync.Mutex
 
 // hostTable puts the host's own guard in place (once; idempotent): from
 // sandboxes' veths the host accepts only the gateway's ports and replies,
-// so a sandbox reaches no other host service even in mode open; it
-// forwards (with masquerade) what the sandboxes' own filters let out to
-// addresses, and nothing between sandboxes.
+// and only to the address of the veth a packet came in on (its own
+// gateway), so a sandbox reaches no other host service even in mode open
+// and no other sandbox's gateway; it forwards (with masquerade) what the
+// sandboxes' own filters let out to addresses, and nothing between
+// sandboxes.
 func hostTable(ctx context.Context, ports Ports) error {
 	hostOnce.Lock()
 	defer hostOnce.Unlock()
+	return run(ctx, []byte(hostRuleset(ports)), "nft", "-f", "-")
+}
+
+// hostRuleset is the host's table (see hostTable).
+func hostRuleset(ports Ports) string {
 	var b strings.Builder
 	w := func(f string, a ...any) { fmt.Fprintf(&b, f+"\n", a...) }
 	w("add table inet tine-host")
@@ -229,14 +240,18 @@ func hostTable(ctx context.Context, ports Ports) error {
 	w("table inet tine-host {")
 	w("  chain input {")
 	w("    type filter hook input priority -10; policy accept;")
+	// Only to the address of the veth it came in on: its own gateway,
+	// never another sandbox's.
+	w("    iifname \"%s*\" fib daddr . iif type != local counter drop", hostPrefix)
 	w("    iifname \"%s*\" udp dport %d accept", hostPrefix, ports.DNS)
-	w("    iifname \"%s*\" tcp dport { %d, %d, %d, %d } accept", hostPrefix, ports.DNS, ports.HTTP, ports.HTTPS, ports.Proxy)
+	w("    iifname \"%s*\" tcp dport { %s } accept", hostPrefix, ports.tcp())
 	w("    iifname \"%s*\" ct state established,related accept", hostPrefix)
 	w("    iifname \"%s*\" counter drop", hostPrefix)
 	w("  }")
 	w("  chain forward {")
 	w("    type filter hook forward priority -10; policy accept;")
 	w("    iifname \"%s*\" oifname \"%s*\" drop", hostPrefix, hostPrefix)
+	w("    ip saddr %s ip daddr %s drop", Subnet, Subnet)
 	w("    iifname \"%s*\" meta nfproto ipv6 drop", hostPrefix)
 	w("  }")
 	w("  chain postrouting {")
@@ -244,11 +259,20 @@ func hostTable(ctx context.Context, ports Ports) error {
 	w("    ip saddr %s oifname != \"%s*\" masquerade", Subnet, hostPrefix)
 	w("  }")
 	w("}")
-	return run(ctx, []byte(b.String()), "nft", "-f", "-")
+	return b.String()
 }
 
 // EnableForwarding turns on the host's IPv4 forwarding, which mode open
 // and address rules need (a host-wide setting; tine never turns it off).
 func EnableForwarding() error {
 	return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1\n"), 0o644)
+}
+
+// tcp lists the TCP ports for nftables.
+func (p Ports) tcp() string {
+	s := fmt.Sprintf("%d, %d, %d, %d", p.DNS, p.HTTP, p.HTTPS, p.Proxy)
+	if p.API != 0 {
+		s += fmt.Sprintf(", %d", p.API)
+	}
+	return s
 }

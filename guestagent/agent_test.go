@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -249,12 +250,23 @@ func TestEventsForExec(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The listener opens a port; the events must show the start, the
-	// port, the exit with its code and the port closing.
+	// port, the exit with its code and the port closing. Events are read
+	// as they come: the agent sees every process of the host here, and a
+	// busy host makes many.
 	py := `import socket,time; s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(0.5)`
 	p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"python3", "-c", py}, Env: os.Environ()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	var mu sync.Mutex
+	var got []proto.Event
+	go func() {
+		for e := range ev {
+			mu.Lock()
+			got = append(got, e)
+			mu.Unlock()
+		}
+	}()
 	var portLine string
 	if b, err := io.ReadAll(p.Stdout); err == nil {
 		portLine = strings.TrimSpace(string(b))
@@ -265,8 +277,15 @@ func TestEventsForExec(t *testing.T) {
 	}
 	seen := map[string]bool{}
 	for !(seen["start"] && seen["exit"] && seen["open"] && seen["close"]) {
-		select {
-		case e := <-ev:
+		if ctx.Err() != nil {
+			t.Fatalf("events seen: %v (port %s)", seen, portLine)
+		}
+		time.Sleep(20 * time.Millisecond)
+		mu.Lock()
+		events := got
+		got = nil
+		mu.Unlock()
+		for _, e := range events {
 			switch {
 			case e.Type == proto.EventProcessStarted && e.Process.PID == p.PID:
 				seen["start"] = true
@@ -279,9 +298,57 @@ func TestEventsForExec(t *testing.T) {
 				seen["open"] = e.Port.PID == p.PID
 			case e.Type == proto.EventPortClosed && portString(e.Port) == portLine:
 				seen["close"] = true
+			case e.Type == proto.EventLost:
+				t.Logf("%d events lost on a busy host", e.Lost)
+			}
+		}
+	}
+}
+
+// TestSlowEventReaderDoesNotStallExec: a caller that subscribes to events
+// and reads none must not stop the execs that share its connection; the
+// events it missed are counted in a "lost" event.
+func TestSlowEventReaderDoesNotStallExec(t *testing.T) {
+	c, _ := startAgent(t)
+	ctx := ctxT(t)
+	ev, err := c.Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each exec makes a start and an exit event: 400 of them overflow
+	// every queue between the agent and the unread channel.
+	for i := 0; i < 200; i++ {
+		p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"true"}, Env: os.Environ()})
+		if err != nil {
+			t.Fatalf("exec %d: %v", i, err)
+		}
+		if x, err := p.Wait(ctx); err != nil || x.Code != 0 {
+			t.Fatalf("exec %d with events unread: %+v %v", i, x, err)
+		}
+	}
+	// One more event after the queue has room again carries the count.
+	n := 0
+	for range len(ev) {
+		<-ev
+		n++
+	}
+	p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"true"}, Env: os.Environ()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Wait(ctx)
+	for {
+		select {
+		case e := <-ev:
+			if e.Type == proto.EventLost {
+				if e.Lost <= 0 {
+					t.Fatalf("lost event with count %d", e.Lost)
+				}
+				t.Logf("%d events queued, then %d lost", n, e.Lost)
+				return
 			}
 		case <-ctx.Done():
-			t.Fatalf("events seen: %v (port %s)", seen, portLine)
+			t.Fatalf("no lost event after %d queued events", n)
 		}
 	}
 }

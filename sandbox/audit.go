@@ -31,6 +31,9 @@ type policyState struct {
 	loopOnce  sync.Once
 	stop      chan struct{}
 	done      chan struct{}
+	// limits serializes changes of limits (limits.go), so that a raise
+	// computed from the current limits is applied to those limits.
+	limits sync.Mutex
 }
 
 // auditDir is where the audit logs live: they outlive their sandboxes.

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 )
@@ -67,21 +68,24 @@ func (m *Manager) InTree(root, name string) bool {
 	return false
 }
 
-// GrantLimits records limits a person granted sandbox name (its fields
-// that are not zero replace its own); they take effect at its next start.
-func (m *Manager) GrantLimits(name string, l Limits) error {
-	info, err := m.Get(name)
-	if err != nil {
+// FreezeFor freezes a running sandbox for why, as Freeze does, unless
+// it is frozen already (for why or anything else); ThawFor(why) thaws it.
+// The freeze is audited with why.
+func (m *Manager) FreezeFor(ctx context.Context, name, why string) error {
+	if err := m.freeze(ctx, name, why); err != nil {
 		return err
 	}
-	if l.Pids != 0 {
-		info.Limits.Pids = l.Pids
-	}
-	if l.ProjectBytes != 0 {
-		info.Limits.ProjectBytes = l.ProjectBytes
-	}
-	if err := m.save(info); err != nil {
-		return fmt.Errorf("grant limits to sandbox %q: %w", name, err)
-	}
+	m.audit(name, "freeze", map[string]any{"why": why})
 	return nil
+}
+
+// ThawFor thaws a sandbox that FreezeFor froze for why; one frozen for
+// another reason (by a person, over its OS-layer bound) stays frozen. It
+// reports whether it thawed the sandbox; the thaw is audited.
+func (m *Manager) ThawFor(name, why string) bool {
+	if !m.thawIf(name, why) {
+		return false
+	}
+	m.audit(name, "thaw", map[string]any{"why": why})
+	return true
 }

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -111,6 +112,10 @@ type Usage struct {
 	MemoryPeak  uint64 `json:"memory_peak_bytes,omitempty"`
 	OOMKills    uint64 `json:"oom_kills"`
 	Pids        uint64 `json:"pids"`
+	// LayerBytes is the disk space of its OS layer when the manager last
+	// measured it (every few seconds while it uses CPU, up to a little
+	// past its bound); absent before the first measure.
+	LayerBytes int64 `json:"layer_bytes,omitempty"`
 }
 
 // Limiter is an Instance whose limits change while it runs and whose use
@@ -123,16 +128,34 @@ type Limiter interface {
 	LayerBytes(max int64) (int64, error)
 }
 
+// ErrBelowUsage reports a memory limit below what the sandbox uses now
+// that the kernel could not reclaim down to.
+var ErrBelowUsage = errors.New("below what the sandbox uses")
+
 // UpdateLimits changes the limits of a sandbox: they are saved, and
 // applied at once when it runs (TmpfsBytes only at its next start, and
 // ProjectBytes to its branch). The change is audited.
 func (m *Manager) UpdateLimits(ctx context.Context, name string, l Limits) (*Info, error) {
-	if err := l.Check(); err != nil {
-		return nil, fmt.Errorf("update sandbox %q: %w", name, err)
-	}
+	return m.ChangeLimits(ctx, name, func(Limits) (Limits, error) { return l, nil })
+}
+
+// ChangeLimits changes the limits of a sandbox to what change returns for
+// its current ones, as UpdateLimits does. Changes of limits are made one
+// at a time, so change sees the limits it replaces; an error from change
+// leaves them as they are and is returned as it is.
+func (m *Manager) ChangeLimits(ctx context.Context, name string, change func(cur Limits) (Limits, error)) (*Info, error) {
+	m.pol.limits.Lock()
+	defer m.pol.limits.Unlock()
 	info, err := m.Get(name)
 	if err != nil {
 		return nil, err
+	}
+	l, err := change(info.Limits)
+	if err != nil {
+		return nil, err
+	}
+	if err := l.Check(); err != nil {
+		return nil, fmt.Errorf("update sandbox %q: %w", name, err)
 	}
 	if rt, err := m.runtimeOf(info); err == nil && !featuresOf(rt).Limits {
 		if err := checkNoCgroupLimits(rt.Name(), l); err != nil {
@@ -152,7 +175,11 @@ func (m *Manager) UpdateLimits(ctx context.Context, name string, l Limits) (*Inf
 		}
 		if err := lim.SetLimits(l); err != nil {
 			// Put back what was there, so that the saved and applied agree.
-			return nil, errors.Join(fmt.Errorf("update sandbox %q: %w", name, err), lim.SetLimits(old))
+			err = errors.Join(belowUsage(lim, l, err), lim.SetLimits(old))
+			if l.ProjectBytes != old.ProjectBytes {
+				err = errors.Join(err, m.fs.SetQuota(ctx, info.Branch, old.ProjectBytes))
+			}
+			return nil, fmt.Errorf("update sandbox %q: %w", name, err)
 		}
 	}
 	info.Limits = l
@@ -161,6 +188,20 @@ func (m *Manager) UpdateLimits(ctx context.Context, name string, l Limits) (*Inf
 	}
 	m.audit(name, "limits", map[string]any{"old": old, "new": l})
 	return info, nil
+}
+
+// belowUsage names the cause when the kernel refused a memory limit
+// (EBUSY: it could not reclaim down to it), wrapping ErrBelowUsage.
+func belowUsage(lim Limiter, l Limits, err error) error {
+	if !errors.Is(err, syscall.EBUSY) || l.MemoryBytes == 0 {
+		return err
+	}
+	use := "more"
+	if u, uerr := lim.Usage(); uerr == nil {
+		use = fmt.Sprintf("%d bytes", u.MemoryBytes)
+	}
+	return fmt.Errorf("memory limit %d bytes is %w (%s) and the kernel could not reclaim enough; free memory in it (files in its /tmp, /run and /dev/shm count) or give a higher limit: %v",
+		l.MemoryBytes, ErrBelowUsage, use, err)
 }
 
 // Usage returns what a running sandbox uses now.
@@ -177,5 +218,25 @@ func (m *Manager) Usage(name string) (*Usage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %q: %w", name, err)
 	}
+	m.pol.mu.Lock()
+	if w := m.pol.watch[name]; w != nil && w.layer >= 0 {
+		u.LayerBytes = w.layer
+	}
+	m.pol.mu.Unlock()
 	return &u, nil
+}
+
+// ProjectBytes returns the bytes charged to a sandbox's project branch,
+// read from the store: its agent is not asked, so it answers for a
+// frozen or stopped sandbox too.
+func (m *Manager) ProjectBytes(ctx context.Context, name string) (int64, error) {
+	info, err := m.Get(name)
+	if err != nil {
+		return 0, err
+	}
+	used, _, err := m.fs.BranchUsage(ctx, info.Branch)
+	if err != nil {
+		return 0, fmt.Errorf("sandbox %q: project bytes: %w", name, err)
+	}
+	return used, nil
 }

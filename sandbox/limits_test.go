@@ -469,6 +469,9 @@ func TestLayerBound(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	why := e.m.Frozen("layer")
+	if u, err := e.m.Usage("layer"); err != nil || u.LayerBytes <= 16<<20 {
+		t.Errorf("usage of the frozen sandbox: %+v %v, want its OS layer past 16 MiB", u, err)
+	}
 	e.waitAudit("layer", "layer-full", time.Second)
 	if err := e.m.Thaw(context.Background(), "layer"); err != nil {
 		t.Fatal(err)

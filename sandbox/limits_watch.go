@@ -17,6 +17,7 @@ type watchState struct {
 	execs      int       // commands running
 	layerCPU   uint64    // CPU time at the last OS-layer check
 	layerAt    time.Time // when that check was
+	layer      int64     // what that check measured; -1 before the first
 }
 
 // layerEvery is how often a sandbox that used CPU since has its OS layer
@@ -105,7 +106,7 @@ func (m *Manager) watchOnce(ctx context.Context, now time.Time) {
 		if w == nil {
 			// A sandbox's cgroup counts OOM kills from 0: kills made
 			// before the loop first saw it are reported too.
-			w = &watchState{cpu: u.CPUNanos, lastActive: now}
+			w = &watchState{cpu: u.CPUNanos, lastActive: now, layer: -1}
 			m.pol.watch[name] = w
 		}
 		oom := u.OOMKills - min(u.OOMKills, w.oom)
@@ -303,7 +304,8 @@ func (m *Manager) publish(name, typ string) {
 	}
 }
 
-// checkLayer freezes a sandbox whose OS layer is over its bound.
+// checkLayer measures a sandbox's OS layer, remembers it for Usage, and
+// freezes the sandbox when the layer is over its bound.
 func (m *Manager) checkLayer(ctx context.Context, info *Info) {
 	lv, err := m.running(info.Name)
 	if err != nil {
@@ -318,7 +320,15 @@ func (m *Manager) checkLayer(ctx context.Context, info *Info) {
 		bound = DefaultLayerBytes
 	}
 	n, err := lim.LayerBytes(bound)
-	if err != nil || n <= bound {
+	if err != nil {
+		return
+	}
+	m.pol.mu.Lock()
+	if w := m.pol.watch[info.Name]; w != nil {
+		w.layer = n
+	}
+	m.pol.mu.Unlock()
+	if n <= bound {
 		return
 	}
 	if err := m.freeze(ctx, info.Name, "over its OS-layer bound"); err != nil {

@@ -75,6 +75,8 @@ type live struct {
 	// runs).
 	env     []string
 	project string
+	// apiSocket: the runtime bound the inside API's socket.
+	apiSocket bool
 }
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
@@ -197,6 +199,10 @@ type CreateOptions struct {
 	// MessageTo is its message policy (ParseMessagePolicy; default: a
 	// fork's parent's, else family).
 	MessageTo string
+	// Guest is a vm sandbox's machine size (nil: the runtime's default;
+	// from a snapshot: the snapshot's). Runtimes that are not
+	// GuestSizers refuse it.
+	Guest *GuestSize
 }
 
 // Create makes a sandbox and starts it. Its metadata is written once,
@@ -223,13 +229,16 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, err)
 	}
+	if o.Guest, err = m.guestSize(rt, o); err != nil {
+		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, err)
+	}
 	if err := os.Mkdir(m.dir(o.Name), 0o700); errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, ErrExists)
 	} else if err != nil {
 		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, err)
 	}
 	info := &Info{Name: o.Name, Runtime: rt.Name(), State: Stopped, Branch: branchName(o.Name),
-		Created: time.Now().UTC(), Limits: o.Limits, Env: o.Env, Services: o.Services, ForkedFrom: forkedFrom}
+		Created: time.Now().UTC(), Limits: o.Limits, Guest: o.Guest, Env: o.Env, Services: o.Services, ForkedFrom: forkedFrom}
 	seed, err := m.prepare(ctx, info, o)
 	if err == nil {
 		err = m.inherit(info, o)
@@ -354,7 +363,7 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	}
 	spec := Spec{ID: m.instanceID(name), Hostname: name, Dir: m.rtDir(name),
 		ProjectPath: info.ProjectPath, ProjectSource: l.mount.Dir(),
-		Hide: []string{m.root, m.fs.Root()}, Limits: info.Limits, Seed: seed}
+		Hide: []string{m.root, m.fs.Root()}, Limits: info.Limits, Guest: info.Guest, Seed: seed}
 	if spec.APISocket, err = m.insideSocket(name); err != nil {
 		return fail(err)
 	}
@@ -362,6 +371,7 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	if err != nil {
 		return fail(err)
 	}
+	l.apiSocket = spec.APISocket != "" && featuresOf(rt).APISocket
 	if l.inst, err = rt.Start(ctx, spec); err != nil {
 		return fail(err)
 	}
@@ -540,6 +550,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 	if len(req.Env) == 0 {
 		req.Env = l.env
 	}
+	req.Env = m.commandEnv(name, l, req.Env)
 	if req.Dir == "" {
 		req.Dir = l.project
 	}
@@ -575,7 +586,7 @@ func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) 
 	var rnd [8]byte
 	rand.Read(rnd[:])
 	s := &SnapshotInfo{ID: "snap-" + hex.EncodeToString(rnd[:]), Name: o.Name, Sandbox: name, Runtime: info.Runtime,
-		ProjectPath: info.ProjectPath, Created: time.Now().UTC(), Limits: info.Limits, Env: info.Env,
+		ProjectPath: info.ProjectPath, Created: time.Now().UTC(), Limits: info.Limits, Guest: info.Guest, Env: info.Env,
 		Services: info.Services, HostBase: info.HostBase, GitBase: info.GitBase}
 	dir := m.snapDir(s.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {

@@ -43,6 +43,7 @@ type networks struct {
 type sandboxNet struct {
 	link *gateway.Link
 	gw   *gateway.Gateway
+	api  net.Listener // its API over HTTP (insidenet.go); nil: none
 }
 
 // netPider is an Instance whose network namespace the host can attach to.
@@ -187,9 +188,22 @@ func (m *Manager) startNetwork(ctx context.Context, name string, inst Instance) 
 	if err != nil {
 		return fmt.Errorf("sandbox %q: attach network: %w", name, err)
 	}
-	gw, err := gateway.Start(gateway.Config{Sandbox: name, Addr: link.Gateway, Policy: p, CA: ca,
+	var local []string
+	m.mu.Lock()
+	if _, ok := m.inside.(InsideHTTP); ok {
+		local = []string{InsideName}
+	}
+	m.mu.Unlock()
+	gw, err := gateway.Start(gateway.Config{Sandbox: name, Addr: link.Gateway, Device: link.HostName, Peer: link.Addr,
+		Local: local, Policy: p, CA: ca,
 		Dial: m.net.opts.Dial, RootCAs: m.net.opts.RootCAs, Audit: m.netAuditor(name), Secrets: m.boundSecrets(name)})
 	if err != nil {
+		link.Close()
+		return err
+	}
+	sn := &sandboxNet{link: link, gw: gw}
+	if err := m.serveInsideHTTP(ctx, name, sn); err != nil {
+		gw.Close()
 		link.Close()
 		return err
 	}
@@ -197,7 +211,7 @@ func (m *Manager) startNetwork(ctx context.Context, name string, inst Instance) 
 	if m.net.live == nil {
 		m.net.live = map[string]*sandboxNet{}
 	}
-	m.net.live[name] = &sandboxNet{link: link, gw: gw}
+	m.net.live[name] = sn
 	m.net.mu.Unlock()
 	if err := m.configureGuestNetwork(ctx, name, link, ca); err != nil {
 		m.stopNetwork(name)
@@ -259,6 +273,9 @@ func (m *Manager) stopNetwork(name string) {
 	delete(m.net.live, name)
 	m.net.mu.Unlock()
 	if sn != nil {
+		if sn.api != nil {
+			sn.api.Close()
+		}
 		sn.gw.Close()
 		sn.link.Close()
 	}

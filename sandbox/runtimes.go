@@ -23,6 +23,9 @@ type Features struct {
 	// layer, devices, GPU) and usage; the project quota and the lifetime
 	// are the Manager's own and work for every runtime.
 	Limits bool
+	// APISocket: the inside API's socket bound at /run/tine/api.sock
+	// (Spec.APISocket).
+	APISocket bool
 }
 
 // Featurer is a Runtime that supports only some of the Manager's
@@ -36,7 +39,7 @@ func featuresOf(rt Runtime) Features {
 	if f, ok := rt.(Featurer); ok {
 		return f.Features()
 	}
-	return Features{Network: true, Limits: true}
+	return Features{Network: true, Limits: true, APISocket: true}
 }
 
 // initRuntimes registers opts' runtimes by name.
@@ -137,7 +140,7 @@ func checkNoCgroupLimits(rtName string, l Limits) error {
 	if l.IsZero() {
 		return nil
 	}
-	return fmt.Errorf("limits other than the project quota, lifetime and idle time are not built for %s sandboxes (they are cgroup limits): size a %s sandbox with its runtime's settings", rtName, rtName)
+	return fmt.Errorf("limits other than the project quota, lifetime and idle time are not built for %s sandboxes (they are cgroup limits): size a %s sandbox with its guest size (create --memory and --cpus)", rtName, rtName)
 }
 
 // checkFeature refuses a part of the Manager that the sandbox's runtime
@@ -155,4 +158,35 @@ func (m *Manager) checkFeature(name, what string, needs func(Features) bool) err
 		return fmt.Errorf("sandbox %q: %s is not built for %s sandboxes", name, what, rt.Name())
 	}
 	return nil
+}
+
+// guestSize returns a new sandbox's machine size: o.Guest, else a
+// snapshot's, with the runtime's defaults filled in; nil for a runtime
+// that is not a GuestSizer, which refuses a size.
+func (m *Manager) guestSize(rt Runtime, o CreateOptions) (*GuestSize, error) {
+	want := o.Guest
+	if o.Snapshot != "" {
+		s, err := m.GetSnapshot(o.Snapshot)
+		if err != nil {
+			return nil, err
+		}
+		if s.Guest != nil {
+			if want != nil && (want.MemoryBytes != 0 && want.MemoryBytes != s.Guest.MemoryBytes || want.CPUs != 0 && want.CPUs != s.Guest.CPUs) {
+				return nil, fmt.Errorf("snapshot %s is of a machine with %d MiB and %d vCPUs: a sandbox made from it has that size", s.ID, s.Guest.MemoryBytes>>20, s.Guest.CPUs)
+			}
+			want = s.Guest
+		}
+	}
+	gs, ok := rt.(GuestSizer)
+	if !ok {
+		if o.Guest != nil {
+			return nil, fmt.Errorf("a guest size (memory and vCPUs of a machine) is for vm sandboxes; size a %s sandbox with limits", rt.Name())
+		}
+		return nil, nil
+	}
+	g, err := gs.GuestSize(want)
+	if err != nil {
+		return nil, err
+	}
+	return &g, nil
 }

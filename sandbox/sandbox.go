@@ -31,6 +31,20 @@ const (
 	Stopped State = "stopped" // its files are kept; Start runs it again
 )
 
+// GuestSize is the size of a sandbox's virtual machine (vm runtime):
+// its RAM and vCPUs. It is fixed at create and kept by forks.
+type GuestSize struct {
+	MemoryBytes int64 `json:"memory_bytes"`
+	CPUs        int   `json:"cpus"`
+}
+
+// GuestSizer is a Runtime whose sandboxes are machines of a size: it
+// fills in its defaults and refuses, with the reason, a size it cannot
+// give. Other runtimes refuse a guest size.
+type GuestSizer interface {
+	GuestSize(want *GuestSize) (GuestSize, error)
+}
+
 // Limits bound what a sandbox may use. Zero means no limit.
 type Limits struct {
 	// Pids is the most processes and threads at once.
@@ -71,6 +85,8 @@ type Info struct {
 	ForkedFrom string    `json:"forked_from,omitempty"`
 	Created    time.Time `json:"created"`
 	Limits     Limits    `json:"limits"`
+	// Guest is the size of a vm sandbox's machine; nil for other runtimes.
+	Guest *GuestSize `json:"guest,omitempty"`
 	// Env is the environment of commands that give none.
 	Env []string `json:"env,omitempty"`
 	// Services are shell commands started at every start of the sandbox
@@ -85,16 +101,17 @@ type Info struct {
 // one instant (a cowfs snapshot) and a copy of the runtime's state taken
 // at the same instant, with the sandbox frozen.
 type SnapshotInfo struct {
-	ID          string    `json:"id"`
-	Name        string    `json:"name,omitempty"` // label given at snapshot time
-	Sandbox     string    `json:"sandbox"`
-	Runtime     string    `json:"runtime"`
-	ProjectPath string    `json:"project_path"`
-	FS          string    `json:"fs"` // cowfs snapshot id
-	Created     time.Time `json:"created"`
-	Limits      Limits    `json:"limits"`
-	Env         []string  `json:"env,omitempty"`
-	Services    []string  `json:"services,omitempty"`
+	ID          string     `json:"id"`
+	Name        string     `json:"name,omitempty"` // label given at snapshot time
+	Sandbox     string     `json:"sandbox"`
+	Runtime     string     `json:"runtime"`
+	ProjectPath string     `json:"project_path"`
+	FS          string     `json:"fs"` // cowfs snapshot id
+	Created     time.Time  `json:"created"`
+	Limits      Limits     `json:"limits"`
+	Guest       *GuestSize `json:"guest,omitempty"`
+	Env         []string   `json:"env,omitempty"`
+	Services    []string   `json:"services,omitempty"`
 	// HostBase is the sandbox's HostBase when the snapshot was taken.
 	HostBase string `json:"host_base,omitempty"`
 	// GitBase is the sandbox's GitBase, carried to what is made from the
@@ -119,6 +136,8 @@ type Spec struct {
 	// Hide lists host paths the sandbox must not see (state roots).
 	Hide   []string
 	Limits Limits
+	// Guest is a vm sandbox's machine size (nil: the runtime's default).
+	Guest *GuestSize
 	// Seed, when given, is the runtime state directory (Dir) of a
 	// snapshot that the sandbox's state starts as a copy of; Dir must not
 	// exist yet then.

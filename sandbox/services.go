@@ -117,7 +117,7 @@ func (m *Manager) startServices(ctx context.Context, info *Info, l *live) {
 	for i, svc := range info.Services {
 		sctx, cancel := context.WithCancel(context.Background())
 		p, err := c.Exec(sctx, proto.ExecRequest{Argv: []string{"/bin/sh", "-c", svc},
-			Env: info.Env, Dir: info.ProjectPath})
+			Env: m.commandEnv(info.Name, l, info.Env), Dir: info.ProjectPath})
 		if err != nil {
 			cancel()
 			lf.note("service %d (%s) not started: %v", i+1, svc, err)

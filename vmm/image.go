@@ -127,14 +127,23 @@ func (img *Image) WriteFile(path string) error {
 			if r == 0 {
 				return errors.New("short read")
 			}
-			// Skip zero pages so the file keeps its holes.
-			for p := 0; p < r; p += PageSize {
-				page := buf[p:min(r, p+PageSize)]
-				if len(page) == PageSize && isZeroPage(page) {
-					continue
+			// Skip zero pages so the file keeps its holes; write each
+			// run of data pages at once.
+			run := -1
+			for p := 0; ; p += PageSize {
+				end := p >= r
+				zero := end || p+PageSize <= r && isZeroPage(buf[p:p+PageSize])
+				if !zero && run < 0 {
+					run = p
 				}
-				if _, err := f.WriteAt(page, off+int64(p)); err != nil {
-					return err
+				if zero && run >= 0 {
+					if _, err := f.WriteAt(buf[run:min(p, r)], off+int64(run)); err != nil {
+						return err
+					}
+					run = -1
+				}
+				if end {
+					break
 				}
 			}
 			off += int64(r)

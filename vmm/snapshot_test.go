@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"tine/chunkstore"
 )
@@ -112,6 +113,9 @@ func restoreProcess(arg string) error {
 	parts := strings.Split(arg, ",")
 	if len(parts) != 3 {
 		return fmt.Errorf("bad argument %q", arg)
+	}
+	if parts[2] == "dir" {
+		return restoreDir(parts[0])
 	}
 	store, err := chunkstore.Open(parts[0], nil)
 	if err != nil {
@@ -281,4 +285,33 @@ void main(u64 memsize) {
 		img.Close()
 		store.Close()
 	}
+}
+
+// restoreDir opens an image directory in this fresh process, clones it,
+// runs the clone to the end and prints the times and what it reported.
+func restoreDir(dir string) error {
+	opts := ForkOptions{}
+	start := time.Now()
+	img, _, err := OpenImageDir(dir, Config{})
+	if err != nil {
+		return err
+	}
+	defer img.Close()
+	opened := time.Since(start)
+	kids, err := img.Fork(context.Background(), 1, opts)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("open %v, open+clone %v\n", opened, time.Since(start))
+	vm := kids[0]
+	defer vm.Close()
+	if err := vm.Run(context.Background()); err != nil {
+		return err
+	}
+	r := vm.Reports()
+	if len(r) != 2 {
+		return fmt.Errorf("restored VM reported %v", r)
+	}
+	fmt.Printf("RESULT %d %d exit %d\n", r[0], r[1], vm.ExitCode())
+	return nil
 }

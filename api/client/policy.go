@@ -85,3 +85,10 @@ func (c *Client) SetExecPolicy(ctx context.Context, name string, p *execpolicy.P
 	var out execpolicy.Policy
 	return &out, c.call(ctx, "PUT", sandboxPath(name, "/policy/exec"), p, &out)
 }
+
+// Usage returns the limits and use of every sandbox, read without asking
+// their agents.
+func (c *Client) Usage(ctx context.Context) (*api.UsageResponse, error) {
+	var out api.UsageResponse
+	return &out, c.call(ctx, "GET", "/usage", nil, &out)
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -35,10 +36,28 @@ func (a *app) approvalCommands() []*cobra.Command {
 			return table(a.stdout, "ID\tSANDBOX\tKIND\tSTATE\tREASON", func(w io.Writer) {
 				for _, ap := range as {
 					reason := ap.Reason
-					if ap.Limits != nil {
-						reason = fmt.Sprintf("limits pids=%d project_bytes=%d %s", ap.Limits.Pids, ap.Limits.ProjectBytes, reason)
+					if l := ap.Limits; l != nil {
+						var asked []string
+						for _, f := range []struct {
+							name string
+							v    int64
+							s    string
+						}{{"memory", l.MemoryBytes, humanBytes(l.MemoryBytes)}, {"cpus", int64(l.CPUs * 1e6), fmt.Sprint(l.CPUs)},
+							{"pids", l.Pids, fmt.Sprint(l.Pids)}, {"disk", l.ProjectBytes, humanBytes(l.ProjectBytes)}} {
+							if f.v != 0 {
+								asked = append(asked, f.name+"="+f.s)
+							}
+						}
+						reason = strings.TrimSpace("limits " + strings.Join(asked, ",") + " " + reason)
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%q\n", ap.ID, ap.Sandbox, ap.Kind, ap.State, reason)
+					state := ap.State
+					if ap.Frozen && ap.State == "pending" {
+						state += " (sandbox frozen)"
+					}
+					if ap.TimedOut {
+						state += " (timed out)"
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%q\n", ap.ID, ap.Sandbox, ap.Kind, state, reason)
 				}
 			})
 		},
@@ -48,7 +67,7 @@ func (a *app) approvalCommands() []*cobra.Command {
 		var msg string
 		verb, short := "deny", "deny a sandbox's pending request"
 		if approve {
-			verb, short = "approve", "approve a sandbox's pending request (a raise of limits takes effect at its next start)"
+			verb, short = "approve", "approve a sandbox's pending request (a raise of limits applies at once; an answered question thaws the sandbox)"
 		}
 		c := &cobra.Command{
 			Use:   verb + " ID",

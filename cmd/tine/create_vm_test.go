@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"tine/api"
+	"tine/sandbox"
 	"tine/sandbox/vm"
 )
 
@@ -55,5 +56,31 @@ func TestCreateRuntimeVMDaemonWithout(t *testing.T) {
 	}
 	if _, errOut, code := c.run("", "create", "--runtime", "ns", "--from", project, "--name", "n"); code != 0 {
 		t.Fatalf("create --runtime ns: exit %d: %s", code, errOut)
+	}
+}
+
+// TestCreateVMGuestFromFlags: for --runtime vm, --memory and --cpus (the
+// limit flags of limits.go) become the guest size and leave the cgroup
+// limits; fractional vCPUs are refused; ns keeps them as limits.
+func TestCreateVMGuestFromFlags(t *testing.T) {
+	vf := vmFlags{runtime: "vm"}
+	req := api.CreateRequest{Limits: sandbox.Limits{Pids: 9, LimitsExt: sandbox.LimitsExt{MemoryBytes: 2 << 30, CPUs: 2}}}
+	if err := vf.guest(&req); err != nil {
+		t.Fatal(err)
+	}
+	if req.Guest == nil || *req.Guest != (sandbox.GuestSize{MemoryBytes: 2 << 30, CPUs: 2}) {
+		t.Fatalf("guest %+v", req.Guest)
+	}
+	if req.Limits.MemoryBytes != 0 || req.Limits.CPUs != 0 || req.Limits.Pids != 9 {
+		t.Fatalf("limits left %+v", req.Limits)
+	}
+	req = api.CreateRequest{Limits: sandbox.Limits{LimitsExt: sandbox.LimitsExt{CPUs: 0.5}}}
+	if err := vf.guest(&req); err == nil || !strings.Contains(err.Error(), "whole number") {
+		t.Fatalf("--cpus 0.5 for vm: %v", err)
+	}
+	ns := vmFlags{runtime: "ns"}
+	req = api.CreateRequest{Limits: sandbox.Limits{LimitsExt: sandbox.LimitsExt{MemoryBytes: 1 << 30}}}
+	if err := ns.guest(&req); err != nil || req.Guest != nil || req.Limits.MemoryBytes != 1<<30 {
+		t.Fatalf("ns: %+v %v", req, err)
 	}
 }

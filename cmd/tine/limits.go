@@ -23,12 +23,15 @@ type limitFlags struct {
 	lifetime, idle                    time.Duration
 	gpu                               bool
 	devices                           []string
+	// pidsDisk says bind added --pids and --disk: a command that has its
+	// own (create) sets those limits itself.
+	pidsDisk bool
 }
 
 // bind adds the limit flags to f; withPidsDisk adds --pids and --disk
 // too (create has its own).
 func (lf *limitFlags) bind(f *pflag.FlagSet, withPidsDisk bool) {
-	lf.f = f
+	lf.f, lf.pidsDisk = f, withPidsDisk
 	f.Float64Var(&lf.cpus, "cpus", 0, "CPU time per second, in CPUs, such as 0.5 or 2 (0: no limit)")
 	f.StringVar(&lf.memory, "memory", "", "most memory, tmpfs files included, such as 512M or 4G (0: no limit); over it a process of this sandbox is killed")
 	f.StringVar(&lf.tmpfs, "tmpfs", "", "size of each of /tmp, /run and /dev/shm (default 512M; fixed at start)")
@@ -50,7 +53,7 @@ func (lf *limitFlags) bind(f *pflag.FlagSet, withPidsDisk bool) {
 // apply sets in l the limits whose flags were given.
 func (lf *limitFlags) apply(l *sandbox.Limits) error {
 	size := func(flag, s string, into *int64) error {
-		if !lf.f.Changed(flag) {
+		if !lf.f.Changed(flag) || flag == "disk" && !lf.pidsDisk {
 			return nil
 		}
 		n, err := parseSize(s)
@@ -84,7 +87,7 @@ func (lf *limitFlags) apply(l *sandbox.Limits) error {
 	if lf.f.Changed("cpus") {
 		l.CPUs = lf.cpus
 	}
-	if lf.f.Changed("pids") {
+	if lf.f.Changed("pids") && lf.pidsDisk {
 		l.Pids = lf.pids
 	}
 	if lf.f.Changed("gpu") {
@@ -206,9 +209,13 @@ func (a *app) printLimits(name string, r *api.LimitsResponse) error {
 		fmt.Fprintf(w, "frozen      %s (tine thaw %s)\n", r.Frozen, name)
 	}
 	if u := r.Usage; u != nil {
-		fmt.Fprintf(w, "using       cpu %v, memory %s (peak %s), %d tasks, %d OOM kills\n",
+		fmt.Fprintf(w, "using       cpu %v, memory %s (peak %s), %d tasks, %d OOM kills",
 			time.Duration(u.CPUNanos).Round(time.Millisecond), humanBytes(int64(u.MemoryBytes)),
 			humanBytes(int64(u.MemoryPeak)), u.Pids, u.OOMKills)
+		if u.LayerBytes > 0 {
+			fmt.Fprintf(w, ", OS layer %s", humanBytes(u.LayerBytes))
+		}
+		fmt.Fprintln(w)
 	}
 	return nil
 }

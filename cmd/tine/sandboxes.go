@@ -117,6 +117,9 @@ func (a *app) createCommand() *cobra.Command {
 			if err := vf.check(); err != nil {
 				return err
 			}
+			if err := vf.guest(&req); err != nil {
+				return err
+			}
 			req.Runtime = vf.name()
 			cl, err := a.daemon(ctx)
 			if err != nil {
@@ -440,6 +443,9 @@ func (a *app) statusCommand() *cobra.Command {
 				fmt.Fprintf(w, "pids limit %d\n", s.Limits.Pids)
 			}
 			fmt.Fprintf(w, "messages   to %s\n", messageToText(s.MessageTo))
+			if g := s.Guest; g != nil {
+				fmt.Fprintf(w, "guest      %s memory, %d vCPUs\n", humanBytes(g.MemoryBytes), g.CPUs)
+			}
 			st := s.Stale
 			switch {
 			case st.Unknown != "":

@@ -28,7 +28,8 @@ func (a *app) serveCommand() *cobra.Command {
 	var stop bool
 	var warm, pool int
 	var dash string
-	var vs vmServe // serve_vm.go
+	var vs vmServe      // serve_vm.go
+	var inf insideFlags // serve_inside.go
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "run the daemon: owns the state root's store, mounts and sandboxes; answers the API on ROOT/" + api.SocketName,
@@ -41,12 +42,16 @@ func (a *app) serveCommand() *cobra.Command {
 			if stop {
 				return a.stopDaemon(c.Context())
 			}
+			inside, err := inf.options()
+			if err != nil {
+				return err
+			}
 			// Not root: serve in a user namespace of its own (rootless mode).
 			if err := ns.EnterRootless(); err != nil {
 				return err
 			}
 			opts := sandbox.Options{Warm: warm, MountPool: pool, Runtimes: vs.runtimes(a.root, a.stderr)}
-			return a.serve(c.Context(), group, opts, dash)
+			return a.serve(c.Context(), group, opts, inside, dash)
 		},
 	}
 	c.Flags().StringVar(&group, "group", "", "also let members of this group use the socket (default: root only)")
@@ -54,12 +59,14 @@ func (a *app) serveCommand() *cobra.Command {
 	c.Flags().IntVar(&warm, "warm", 2, "sandboxes kept started ahead of time, so that create answers at once")
 	c.Flags().IntVar(&pool, "mount-pool", 2, "project mounts kept made ahead of time")
 	vs.flags(c.Flags())
+	c.Flags().StringVar(&inf.grant, "inside-grant", "", insideHelp[0])
+	c.Flags().StringVar(&inf.max, "inside-max", "", insideHelp[1])
 	c.Flags().StringVar(&dash, "dashboard", "", "also serve the web dashboard and the API on this TCP address (e.g. 127.0.0.1:8080), behind a token")
 	return c
 }
 
 // serve runs the daemon until ctx ends.
-func (a *app) serve(ctx context.Context, group string, opts sandbox.Options, dash string) (err error) {
+func (a *app) serve(ctx context.Context, group string, opts sandbox.Options, iopts api.InsideOptions, dash string) (err error) {
 	root, err := filepath.Abs(a.root)
 	if err != nil {
 		return err
@@ -100,7 +107,7 @@ func (a *app) serve(ctx context.Context, group string, opts sandbox.Options, das
 		return err
 	}
 	// Each sandbox's own API at /run/tine/api.sock (docs/api.md).
-	inside := api.NewInside(m, api.InsideOptions{})
+	inside := api.NewInside(m, iopts)
 	m.SetInsideAPI(inside)
 	defer inside.Close()
 	srv := api.NewServer(m, api.ServerOptions{

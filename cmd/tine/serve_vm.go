@@ -32,8 +32,8 @@ func (v *vmServe) flags(f *pflag.FlagSet) {
 	f.StringVar(&v.kernel, "vm-kernel", os.Getenv("TINE_VM_KERNEL"), "vm runtime: the guest kernel (vmlinux or bzImage, as `make kernels` fetches; default $TINE_VM_KERNEL)")
 	f.StringVar(&v.modules, "vm-modules", "", "vm runtime: directory of the guest's virtio modules (default: the kernel's directory)")
 	f.StringVar(&v.busybox, "vm-busybox", "", "vm runtime: a static busybox for the guest's /bin (default: busybox on $PATH when static)")
-	f.StringVar(&v.memory, "vm-memory", "512M", "vm runtime: each guest's memory")
-	f.IntVar(&v.cpus, "vm-cpus", 1, "vm runtime: each guest's vCPUs")
+	f.StringVar(&v.memory, "vm-memory", "512M", "vm runtime: a guest's memory where create gives no --memory (at most 3G)")
+	f.IntVar(&v.cpus, "vm-cpus", 1, "vm runtime: a guest's vCPUs where create gives no --cpus")
 }
 
 // wanted says whether the daemon should run the vm runtime here, and if

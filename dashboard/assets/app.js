@@ -7,6 +7,10 @@ let selected = null;
 // ended (records are numbered from 0).
 const audit = { name: null, lines: [] };
 const maxAuditLines = 500;
+// The last CPU counter read of each sandbox, to turn two reads into a rate.
+const lastCPU = new Map();
+// A figure at or past this share of its limit is drawn red.
+const nearLimit = 0.9;
 const $ = (id) => document.getElementById(id);
 
 async function api(method, path, body, asText) {
@@ -50,8 +54,59 @@ function bytes(n) {
   return (i ? n.toFixed(1) : n) + " " + u[i];
 }
 
-// renderTree draws sandboxes nested under the one each was forked from.
-function renderTree(list) {
+// frozenLabel says in a word or two why a sandbox is frozen (the full
+// reason is the badge's tooltip and is shown in the detail pane).
+function frozenLabel(why) {
+  if (why === "frozen by a person") return "by hand";
+  if (why === "idle") return "idle";
+  if (why.startsWith("over its OS-layer bound")) return "OS layer full";
+  if (why.startsWith("waiting for approval")) return "approval";
+  return why;
+}
+
+// figures turns a sandbox's usage entry into the live figures drawn beside
+// its limits: [key, label, used text, limit text or "", near the limit].
+function figures(u) {
+  if (!u || !u.usage) return [];
+  const l = u.limits || {};
+  const near = (used, limit) => limit > 0 && used >= nearLimit * limit;
+  const out = [];
+  out.push(["memory", "mem", bytes(u.usage.memory_bytes), l.memory_bytes ? bytes(l.memory_bytes) : "",
+    near(u.usage.memory_bytes, l.memory_bytes)]);
+  const cpu = u.cpu === undefined ? "–" : Math.round(u.cpu * 100) + "%";
+  out.push(["cpu", "cpu", cpu, l.cpus ? Math.round(l.cpus * 100) + "%" : "", u.cpu !== undefined && near(u.cpu, l.cpus)]);
+  out.push(["pids", "pids", String(u.usage.pids), l.pids ? String(l.pids) : "", near(u.usage.pids, l.pids)]);
+  out.push(["project", "disk", bytes(u.project_bytes), l.project_bytes ? bytes(l.project_bytes) : "",
+    near(u.project_bytes, l.project_bytes)]);
+  // The OS layer as last measured (absent before the first measure),
+  // beside the bound in force.
+  if (u.usage.layer_bytes) {
+    out.push(["layer", "os", bytes(u.usage.layer_bytes), bytes(u.layer_bound_bytes), near(u.usage.layer_bytes, u.layer_bound_bytes)]);
+  }
+  return out;
+}
+
+// withCPU sets each usage entry's cpu (CPUs used since the last poll)
+// from its counter and the time of the two reads.
+function withCPU(resp) {
+  const t = Date.parse(resp.time);
+  const seen = new Set();
+  for (const u of resp.sandboxes) {
+    seen.add(u.name);
+    if (!u.usage) { lastCPU.delete(u.name); continue; }
+    const prev = lastCPU.get(u.name);
+    if (prev && t > prev.t && u.usage.cpu_ns >= prev.ns) u.cpu = (u.usage.cpu_ns - prev.ns) / ((t - prev.t) * 1e6);
+    else if (prev && t === prev.t) u.cpu = prev.cpu;
+    lastCPU.set(u.name, { t, ns: u.usage.cpu_ns, cpu: u.cpu });
+  }
+  for (const n of [...lastCPU.keys()]) if (!seen.has(n)) lastCPU.delete(n);
+  return new Map(resp.sandboxes.map((u) => [u.name, u]));
+}
+
+// renderTree draws sandboxes nested under the one each was forked from,
+// each with its state, why it is frozen, what of it waits for a person
+// and its live usage beside its limits.
+function renderTree(list, usage, waiting) {
   const byName = new Map(list.map((s) => [s.name, s]));
   const kids = new Map();
   const roots = [];
@@ -64,9 +119,22 @@ function renderTree(list) {
     }
   }
   const node = (s) => {
+    const u = usage.get(s.name);
     const label = el("span", { class: "node" + (s.name === selected ? " selected" : ""), "data-name": s.name },
-      s.name, el("span", { class: "state " + s.state }, s.state),
-      el("span", { class: "usage" }, `${s.processes} proc · ${s.ports} ports · ${bytes(s.project_bytes)}`));
+      s.name, el("span", { class: "state " + s.state }, s.state));
+    if (u && u.frozen) label.append(el("span", { class: "badge frozen", title: u.frozen, "data-why": u.frozen }, "frozen: " + frozenLabel(u.frozen)));
+    const n = waiting.get(s.name) || 0;
+    if (n) label.append(el("span", { class: "badge waiting" }, `${n} waiting`));
+    // A frozen sandbox's agent cannot count its processes and ports.
+    if (!(u && u.frozen)) label.append(el("span", { class: "usage" }, `${s.processes} proc · ${s.ports} ports`));
+    // The OS layer shows in the tree only when near its bound.
+    const figs = figures(u).filter(([key, , , , near]) => key !== "layer" || near);
+    if (figs.length) {
+      label.append(el("span", { class: "figs" }, ...figs.map(([key, name, used, limit, near]) =>
+        el("span", { class: "fig" + (near ? " near" : ""), "data-usage": key }, `${name} ${used}` + (limit ? `/${limit}` : "")))));
+    } else {
+      label.append(el("span", { class: "figs" }, el("span", { class: "fig", "data-usage": "project" }, "disk " + bytes(s.project_bytes))));
+    }
     label.onclick = () => { selected = s.name; refresh(); };
     const li = el("li", { "data-sandbox": s.name }, label);
     const ch = kids.get(s.name);
@@ -77,38 +145,38 @@ function renderTree(list) {
   $("empty").hidden = list.length > 0;
 }
 
-async function renderDetail(sb) {
+async function renderDetail(sb, u, approvals) {
   $("detail").hidden = !sb;
   if (!sb) return;
   $("d-name").textContent = sb.name;
   $("d-info").textContent = `${sb.state} · from ${sb.from}` + (sb.forked_from ? ` · fork of ${sb.forked_from}` : "") +
-    ` · project at ${sb.project_path}` + (sb.limits && sb.limits.pids ? ` · pids ≤ ${sb.limits.pids}` : "") +
-    (sb.limits && sb.limits.project_bytes ? ` · disk ≤ ${bytes(sb.limits.project_bytes)}` : "");
+    ` · project at ${sb.project_path}`;
   const name = encodeURIComponent(sb.name);
   const running = sb.state === "running";
   if (audit.name !== sb.name) { audit.name = sb.name; audit.lines = []; audit.next = 0; }
+  const frozen = u && u.frozen;
   // A frozen sandbox's agent does not answer: no ps or ports then.
-  const limits = running ? await api("GET", `/sandboxes/${name}/limits`).catch(() => null) : null;
-  const live = running && !(limits && limits.frozen);
-  const [ps, ports, diff, snaps, logs, exposures, approvals, auditText] = await Promise.all([
+  const live = running && !frozen;
+  const [ps, ports, diff, snaps, logs, exposures, auditText] = await Promise.all([
     live ? api("GET", `/sandboxes/${name}/ps`).catch(() => []) : [],
     live ? api("GET", `/sandboxes/${name}/ports`).catch(() => []) : [],
     api("GET", `/sandboxes/${name}/diff`).catch(() => []),
     api("GET", `/sandboxes/${name}/snapshots`).catch(() => []),
     api("GET", `/sandboxes/${name}/logs?tail=100`).catch(() => ""),
     api("GET", `/sandboxes/${name}/exposures`).catch(() => null),
-    api("GET", `/approvals?sandbox=${name}`).catch(() => []),
     api("GET", `/sandboxes/${name}/audit?from=${audit.next}`, undefined, true).catch(() => ""),
   ]);
   if (audit.name !== sb.name) return; // another sandbox was selected meanwhile
-  const frozen = limits && limits.frozen;
   $("d-frozen").hidden = !frozen;
-  $("d-frozen").textContent = frozen ? "frozen: " + frozen : "";
+  $("d-frozen").textContent = !frozen ? "" : frozen.startsWith("frozen") ? frozen : "frozen: " + frozen;
   $("detail").dataset.frozen = frozen ? "yes" : "no";
   $("b-freeze").disabled = !running || !!frozen;
   $("b-thaw").disabled = !frozen;
-  const pending = (approvals || []).filter((a) => a.state === "pending");
+  renderUsage(sb, u);
+  const pending = approvals.filter((a) => a.sandbox === sb.name);
   $("approvals-pane").hidden = pending.length === 0;
+  $("d-waiting").hidden = pending.length === 0;
+  $("d-waiting").textContent = `${pending.length} waiting`;
   $("approvals").replaceChildren(...pending.map((a) => {
     const yes = el("button", { class: "approve" }, "Approve");
     const no = el("button", { class: "deny danger" }, "Deny");
@@ -147,12 +215,40 @@ async function renderDetail(sb) {
   $("logs").textContent = logs || "(no service output)";
 }
 
+// renderUsage fills the detail pane's table of limits and live usage.
+function renderUsage(sb, u) {
+  const rows = figures(u).map(([key, , used, limit, near]) => {
+    const names = { memory: "Memory", cpu: "CPU", pids: "Processes (pids)", project: "Project bytes", layer: "OS layer (last measured)" };
+    let extra = "";
+    if (key === "memory" && u.usage.memory_peak_bytes) extra = ` (peak ${bytes(u.usage.memory_peak_bytes)})`;
+    if (key === "memory" && u.usage.oom_kills) extra += ` · ${u.usage.oom_kills} OOM kill(s)`;
+    return el("tr", { class: near ? "near" : "", "data-usage": key },
+      el("th", {}, names[key]), el("td", { class: "used" }, used + extra), el("td", { class: "limit" }, limit ? "of " + limit : "no limit"));
+  });
+  if (!rows.length) {
+    const l = sb.limits || {};
+    const why = u && u.usage_error ? u.usage_error : "not running";
+    rows.push(el("tr", { "data-usage": "project" }, el("th", {}, "Project bytes"), el("td", { class: "used" }, bytes(u ? u.project_bytes : sb.project_bytes)),
+      el("td", { class: "limit" }, l.project_bytes ? "of " + bytes(l.project_bytes) : "no limit")));
+    rows.push(el("tr", {}, el("th", {}, "Live usage"), el("td", { colSpan: 2 }, why)));
+  }
+  $("usage").replaceChildren(...rows);
+}
+
 async function refresh() {
   try {
-    const list = await api("GET", "/sandboxes");
+    // One request each for the tree, whatever the number of sandboxes.
+    const [list, usage, approvals] = await Promise.all([
+      api("GET", "/sandboxes"),
+      api("GET", "/usage").then(withCPU).catch(() => new Map()),
+      api("GET", "/approvals").catch(() => []),
+    ]);
+    const pending = (approvals || []).filter((a) => a.state === "pending");
+    const waiting = new Map();
+    for (const a of pending) waiting.set(a.sandbox, (waiting.get(a.sandbox) || 0) + 1);
     if (selected && !list.some((s) => s.name === selected)) selected = null;
-    renderTree(list);
-    await renderDetail(list.find((s) => s.name === selected));
+    renderTree(list, usage, waiting);
+    await renderDetail(list.find((s) => s.name === selected), usage.get(selected), pending);
   } catch (e) {
     say(e.message, true);
   }

@@ -264,20 +264,26 @@ func list[T any](ctx context.Context, c *Client, k proto.Kind) ([]T, error) {
 	}
 }
 
+// eventQueue is how many events wait for the reader of Events.
+const eventQueue = 256
+
 // Events streams what changes in the sandbox: processes starting and
 // exiting, ports opening and closing. The channel is closed when ctx ends
-// or the connection drops. A caller that reads too slowly stalls the
-// connection; the agent then drops events and says how many in a "lost"
-// event.
+// or the connection drops. A caller that reads too slowly never stalls
+// the connection (the execs and lists that share it go on): once
+// eventQueue events wait, newer ones are dropped and counted, and a
+// "lost" event says how many when there is room again, as the agent does
+// for a host that reads too slowly.
 func (c *Client) Events(ctx context.Context) (<-chan proto.Event, error) {
 	s, err := c.open(proto.KindEvents, nil)
 	if err != nil {
 		return nil, err
 	}
-	out := make(chan proto.Event, 64)
+	out := make(chan proto.Event, eventQueue)
 	go func() {
 		defer close(out)
 		defer c.forget(s)
+		lost := 0
 		for {
 			f, err := c.recv(ctx, s)
 			if err != nil {
@@ -293,11 +299,32 @@ func (c *Client) Events(ctx context.Context) (<-chan proto.Event, error) {
 			if f.Kind != proto.KindEvent || len(f.Payload) > proto.MaxItemBytes || proto.Decode(f, &e) != nil {
 				continue
 			}
-			select {
-			case out <- e:
-			case <-ctx.Done():
+			if lost > 0 && offer(out, proto.Event{Type: proto.EventLost, Time: time.Now(), Lost: lost}) {
+				lost = 0
+			}
+			if lost > 0 || !offer(out, e) {
+				lost += eventCount(e)
 			}
 		}
 	}()
 	return out, nil
+}
+
+// offer sends e on out unless out is full.
+func offer(out chan<- proto.Event, e proto.Event) bool {
+	select {
+	case out <- e:
+		return true
+	default:
+		return false
+	}
+}
+
+// eventCount is how many events e stands for: a "lost" event from the
+// agent stands for those it dropped (bounded, as the agent is untrusted).
+func eventCount(e proto.Event) int {
+	if e.Type == proto.EventLost && e.Lost > 0 && e.Lost < 1<<30 {
+		return e.Lost
+	}
+	return 1
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"tine/chunkstore"
 	"tine/guestagent/client"
 	"tine/guestagent/proto"
 	"tine/sandbox"
@@ -29,7 +31,9 @@ const (
 // agent socket, then Freeze, CopyState, Thaw and 3 Starts from that
 // state; each clone answers exec through its own socket with the state
 // made before the fork, its own generation and RNG output, and still
-// serves the listener.
+// serves the listener, and is stopped (its state keeps its disk, not the
+// image). Then the parent stops and TestRuntimeCloneInNewProcess runs in
+// a new process.
 func TestRuntimeGuest(t *testing.T) {
 	if os.Getenv(EnvKernel) == "" {
 		t.Skipf("needs a real KVM: run through vmm/nested's TestVMRuntimeUnderKVM (%s unset)", EnvKernel)
@@ -67,7 +71,9 @@ func TestRuntimeGuest(t *testing.T) {
 		}
 		return string(out)
 	}
-	if out := sh(parent, "echo hi-from-exec; cat /run/tine/generation"); out != "hi-from-exec\n1\n" {
+	out := sh(parent, "echo hi-from-exec; cat /run/tine/generation")
+	gen0, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(out), "hi-from-exec\n"), 10, 64)
+	if !strings.HasPrefix(out, "hi-from-exec\n") || err != nil || gen0 == 0 {
 		t.Fatalf("exec in the parent: %q", out)
 	}
 	sh(parent, "head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n' > /root/state; setsid nc -ll -p 8080 -e echo served </dev/null >/dev/null 2>&1 &")
@@ -91,21 +97,25 @@ func TestRuntimeGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen := map[string]string{}
+	var kids []sandbox.Instance
+	lastGen := gen0
 	for i := 1; i <= 3; i++ {
 		t1 := time.Now()
 		k, err := r.Start(ctx, sandbox.Spec{ID: "c" + strconv.Itoa(i), Dir: filepath.Join(dir, "c"+strconv.Itoa(i)), Seed: snap})
 		if err != nil {
 			t.Fatalf("clone %d: %v", i, err)
 		}
-		defer k.Stop(context.Background())
+		kids = append(kids, k)
 		t.Logf("clone %d: started and hygiene applied in %v", i, time.Since(t1))
 		out := sh(k, "cat /run/tine/generation /root/state; echo; sleep 3 | nc 127.0.0.1 8080; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s")
 		f := strings.Split(strings.TrimSpace(out), "\n")
 		if len(f) != 5 {
 			t.Fatalf("clone %d answered %q", i, out)
 		}
-		if f[0] != strconv.Itoa(1+i) {
-			t.Errorf("clone %d: generation %q, want %d", i, f[0], 1+i)
+		if g, _ := strconv.ParseUint(f[0], 10, 64); g <= lastGen {
+			t.Errorf("clone %d: generation %q, not above the one before (%d)", i, f[0], lastGen)
+		} else {
+			lastGen = g
 		}
 		if f[1] != state {
 			t.Errorf("clone %d: state %q, the parent made %q", i, f[1], state)
@@ -120,9 +130,109 @@ func TestRuntimeGuest(t *testing.T) {
 		if s, _ := strconv.ParseInt(f[4], 10, 64); time.Since(time.Unix(s, 0)).Abs() > 2*time.Minute {
 			t.Errorf("clone %d: wall clock %s, host %s", i, time.Unix(s, 0), time.Now())
 		}
+		// Stop it (fewer machines share the emulated CPUs): its state
+		// keeps the disk and drops the image it was cloned from.
+		if err := k.Stop(ctx); err != nil {
+			t.Errorf("stop clone %d: %v", i, err)
+		}
+		cdir := filepath.Join(dir, "c"+strconv.Itoa(i))
+		if m, err := readManifest(cdir); err != nil || m.Image || m.Disk == "" {
+			t.Errorf("stopped clone %d: manifest %+v %v", i, m, err)
+		}
+		if _, err := os.Stat(filepath.Join(cdir, imageDir)); !os.IsNotExist(err) {
+			t.Errorf("stopped clone %d still holds its image: %v", i, err)
+		}
 	}
 	// The parent goes on with its own state.
-	if out := sh(parent, "cat /root/state /run/tine/generation"); out != state+"1\n" {
+	if out := sh(parent, "cat /root/state /run/tine/generation"); out != state+strconv.FormatUint(gen0, 10)+"\n" {
 		t.Errorf("parent after the fork: %q", out)
+	}
+	// A new process (a restarted daemon) opens the runtime on the same
+	// store and clones the memory image on disk.
+	for _, k := range append(kids, parent) {
+		if err := k.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^TestRuntimeCloneInNewProcess$", "-test.v", "-test.timeout", "5m")
+	cmd.Env = append(os.Environ(), envRestart+"="+dir+","+state+","+strconv.FormatUint(lastGen, 10))
+	b, err := cmd.CombinedOutput()
+	t.Logf("new process:\n%s", b)
+	if err != nil || !strings.Contains(string(b), "--- PASS: TestRuntimeCloneInNewProcess") {
+		t.Fatalf("clone in a new process: %v", err)
+	}
+}
+
+// envRestart carries TestRuntimeGuest's directory, the parent's state and
+// the last generation given to TestRuntimeCloneInNewProcess.
+const envRestart = "TINE_VM_RESTART"
+
+// TestRuntimeCloneInNewProcess is run by TestRuntimeGuest in a new
+// process: it opens the runtime on the store of that test and starts a
+// clone of the snapshot saved there. The clone keeps the parent's file
+// and listener, gets a generation above any given before, and the stopped
+// parent's disk is still in the store.
+func TestRuntimeCloneInNewProcess(t *testing.T) {
+	arg := os.Getenv(envRestart)
+	if arg == "" {
+		t.Skipf("run by TestRuntimeGuest (%s unset)", envRestart)
+	}
+	f := strings.Split(arg, ",")
+	if len(f) != 3 {
+		t.Fatalf("%s=%q", envRestart, arg)
+	}
+	dir, state := f[0], f[1]
+	last, _ := strconv.ParseUint(f[2], 10, 64)
+	r, err := New(Config{Kernel: os.Getenv(EnvKernel), Modules: os.Getenv(EnvModules), Agent: os.Getenv(EnvAgent),
+		Busybox: os.Getenv(EnvBusybox), MemSize: 256 << 20, StoreDir: filepath.Join(dir, "store")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	m, err := readManifest(filepath.Join(dir, "p"))
+	if err != nil || m.Image || m.Disk == "" {
+		t.Fatalf("stopped parent's manifest %+v %v", m, err)
+	}
+	id, _ := chunkstore.ParseID(m.Disk)
+	if !r.store.Has(id) {
+		t.Fatal("the stopped parent's disk is not in the store")
+	}
+	t1 := time.Now()
+	k, err := r.Start(ctx, sandbox.Spec{ID: "n1", Dir: filepath.Join(dir, "n1"), Seed: filepath.Join(dir, "snap")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Stop(context.Background())
+	t.Logf("clone from the image on disk: started and hygiene applied in %v", time.Since(t1))
+	c, err := client.Dial(ctx, k.AgentSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"/bin/sh", "-c", "cat /run/tine/generation /root/state; echo; sleep 3 | nc 127.0.0.1 8080"}, Timeout: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(p.Stdout)
+	if ex, err := p.Wait(ctx); err != nil || ex.Code != 0 {
+		t.Fatalf("exec: %+v %v (output %q)", ex, err, out)
+	}
+	g := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(g) != 3 {
+		t.Fatalf("the clone answered %q", out)
+	}
+	if gen, _ := strconv.ParseUint(g[0], 10, 64); gen <= last {
+		t.Errorf("generation %s, not above %d given by the earlier process", g[0], last)
+	}
+	if g[1] != state {
+		t.Errorf("state %q, the parent made %q", g[1], state)
+	}
+	if g[2] != "served" {
+		t.Errorf("the listener answered %q", g[2])
 	}
 }

@@ -3,9 +3,6 @@ package vm
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -46,13 +43,15 @@ type Config struct {
 	// Busybox, when given, is a static busybox installed in the guest's
 	// /bin (a shell and the usual tools).
 	Busybox string
-	// MemSize is guest RAM (default 512 MiB); CPUs the vCPUs (default 1).
+	// MemSize is guest RAM (default 512 MiB); CPUs the vCPUs (default 1):
+	// the size of a sandbox that asks for none (sandbox.Spec.Guest).
 	MemSize uint64
 	CPUs    int
 	// DiskSize is the size of each sandbox's block device, /dev/vda
 	// (default 64 MiB).
 	DiskSize int64
-	// StoreDir holds the chunk store of every sandbox's disk.
+	// StoreDir holds the chunk store of every sandbox's disk; each state
+	// directory keeps its disk referenced there (state.go).
 	StoreDir string
 }
 
@@ -65,11 +64,10 @@ type Runtime struct {
 	kernel []byte
 	initrd []byte
 	store  *chunkstore.Store
-	gen    atomic.Uint64
+	gen    atomic.Uint64 // last generation given (see New)
 
-	mu     sync.Mutex
-	live   map[string]*Instance           // by Spec.Dir
-	images map[string]*linux.MachineImage // by key in a state's manifest
+	mu   sync.Mutex
+	live map[string]*Instance // by Spec.Dir
 }
 
 // New reads the kernel and builds the guest's initramfs.
@@ -118,90 +116,74 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vm runtime: disk store: %w", err)
 	}
-	return &Runtime{cfg: cfg, kernel: kernel, initrd: a.bytes(), store: store,
-		live: map[string]*Instance{}, images: map[string]*linux.MachineImage{}}, nil
+	r := &Runtime{cfg: cfg, kernel: kernel, initrd: a.bytes(), store: store, live: map[string]*Instance{}}
+	// Generations count from the clock in microseconds, so that a
+	// guest cloned by a later daemon from an image an earlier one saved
+	// never gets a generation given before (docs/fork-hygiene.md).
+	r.gen.Store(uint64(time.Now().UnixMicro()))
+	if _, err := r.GuestSize(nil); err != nil {
+		store.Close()
+		return nil, fmt.Errorf("vm runtime: default size: %w", err)
+	}
+	if err := r.pruneRefs(); err != nil {
+		store.Close()
+		return nil, err
+	}
+	return r, nil
 }
 
 // Name implements sandbox.Runtime.
 func (r *Runtime) Name() string { return "vm" }
 
-// manifest is a sandbox's vm state in its Dir: the disk as a chunk-store
-// root, and the memory image (sealed in this process) when the state was
-// taken from a running machine.
-type manifest struct {
-	Disk  string `json:"disk,omitempty"`
-	Image string `json:"image,omitempty"`
-}
-
-const manifestName = "vm.json"
-
-func readManifest(dir string) (manifest, error) {
-	var m manifest
-	b, err := os.ReadFile(filepath.Join(dir, manifestName))
-	if errors.Is(err, os.ErrNotExist) {
-		return m, nil
-	}
-	if err == nil {
-		err = json.Unmarshal(b, &m)
-	}
-	if err != nil {
-		return m, fmt.Errorf("vm state %s: %w", dir, err)
-	}
-	return m, nil
-}
-
-func writeManifest(dir string, m manifest) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	b, _ := json.Marshal(m)
-	tmp := filepath.Join(dir, manifestName+".tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(dir, manifestName))
-}
-
 // CopyState implements sandbox.Runtime. From a running (frozen) sandbox
-// it seals the machine's memory and snapshots its disk; from a state
-// directory it shares the sealed image and the disk root, both immutable.
+// it seals the machine's memory into an image directory and snapshots its
+// disk, at one instant; from a state directory it shares the image's
+// files (hard links: they are never written again) and the disk root.
+// The new directory is built under a temporary name and renamed into
+// place: after a crash it is absent or whole (state.go).
 func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
+	if _, err := os.Lstat(to); err == nil {
+		return fmt.Errorf("vm runtime: copy state to %s: it exists", to)
+	}
 	r.mu.Lock()
 	in := r.live[from]
 	r.mu.Unlock()
-	var m manifest
-	if in != nil {
+	return r.writeState(to, func(tmp string) (manifest, error) {
+		if in == nil {
+			m, err := readManifest(from)
+			if err != nil {
+				return m, err
+			}
+			if m.Image {
+				if err := linkImage(filepath.Join(from, imageDir), filepath.Join(tmp, imageDir)); err != nil {
+					return m, fmt.Errorf("vm runtime: copy the memory image of %s: %w", from, err)
+				}
+			}
+			return m, nil
+		}
 		in.m.VM.Pause()
 		defer in.m.VM.Resume()
 		root, err := in.disk.Snapshot()
 		if err != nil {
-			return fmt.Errorf("vm runtime: snapshot the disk of %s: %w", from, err)
+			return manifest{}, fmt.Errorf("vm runtime: snapshot the disk of %s: %w", from, err)
 		}
 		mi, err := in.m.Seal()
 		if err != nil {
-			return fmt.Errorf("vm runtime: seal the memory of %s: %w", from, err)
+			return manifest{}, fmt.Errorf("vm runtime: seal the memory of %s: %w", from, err)
 		}
-		var k [8]byte
-		rand.Read(k[:])
-		m = manifest{Disk: root.String(), Image: hex.EncodeToString(k[:])}
-		r.mu.Lock()
-		r.images[m.Image] = mi
-		r.mu.Unlock()
-	} else {
-		var err error
-		if m, err = readManifest(from); err != nil {
-			return err
+		defer mi.Close()
+		if err := mi.SaveDir(filepath.Join(tmp, imageDir)); err != nil {
+			return manifest{}, fmt.Errorf("vm runtime: save the memory of %s: %w", from, err)
 		}
-	}
-	if _, err := os.Stat(to); err == nil {
-		return fmt.Errorf("vm runtime: copy state to %s: it exists", to)
-	}
-	return writeManifest(to, m)
+		mem, cpus := mi.Size()
+		return manifest{Disk: root.String(), Image: true, MemoryBytes: int64(mem), CPUs: cpus}, nil
+	})
 }
 
-// Start implements sandbox.Runtime: it boots the guest, or resumes the
-// memory image its state holds as a new machine, and returns once the
-// agent answered (after the fork-hygiene step for a resumed one).
+// Start implements sandbox.Runtime: it boots the guest, or clones the
+// memory image its state holds (written by this or an earlier process)
+// as a new machine, and returns once the agent answered (after the
+// fork-hygiene step for a clone).
 func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
 	if spec.Seed != "" {
 		if err := r.CopyState(ctx, spec.Seed, spec.Dir); err != nil {
@@ -216,13 +198,15 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		return nil, err
 	}
 	var img *linux.MachineImage
-	if man.Image != "" {
-		r.mu.Lock()
-		img = r.images[man.Image]
-		r.mu.Unlock()
-		if img == nil {
-			return nil, fmt.Errorf("vm runtime: the memory image of %s was sealed by an earlier daemon and is gone (memory images live in the daemon's process): remove the sandbox, or roll it back to a newer snapshot", spec.Dir)
+	if man.Image {
+		if img, err = linux.OpenMachineImage(filepath.Join(spec.Dir, imageDir)); err != nil {
+			return nil, fmt.Errorf("vm runtime: %w (remove the sandbox, or roll it back to another snapshot)", err)
 		}
+		defer img.Close() // the clone keeps what it maps
+	}
+	size, err := r.GuestSize(spec.Guest)
+	if err != nil {
+		return nil, err
 	}
 	in := &Instance{r: r, dir: spec.Dir, done: make(chan struct{})}
 	if man.Disk != "" {
@@ -247,7 +231,7 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		in.m, err = img.Clone(ctx, linux.MachineConfig{Console: console, Virtio: devs})
 	} else {
 		in.m, err = linux.NewMachine(ctx, linux.MachineConfig{Kernel: r.kernel, Initrd: r.initrd,
-			MemSize: r.cfg.MemSize, VCPUs: r.cfg.CPUs, Console: console, Virtio: devs,
+			MemSize: uint64(size.MemoryBytes), VCPUs: size.CPUs, Console: console, Virtio: devs,
 			Cmdline: fmt.Sprintf("console=ttyS0 quiet panic=-1 -- --vsock %d --vm", AgentPort)})
 	}
 	if err != nil {
@@ -312,7 +296,8 @@ func (in *Instance) Thaw(ctx context.Context) error { in.m.VM.Resume(); return n
 func (in *Instance) Done() <-chan struct{} { return in.done }
 
 // Stop ends the machine, records its disk in the sandbox's state (the
-// next Start boots afresh from it) and closes its sockets.
+// next Start boots afresh from it), drops the memory image the machine
+// was cloned from and closes its sockets.
 func (in *Instance) Stop(ctx context.Context) error {
 	in.stop.Do(func() {
 		in.r.mu.Lock()
@@ -325,11 +310,11 @@ func (in *Instance) Stop(ctx context.Context) error {
 			<-in.done
 		}
 		root, err := in.disk.Snapshot()
+		in.release()
 		if err == nil {
-			err = writeManifest(in.dir, manifest{Disk: root.String()})
+			err = in.r.stopped(in.dir, root)
 		}
 		in.stopErr = err
-		in.release()
 	})
 	return in.stopErr
 }

@@ -32,6 +32,7 @@ type ForkConfig struct {
 func (m *Machine) Fork(ctx context.Context, n int, fc ForkConfig) ([]*Machine, error) {
 	m.VM.Pause()
 	defer m.VM.Resume()
+	uart := m.UART.State()
 	states := make([]virtio.State, len(m.Virtio))
 	for i, t := range m.Virtio {
 		states[i] = t.State()
@@ -71,7 +72,7 @@ func (m *Machine) Fork(ctx context.Context, n int, fc ForkConfig) ([]*Machine, e
 			return fail(fmt.Errorf("clone %d has %d virtio devices, the parent %d", i+1, len(cfg.Virtio), len(m.Virtio)))
 		}
 		k := &Machine{VM: vm, Boot: m.Boot}
-		if err := k.addPortDevices(cfg, m.UART); err != nil {
+		if err := k.addPortDevices(cfg, &uart); err != nil {
 			vm.Close()
 			return fail(err)
 		}

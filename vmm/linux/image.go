@@ -16,7 +16,7 @@ import (
 type MachineImage struct {
 	img    *vmm.Image
 	boot   *Boot
-	uart   *serial.UART
+	uart   serial.State
 	states []virtio.State
 	types  []uint32
 }
@@ -32,7 +32,7 @@ func (m *Machine) Seal() (*MachineImage, error) {
 		mi.states = append(mi.states, t.State())
 		mi.types = append(mi.types, t.Device().Type())
 	}
-	mi.uart = m.UART.Clone(serial.Config{})
+	mi.uart = m.UART.State()
 	img, err := m.VM.Seal()
 	if err != nil {
 		return nil, fmt.Errorf("linux machine: seal: %w", err)
@@ -60,7 +60,7 @@ func (mi *MachineImage) Clone(ctx context.Context, cfg MachineConfig) (*Machine,
 		return nil, fmt.Errorf("linux machine clone: %w", err)
 	}
 	k := &Machine{VM: vms[0], Boot: mi.boot}
-	if err := k.addPortDevices(cfg, mi.uart); err != nil {
+	if err := k.addPortDevices(cfg, &mi.uart); err != nil {
 		vms[0].Close()
 		return nil, fmt.Errorf("linux machine clone: %w", err)
 	}

@@ -20,6 +20,9 @@ import (
 // DefaultMemSize is the guest RAM a Machine gets when none is asked for.
 const DefaultMemSize = 512 << 20
 
+// MaxVCPUs is the most vCPUs a Machine describes to its guest.
+const MaxVCPUs = maxMPCPUs
+
 // PortRange is a device a Machine adds to its I/O port space.
 type PortRange struct {
 	Base, Size uint16
@@ -127,8 +130,8 @@ func NewMachine(ctx context.Context, cfg MachineConfig) (*Machine, error) {
 }
 
 // addPortDevices adds the machine's own port devices and cfg.Ports; the
-// UART starts as a clone of from when given (a fork).
-func (m *Machine) addPortDevices(cfg MachineConfig, from *serial.UART) error {
+// UART starts in state from when given (a fork or a clone).
+func (m *Machine) addPortDevices(cfg MachineConfig, from *serial.State) error {
 	vm := m.VM
 	sc := serial.Config{
 		Base: serial.COM1Base,
@@ -136,7 +139,7 @@ func (m *Machine) addPortDevices(cfg MachineConfig, from *serial.UART) error {
 		IRQ:  func(high bool) { vm.SetIRQ(serial.COM1IRQ, high) },
 	}
 	if from != nil {
-		m.UART = from.Clone(sc)
+		m.UART = serial.NewFromState(sc, *from)
 	} else {
 		m.UART = serial.New(sc)
 	}

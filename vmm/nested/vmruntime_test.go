@@ -13,8 +13,10 @@ import (
 // TestVMRuntimeUnderKVM runs sandbox/vm's TestRuntimeGuest in L1: the vm
 // sandbox runtime boots Debian's kernel with the static tine-agent as pid
 // 1 of its initramfs, execs through the agent socket (bridged to vsock),
-// and forks the running guest into 3 clones through Freeze, CopyState
-// and Start, as the sandbox manager does.
+// forks the running guest into 3 clones through Freeze, CopyState and
+// Start, as the sandbox manager does, then stops everything and, in a new
+// process (a restarted daemon), clones the memory image saved on disk
+// (TestRuntimeCloneInNewProcess).
 func TestVMRuntimeUnderKVM(t *testing.T) {
 	if os.Getenv(EnvEnable) == "" {
 		t.Skipf("nested QEMU runs take minutes: set %s=1 (make nested-test) to run them", EnvEnable)
@@ -47,8 +49,8 @@ func TestVMRuntimeUnderKVM(t *testing.T) {
 		}
 		files = append(files, File{Path: "l2/" + m + ".ko", HostPath: src})
 	}
-	script := "TINE_VM_KERNEL=/work/l2/vmlinux TINE_VM_MODULES=/work/l2 TINE_VM_AGENT=/work/l2/tine-agent TINE_VM_BUSYBOX=/bin/busybox ./vm.test -test.run '^TestRuntimeGuest$' -test.v -test.timeout 10m"
-	out := RunTest(context.Background(), t, Options{Script: script, Files: files, Timeout: 12 * time.Minute})
+	script := "TINE_VM_KERNEL=/work/l2/vmlinux TINE_VM_MODULES=/work/l2 TINE_VM_AGENT=/work/l2/tine-agent TINE_VM_BUSYBOX=/bin/busybox ./vm.test -test.run '^TestRuntimeGuest$' -test.v -test.timeout 14m"
+	out := RunTest(context.Background(), t, Options{Script: script, Files: files, Timeout: 16 * time.Minute})
 	if !strings.Contains(out, "--- PASS: TestRuntimeGuest ") {
 		t.Errorf("TestRuntimeGuest did not pass in L1")
 	}

@@ -1,0 +1,79 @@
+package cowfs
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// A directory's link count (2 plus its subdirectories) follows mkdir,
+// rmdir, renames within and across directories, a directory renamed over
+// an empty one, rename exchange of a directory with a file and with a
+// directory, and survives a remount; each step is mirrored on a host
+// directory and the counts compared.
+func TestDirLinkCount(t *testing.T) {
+	needFUSE(t)
+	ctx := context.Background()
+	f := openTestFS(t)
+	m, _ := mountNew(t, f, "main", map[string]string{"a/x/": "", "a/y/": "", "a/f": "f", "b/": ""})
+	native := t.TempDir()
+	writeTree(t, native, map[string]string{"a/x/": "", "a/y/": "", "a/f": "f", "b/": ""})
+	dirs := []string{".", "a", "b", "a/x", "a/y", "c"}
+	compare := func(when, root string) {
+		t.Helper()
+		for _, d := range dirs {
+			var want, got syscall.Stat_t
+			errW := syscall.Lstat(filepath.Join(native, d), &want)
+			errG := syscall.Lstat(filepath.Join(root, d), &got)
+			if (errW == nil) != (errG == nil) {
+				t.Fatalf("%s: %s: host says %v, branch says %v", when, d, errW, errG)
+			}
+			if errW == nil && want.Nlink != got.Nlink {
+				t.Errorf("%s: %s has link count %d, want %d", when, d, got.Nlink, want.Nlink)
+			}
+		}
+	}
+	steps := []struct {
+		name string
+		fn   func(root string) error
+	}{
+		{"mkdir a/z", func(r string) error { return os.Mkdir(filepath.Join(r, "a/z"), 0o755) }},
+		{"mkdir c", func(r string) error { return os.Mkdir(filepath.Join(r, "c"), 0o755) }},
+		{"rmdir a/z", func(r string) error { return syscall.Rmdir(filepath.Join(r, "a/z")) }},
+		{"rename a/x b/x", func(r string) error { return os.Rename(filepath.Join(r, "a/x"), filepath.Join(r, "b/x")) }},
+		{"rename b/x b/x2", func(r string) error { return os.Rename(filepath.Join(r, "b/x"), filepath.Join(r, "b/x2")) }},
+		{"rename a/y over c", func(r string) error { return syscall.Rename(filepath.Join(r, "a/y"), filepath.Join(r, "c")) }},
+		{"mkdir a/y", func(r string) error { return os.Mkdir(filepath.Join(r, "a/y"), 0o755) }},
+		{"exchange a/f b/x2", func(r string) error {
+			return unix.Renameat2(unix.AT_FDCWD, filepath.Join(r, "a/f"), unix.AT_FDCWD, filepath.Join(r, "b/x2"), unix.RENAME_EXCHANGE)
+		}},
+		{"exchange a/y b", func(r string) error {
+			return unix.Renameat2(unix.AT_FDCWD, filepath.Join(r, "a/y"), unix.AT_FDCWD, filepath.Join(r, "b"), unix.RENAME_EXCHANGE)
+		}},
+		{"mkdir a/y/deep", func(r string) error { return os.Mkdir(filepath.Join(r, "a/y/deep"), 0o755) }},
+	}
+	dirs = append(dirs, "b/x2", "a/f", "a/y/deep", "a/y/x2")
+	compare("start", m.Dir())
+	for _, s := range steps {
+		if err := s.fn(native); err != nil {
+			t.Fatalf("host: %s: %v", s.name, err)
+		}
+		if err := s.fn(m.Dir()); err != nil {
+			t.Fatalf("branch: %s: %v", s.name, err)
+		}
+		compare("after "+s.name, m.Dir())
+	}
+	if err := m.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := f.Mount(ctx, "main", t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Unmount()
+	compare("after a remount", m2.Dir())
+}
