@@ -3,8 +3,8 @@ package oci
 import (
 	"context"
 	"errors"
-	"io"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -169,4 +169,3 @@ func named(n string) string {
 	}
 	return " named " + n
 }
-
