@@ -17,8 +17,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
-// canonical returns ref's canonical name (index.docker.io/library/alpine:latest
+// Canonical returns ref's canonical name (index.docker.io/library/alpine:latest
 // for alpine), or "" when ref is no image reference.
+func Canonical(ref string) string { return canonical(ref) }
+
 func canonical(ref string) string {
 	r, err := name.ParseReference(ref)
 	if err != nil {

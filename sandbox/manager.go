@@ -69,9 +69,8 @@ type live struct {
 	mount *cowfs.Mount
 	mu    sync.Mutex
 	agent *client.Client
-	// env and project are the sandbox's Env and ProjectPath, which
-	// commands giving none take (set at start; neither changes while it
-	// runs).
+	// env is the sandbox's Env, which commands giving none take (set
+	// at start; it does not change while it runs).
 	env []string
 	// dir, uid and gid are what commands giving none take: the project
 	// directory, or an image's working directory and user.
