@@ -226,6 +226,12 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, err)
 	}
+	if o.Image != nil && rt.Name() != "ns" {
+		return nil, fmt.Errorf("create sandbox %q: the %s runtime does not take images (use the ns runtime)", o.Name, rt.Name())
+	}
+	if o.Image != nil && o.Snapshot != "" {
+		return nil, fmt.Errorf("create sandbox %q: an image is given with a snapshot, which has its own OS layer", o.Name)
+	}
 	if err := os.Mkdir(m.dir(o.Name), 0o700); errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, ErrExists)
 	} else if err != nil {
@@ -234,9 +240,6 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 	info := &Info{Name: o.Name, Runtime: rt.Name(), State: Stopped, Branch: branchName(o.Name),
 		Created: time.Now().UTC(), Limits: o.Limits, Env: o.Env, Services: o.Services, ForkedFrom: forkedFrom}
 	if o.Image != nil {
-		if o.Snapshot != "" {
-			return nil, fmt.Errorf("create sandbox %q: an image is given with a snapshot, which has its own OS layer", o.Name)
-		}
 		img := *o.Image
 		info.Image = &img
 		info.Env = MergeEnv(o.ImageEnv, o.Env)
