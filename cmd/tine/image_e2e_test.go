@@ -97,6 +97,14 @@ func TestImageEndToEnd(t *testing.T) {
 		t.Errorf("status lacks the image:\n%s", out)
 	}
 
+	// A daemon restart keeps the image: started again, the sandbox runs
+	// over it with its OS layer.
+	c.stopDaemon()
+	c.ok("start", "i")
+	if out := c.ok("exec", "i", "--", "cat", "/only-in-image", "/etc/motd"); out != "image file\nos\n" {
+		t.Errorf("after a daemon restart: %q", out)
+	}
+
 	// Errors name the image and what to do.
 	if _, errOut, code := c.run("", "create", "--from", proj, "--image", "nosuch"); code == 0 || !strings.Contains(errOut, `"nosuch"`) || !strings.Contains(errOut, "tine image pull") {
 		t.Errorf("create over an unknown image: exit %d, %q", code, errOut)
