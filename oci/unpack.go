@@ -328,7 +328,8 @@ func (u *unpacker) link(pfd int, base string, h *tar.Header) error {
 func (u *unpacker) attrsAt(pfd int, base string, h *tar.Header) error {
 	if h.Typeflag == tar.TypeSymlink {
 		if u.root0 {
-			if err := unix.Fchownat(pfd, base, h.Uid, h.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			err := unix.Fchownat(pfd, base, h.Uid, h.Gid, unix.AT_SYMLINK_NOFOLLOW)
+			if err != nil && !errors.Is(err, unix.EINVAL) { // EINVAL: see attrsFD
 				return fmt.Errorf("chown: %w", err)
 			}
 		}
@@ -350,11 +351,18 @@ func (u *unpacker) attrsAt(pfd int, base string, h *tar.Header) error {
 // attrsFD sets the owner, user.* attributes, mode and times of the open
 // file fd: owner first (a chown clears set-id bits), times last.
 func (u *unpacker) attrsFD(fd int, h *tar.Header) error {
+	owned := u.root0
 	if u.root0 {
 		if h.Uid < 0 || h.Gid < 0 {
 			return fmt.Errorf("owner %d:%d", h.Uid, h.Gid)
 		}
-		if err := unix.Fchown(fd, h.Uid, h.Gid); err != nil {
+		err := unix.Fchown(fd, h.Uid, h.Gid)
+		if errors.Is(err, unix.EINVAL) {
+			// The owner is not mapped in this user namespace (a rootless
+			// daemon maps one id): the entry stays the daemon's.
+			owned, err = false, nil
+		}
+		if err != nil {
 			return fmt.Errorf("chown: %w", err)
 		}
 	}
@@ -368,7 +376,7 @@ func (u *unpacker) attrsFD(fd int, h *tar.Header) error {
 		}
 	}
 	mode := uint32(h.Mode) & 0o7777
-	if !u.root0 {
+	if !owned {
 		mode &^= unix.S_ISUID | unix.S_ISGID // would name an owner not set
 	}
 	if err := unix.Fchmod(fd, mode); err != nil {
