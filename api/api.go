@@ -56,6 +56,12 @@ type CreateRequest struct {
 	// daemon's --vm-memory and --vm-cpus; from a snapshot: the
 	// snapshot's). Other runtimes refuse it.
 	Guest *sandbox.GuestSize `json:"guest,omitempty"`
+	// Image names an image in the daemon's store (tine image ls) whose
+	// root file system is the sandbox's OS layer in place of the host's;
+	// ImageWorkdir is the working directory of commands that give none
+	// (default: the project directory).
+	Image        string `json:"image,omitempty"`
+	ImageWorkdir string `json:"image_workdir,omitempty"`
 }
 
 // Sandbox is a sandbox as the API reports it.

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"tine/cowfs"
+	"tine/oci"
 	"tine/sandbox"
 )
 
@@ -152,6 +153,16 @@ func (req *CreateRequest) validate() error {
 	}
 	if _, err := sandbox.ParseMessagePolicy(req.MessageTo); err != nil {
 		return badRequest("field \"message_to\": %v", err)
+	}
+	if req.Image != "" {
+		if err := checkRef("image", req.Image); err != nil {
+			return err
+		}
+	}
+	if req.ImageWorkdir != "" {
+		if err := checkPath("image_workdir", req.ImageWorkdir); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -302,7 +313,7 @@ func statusOf(err error) (int, *Error) {
 	}
 	msg := err.Error()
 	switch {
-	case errors.Is(err, sandbox.ErrNotFound):
+	case errors.Is(err, sandbox.ErrNotFound), errors.Is(err, oci.ErrNotFound):
 		return http.StatusNotFound, &Error{Code: "not_found", Message: msg}
 	case errors.Is(err, sandbox.ErrExists):
 		return http.StatusConflict, &Error{Code: "exists", Message: msg}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"tine/guestagent/client"
+	"tine/oci"
 	"tine/sandbox"
 )
 
@@ -29,6 +30,9 @@ type ServerOptions struct {
 	// Inside, when given, serves each sandbox its own API; the server
 	// lists and answers the approvals sandboxes ask for through it.
 	Inside *Inside
+	// Images, when given, is the image store sandboxes may run over
+	// (images.go); nil answers the image routes with 501.
+	Images *oci.Store
 }
 
 // Server answers the API over a sandbox.Manager. It is an http.Handler;
@@ -112,6 +116,12 @@ func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
 		// messages from the host and inboxes (messages.go)
 		{"POST", sb + "/messages", s.sendMessage},
 		{"GET", sb + "/messages", s.messages},
+		// OCI images (images.go)
+		{"GET", "/" + Version + "/images", s.imageList},
+		{"POST", "/" + Version + "/images/pull", s.imagePull},
+		{"POST", "/" + Version + "/images/import", s.imageImport},
+		{"GET", "/" + Version + "/images/{ref...}", s.imageGet},
+		{"DELETE", "/" + Version + "/images/{ref...}", s.imageRemove},
 	}
 	for _, rt := range s.routes {
 		s.mux.HandleFunc(rt.method+" "+rt.path, rt.h)
@@ -233,6 +243,10 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	o := sandbox.CreateOptions{Name: req.Name, Env: req.Env, Limits: req.Limits, Services: req.Services, Runtime: req.Runtime, Guest: req.Guest, MessageTo: req.MessageTo}
 	if err := s.createPolicy(&req, &o); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := s.createImage(&req, &o); err != nil {
 		writeError(w, err)
 		return
 	}

@@ -21,6 +21,7 @@ import (
 	"tine/cowfs"
 	"tine/guestagent/proto"
 	"tine/internal/testagent"
+	"tine/oci"
 	"tine/sandbox"
 	"tine/sandbox/ns"
 )
@@ -89,7 +90,11 @@ func (e *env) start() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	e.srv = api.NewServer(e.m, api.ServerOptions{})
+	images, err := oci.Open(filepath.Join(e.root, "images"), oci.Limits{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.srv = api.NewServer(e.m, api.ServerOptions{Images: images})
 	e.served = make(chan error, 1)
 	go func() { e.served <- e.srv.Serve(ln) }()
 	e.c = client.New(filepath.Join(e.root, api.SocketName))

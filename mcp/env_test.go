@@ -16,6 +16,7 @@ import (
 	"tine/cowfs"
 	"tine/internal/testagent"
 	"tine/mcp"
+	"tine/oci"
 	"tine/sandbox"
 	"tine/sandbox/ns"
 )
@@ -59,7 +60,11 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := api.NewServer(m, api.ServerOptions{})
+	images, err := oci.Open(filepath.Join(root, "images"), oci.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := api.NewServer(m, api.ServerOptions{Images: images})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	e.c = client.New(filepath.Join(root, api.SocketName))

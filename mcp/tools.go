@@ -35,12 +35,17 @@ type Sandbox struct {
 	Processes   int    `json:"processes"`
 	Ports       int    `json:"ports"`
 	// ProjectBytes is the bytes written to its project.
-	ProjectBytes int64 `json:"project_bytes"`
+	ProjectBytes int64  `json:"project_bytes"`
+	Image        string `json:"image,omitempty" jsonschema:"the OS image it runs over (name and digest), if not the host's"`
 }
 
 func summary(s *api.Sandbox) Sandbox {
-	return Sandbox{Name: s.Name, State: string(s.State), From: s.From, ProjectPath: s.ProjectPath,
+	out := Sandbox{Name: s.Name, State: string(s.State), From: s.From, ProjectPath: s.ProjectPath,
 		ForkedFrom: s.ForkedFrom, Processes: s.Processes, Ports: s.Ports, ProjectBytes: s.ProjectBytes}
+	if s.Image != nil {
+		out.Image = s.Image.Ref + "@" + s.Image.Digest
+	}
+	return out
 }
 
 // Limits are a sandbox's resource limits.
@@ -67,6 +72,7 @@ type CreateIn struct {
 	Network  *NetworkIn `json:"network,omitempty" jsonschema:"the network policy (default: no network)"`
 	// MessageTo is its message policy (messages.go).
 	MessageTo string `json:"message_to,omitempty" jsonschema:"which sandboxes it may message from inside: family (the default: its parent, siblings and forks), none, or family,GLOB[,GLOB]"`
+	Image     string `json:"image,omitempty" jsonschema:"an OCI image in the daemon's store (tine image pull or import adds it) whose files replace the host's OS; only with a host directory in from"`
 }
 
 // SandboxOut is the result of create and of status.
@@ -243,7 +249,7 @@ func (t *tools) register(s *sdk.Server) {
 }
 
 func (t *tools) create(ctx context.Context, _ *sdk.CallToolRequest, in CreateIn) (*sdk.CallToolResult, SandboxOut, error) {
-	req := api.CreateRequest{Name: in.Name, From: in.From, Env: in.Env, Services: in.Services, MessageTo: in.MessageTo}
+	req := api.CreateRequest{Name: in.Name, From: in.From, Env: in.Env, Services: in.Services, MessageTo: in.MessageTo, Image: in.Image}
 	if in.Limits != nil {
 		req.Limits = sandbox.Limits{Pids: in.Limits.Pids, ProjectBytes: in.Limits.ProjectBytes}
 		req.Limits.MemoryBytes, req.Limits.CPUs = in.Limits.MemoryBytes, in.Limits.CPUs

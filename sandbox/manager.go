@@ -70,11 +70,13 @@ type live struct {
 	mount *cowfs.Mount
 	mu    sync.Mutex
 	agent *client.Client
-	// env and project are the sandbox's Env and ProjectPath, which
-	// commands giving none take (set at start; neither changes while it
-	// runs).
-	env     []string
-	project string
+	// env is the sandbox's Env, which commands giving none take (set
+	// at start; it does not change while it runs).
+	env []string
+	// dir, uid and gid are what commands giving none take: the project
+	// directory, or an image's working directory and user.
+	dir      string
+	uid, gid *uint32
 	// apiSocket: the runtime bound the inside API's socket.
 	apiSocket bool
 }
@@ -203,6 +205,11 @@ type CreateOptions struct {
 	// from a snapshot: the snapshot's). Runtimes that are not
 	// GuestSizers refuse it.
 	Guest *GuestSize
+	// Image, when given, is the OS image the sandbox runs over in place
+	// of the host's root; ImageEnv is the image's environment, which Env
+	// overrides key by key. From a snapshot: the snapshot's image.
+	Image    *Image
+	ImageEnv []string
 }
 
 // Create makes a sandbox and starts it. Its metadata is written once,
@@ -232,6 +239,12 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 	if o.Guest, err = m.guestSize(rt, o); err != nil {
 		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, err)
 	}
+	if o.Image != nil && rt.Name() != "ns" {
+		return nil, fmt.Errorf("create sandbox %q: the %s runtime does not take images (use the ns runtime)", o.Name, rt.Name())
+	}
+	if o.Image != nil && o.Snapshot != "" {
+		return nil, fmt.Errorf("create sandbox %q: an image is given with a snapshot, which has its own OS layer", o.Name)
+	}
 	if err := os.Mkdir(m.dir(o.Name), 0o700); errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, ErrExists)
 	} else if err != nil {
@@ -239,6 +252,11 @@ func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string
 	}
 	info := &Info{Name: o.Name, Runtime: rt.Name(), State: Stopped, Branch: branchName(o.Name),
 		Created: time.Now().UTC(), Limits: o.Limits, Guest: o.Guest, Env: o.Env, Services: o.Services, ForkedFrom: forkedFrom}
+	if o.Image != nil {
+		img := *o.Image
+		info.Image = &img
+		info.Env = MergeEnv(o.ImageEnv, o.Env)
+	}
 	seed, err := m.prepare(ctx, info, o)
 	if err == nil {
 		err = m.inherit(info, o)
@@ -290,6 +308,7 @@ func (m *Manager) prepare(ctx context.Context, info *Info, o CreateOptions) (str
 		}
 		seed = filepath.Join(m.snapDir(s.ID), "runtime")
 		info.ProjectPath, info.From = s.ProjectPath, s.ID
+		info.Image = s.Image
 		if info.Env == nil {
 			info.Env = s.Env
 		}
@@ -335,7 +354,13 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		m.mu.Unlock()
 		return nil
 	}
-	l := &live{env: info.Env, project: info.ProjectPath}
+	l := &live{env: info.Env, dir: info.ProjectPath}
+	if info.Image != nil {
+		l.uid, l.gid = info.Image.UID, info.Image.GID
+		if info.Image.Workdir != "" {
+			l.dir = info.Image.Workdir
+		}
+	}
 	m.live[name] = l
 	m.mu.Unlock()
 	fail := func(err error) error {
@@ -364,6 +389,13 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	spec := Spec{ID: m.instanceID(name), Hostname: name, Dir: m.rtDir(name),
 		ProjectPath: info.ProjectPath, ProjectSource: l.mount.Dir(),
 		Hide: []string{m.root, m.fs.Root()}, Limits: info.Limits, Guest: info.Guest, Seed: seed}
+	if info.Image != nil {
+		if _, err := os.Stat(info.Image.Rootfs); err != nil {
+			return fail(fmt.Errorf("image %s (%s) is gone from the image store (tine image pull or import it again): %w",
+				info.Image.Ref, info.Image.Digest, err))
+		}
+		spec.Image = info.Image.Rootfs
+	}
 	if spec.APISocket, err = m.insideSocket(name); err != nil {
 		return fail(err)
 	}
@@ -552,7 +584,10 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 	}
 	req.Env = m.commandEnv(name, l, req.Env)
 	if req.Dir == "" {
-		req.Dir = l.project
+		req.Dir = l.dir
+	}
+	if req.UID == nil && req.GID == nil && l.uid != nil {
+		req.UID, req.GID = l.uid, l.gid
 	}
 	// The exec policy and the audit record: policy.go, audit.go.
 	decided, err := m.checkExec(ctx, name, req)
@@ -587,7 +622,7 @@ func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) 
 	rand.Read(rnd[:])
 	s := &SnapshotInfo{ID: "snap-" + hex.EncodeToString(rnd[:]), Name: o.Name, Sandbox: name, Runtime: info.Runtime,
 		ProjectPath: info.ProjectPath, Created: time.Now().UTC(), Limits: info.Limits, Guest: info.Guest, Env: info.Env,
-		Services: info.Services, HostBase: info.HostBase, GitBase: info.GitBase}
+		Services: info.Services, HostBase: info.HostBase, GitBase: info.GitBase, Image: info.Image}
 	dir := m.snapDir(s.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)

@@ -9,6 +9,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 )
 
@@ -95,6 +96,30 @@ type Info struct {
 	// MessageTo says which sandboxes it may message (see
 	// ParseMessagePolicy); empty means family.
 	MessageTo string `json:"message_to,omitempty"`
+	// Image, when set, is the OS image the sandbox runs over in place of
+	// the host's root.
+	Image *Image `json:"image,omitempty"`
+}
+
+// Image is an unpacked OCI image whose root file system is a sandbox's
+// OS lower layer in place of the host's / (see package oci). Forks,
+// snapshots and restarts keep it.
+type Image struct {
+	// Ref is the name the image was asked for by.
+	Ref string `json:"ref"`
+	// Digest is its manifest digest, which identifies it.
+	Digest string `json:"digest"`
+	// Rootfs is the host directory of its unpacked root file system.
+	Rootfs string `json:"rootfs"`
+	// User is the image's USER as given, UID and GID what it resolved to
+	// in the image's /etc/passwd and /etc/group; commands that name no
+	// user run as it.
+	User string  `json:"user,omitempty"`
+	UID  *uint32 `json:"uid,omitempty"`
+	GID  *uint32 `json:"gid,omitempty"`
+	// Workdir is the working directory of commands that give none (the
+	// default: the project directory).
+	Workdir string `json:"workdir,omitempty"`
 }
 
 // SnapshotInfo is a sandbox snapshot's persisted metadata: the project at
@@ -117,6 +142,9 @@ type SnapshotInfo struct {
 	// GitBase is the sandbox's GitBase, carried to what is made from the
 	// snapshot.
 	GitBase GitBase `json:"git_base,omitzero"`
+	// Image is the sandbox's image, carried to what is made from the
+	// snapshot.
+	Image *Image `json:"image,omitempty"`
 }
 
 // Spec is what a Runtime needs to start a sandbox.
@@ -142,6 +170,9 @@ type Spec struct {
 	// snapshot that the sandbox's state starts as a copy of; Dir must not
 	// exist yet then.
 	Seed string
+	// Image, when given, is an image's root file system that is the
+	// sandbox's OS lower layer in place of the host's /.
+	Image string
 	// APISocket, when given, is the host path of a listening Unix socket
 	// that the runtime binds, read-only, at /run/tine/api.sock inside
 	// the sandbox: the sandbox's own API (see api/inside.go).
@@ -222,4 +253,24 @@ type Status struct {
 	// ProjectBytes is the bytes written to its project branch.
 	ProjectBytes int64     `json:"project_bytes"`
 	Stale        Staleness `json:"stale"`
+}
+
+// MergeEnv returns base (KEY=value entries) with each key that over sets
+// taking over's value, over's new keys appended in order.
+func MergeEnv(base, over []string) []string {
+	if len(base) == 0 {
+		return over
+	}
+	idx := map[string]int{}
+	out := make([]string, 0, len(base)+len(over))
+	for _, kv := range append(append([]string(nil), base...), over...) {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := idx[k]; ok {
+			out[i] = kv
+			continue
+		}
+		idx[k] = len(out)
+		out = append(out, kv)
+	}
+	return out
 }

@@ -52,11 +52,13 @@ func (c Cache) drop(key string) { os.Remove(filepath.Join(c.Dir, key)) }
 
 // Keys are the cache keys of a spec's setup steps over a base: key i
 // covers the base's content (its cowfs snapshot id, a content hash), the
-// environment, the network policy and steps 0..i. The same spec over the same files gives the
-// same keys; a changed step changes its key and every later one.
-func Keys(s *Spec, baseID string) []string {
+// OS image's manifest digest (imageDigest; "" for the host's OS), the
+// environment, the network policy and steps 0..i. The same spec over the
+// same files gives the same keys; a changed step changes its key and
+// every later one, and so does another image under the same name.
+func Keys(s *Spec, baseID, imageDigest string) []string {
 	h := sha256.New()
-	fmt.Fprintf(h, "tine-setup-v1\x00%s\x00%s\x00", baseID, s.Base.Image)
+	fmt.Fprintf(h, "tine-setup-v2\x00%s\x00%s\x00%s\x00", baseID, imageDigest, s.Base.Workdir)
 	for _, e := range s.EnvList() {
 		fmt.Fprintf(h, "env\x00%s\x00", e)
 	}
@@ -124,7 +126,8 @@ func (b *Builder) Build(ctx context.Context, s *Spec) (*Result, error) {
 		services = append(services, st.Run)
 	}
 	final := api.CreateRequest{Name: s.Name, Env: s.EnvList(), Limits: limits, Services: services,
-		Network: netReq, Secrets: s.SecretBindings(), MessageTo: s.MessageTo}
+		Network: netReq, Secrets: s.SecretBindings(), MessageTo: s.MessageTo,
+		Image: s.Base.Image, ImageWorkdir: s.Base.Workdir}
 	// Setup runs under the spec's limits and network, without its
 	// lifetime or secrets.
 	setupLimits := limits
@@ -174,16 +177,23 @@ func (b *Builder) build(ctx context.Context, s *Spec, final api.CreateRequest, l
 
 	// The builder starts from the base directory: its origin is the
 	// content id the keys start from.
-	bld, err := b.Client.Create(ctx, api.CreateRequest{From: s.Base.Dir, Env: s.EnvList(), Limits: limits, Network: final.Network})
+	bld, err := b.Client.Create(ctx, api.CreateRequest{From: s.Base.Dir, Env: s.EnvList(), Limits: limits, Network: final.Network,
+		Image: s.Base.Image, ImageWorkdir: s.Base.Workdir})
 	if err != nil {
 		return nil, err
 	}
+	// What is made from the setup's snapshots keeps the builder's image.
+	final.Image, final.ImageWorkdir = "", ""
 	defer func() {
 		if bld != nil {
 			b.Client.Remove(context.WithoutCancel(ctx), bld.Name)
 		}
 	}()
-	keys := Keys(s, bld.Origin)
+	digest := ""
+	if bld.Image != nil {
+		digest = bld.Image.Digest
+	}
+	keys := Keys(s, bld.Origin, digest)
 	// The longest cached prefix of steps.
 	done, from := 0, ""
 	for i := len(keys) - 1; i >= 0; i-- {

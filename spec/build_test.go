@@ -12,11 +12,15 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
 	"tine/api"
 	"tine/api/client"
 	"tine/cowfs"
 	"tine/guestagent/proto"
 	"tine/internal/testagent"
+	"tine/internal/testimage"
+	"tine/oci"
 	"tine/sandbox"
 	"tine/sandbox/ns"
 )
@@ -47,7 +51,11 @@ func daemon(t *testing.T) *client.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := api.NewServer(m, api.ServerOptions{})
+	images, err := oci.Open(filepath.Join(root, "images"), oci.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := api.NewServer(m, api.ServerOptions{Images: images})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	t.Cleanup(func() {
@@ -145,4 +153,59 @@ func TestBuildCache(t *testing.T) {
 		}
 		t.Errorf("sandboxes left: %v, want the 4 built", names)
 	}
+}
+
+// TestBuildOverImage: a spec over an image runs its setup there, the
+// result keeps the image, and the cache keys on the image's digest: a new
+// image under the same name runs setup again.
+func TestBuildOverImage(t *testing.T) {
+	c := daemon(t)
+	proj := filepath.Join(t.TempDir(), "proj")
+	os.MkdirAll(proj, 0o755)
+	tb := filepath.Join(t.TempDir(), "bb.tar")
+	testimage.WriteTarball(t, tb, "example.test/bb:1", testimage.BusyboxImage(t))
+	if _, err := c.ImportImage(t.Context(), api.ImportRequest{Path: tb, Name: "bb"}); err != nil {
+		t.Fatal(err)
+	}
+	b := &Builder{Client: c, Cache: Cache{Dir: filepath.Join(t.TempDir(), "cache")}}
+	s, err := Parse([]byte("base:\n  image: bb\n  workdir: /home/app\nsetup:\n  - cat /only-in-image > s1; echo $FROM_IMAGE >> s1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Base.Dir = proj
+	r, err := b.Build(t.Context(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Ran != 1 || r.Sandbox.Image == nil || r.Sandbox.Image.Workdir != "/home/app" {
+		t.Fatalf("first build: ran %d, image %+v", r.Ran, r.Sandbox.Image)
+	}
+	if got := cat(t, c, r.Sandbox, "s1"); got != "image file\nyes\n" {
+		t.Errorf("setup over the image wrote %q", got)
+	}
+	if r, err = b.Build(t.Context(), s); err != nil || r.Cached != 1 || r.Sandbox.Image == nil {
+		t.Fatalf("second build: %+v %v", r, err)
+	}
+	// Another image under the same name: the steps run again.
+	img2 := testimage.Image(t, v1.Config{Env: []string{"PATH=/bin", "FROM_IMAGE=two"}},
+		testimage.Layer(t, testimage.File("bin/busybox", mustRead(t, testimage.Busybox), 0o755), testimage.Symlink("bin/sh", "busybox"),
+			testimage.Symlink("bin/cat", "busybox"), testimage.Dir("home/app", 0o755), testimage.File("only-in-image", "image two\n", 0o644)))
+	testimage.WriteTarball(t, tb, "example.test/bb:1", img2)
+	if _, err := c.ImportImage(t.Context(), api.ImportRequest{Path: tb, Name: "bb"}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err = b.Build(t.Context(), s); err != nil || r.Ran != 1 {
+		t.Fatalf("build over the new image: %+v %v", r, err)
+	}
+	if got := cat(t, c, r.Sandbox, "s1"); got != "image two\ntwo\n" {
+		t.Errorf("setup over the new image wrote %q", got)
+	}
+}
+
+func mustRead(t *testing.T, p string) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Skipf("%s: %v", p, err)
+	}
+	return string(b)
 }

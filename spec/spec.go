@@ -54,7 +54,7 @@ type Spec struct {
 }
 
 // Base is what the sandbox starts from: the project directory, over the
-// host's OS or (later) an OCI image.
+// host's OS or an OCI image (docs/images.md).
 type Base struct {
 	// Dir is the project directory; relative paths are from the spec
 	// file's directory (default: that directory).
@@ -62,8 +62,13 @@ type Base struct {
 	// OS is "host" (the default): the host's files under a private
 	// writable layer.
 	OS string `yaml:"os,omitempty"`
-	// Image is an OCI image reference for the OS instead of the host's.
+	// Image names an image in the daemon's store (tine image pull or
+	// import adds it) whose root file system is the OS in place of the
+	// host's; the project is still at its path.
 	Image string `yaml:"image,omitempty"`
+	// Workdir, with Image, is the working directory of commands that give
+	// none (default: the project directory).
+	Workdir string `yaml:"workdir,omitempty"`
 }
 
 // Step is one command, run with sh -c. In YAML it is a string or
@@ -221,6 +226,12 @@ func (s *Spec) Check() error {
 	if s.Base.OS == "host" && s.Base.Image != "" {
 		bad("base: give os: host or image, not both")
 	}
+	if len(s.Base.Image) > 1024 || strings.ContainsAny(s.Base.Image, "\x00\n ") {
+		bad("base.image %q: want an image reference ([REGISTRY/]REPOSITORY[:TAG|@DIGEST]) or digest", s.Base.Image)
+	}
+	if s.Base.Workdir != "" && (s.Base.Image == "" || !filepath.IsAbs(s.Base.Workdir)) {
+		bad("base.workdir %q: want an absolute directory, with base.image", s.Base.Workdir)
+	}
 	for i, st := range s.Setup {
 		if strings.TrimSpace(st.Run) == "" {
 			bad("setup[%d]: empty run", i)
@@ -280,10 +291,6 @@ func (s *Spec) Check() error {
 		return err
 	}
 	s.Pending = nil
-	pend := func(format string, a ...any) { s.Pending = append(s.Pending, fmt.Sprintf(format, a...)) }
-	if s.Base.Image != "" {
-		pend("base.image %q: this tine cannot import OCI images yet; remove it to run over the host's OS", s.Base.Image)
-	}
 	return nil
 }
 
@@ -298,7 +305,8 @@ func (s *Spec) EnvList() []string {
 	}
 	sort.Strings(keys)
 	var out []string
-	if _, ok := s.Env["PATH"]; !ok {
+	// An image's own PATH comes with its environment, under this one.
+	if _, ok := s.Env["PATH"]; !ok && s.Base.Image == "" {
 		out = append(out, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	}
 	for _, k := range keys {

@@ -76,17 +76,21 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
-// TestPending: fields whose mechanism is missing are named, not ignored.
+// TestPending: fields whose mechanism is missing are named, not ignored;
+// base.image and base.workdir are taken.
 func TestPending(t *testing.T) {
-	s, err := Parse([]byte("base:\n  image: debian:12\nexpose: [8000]\n"))
+	s, err := Parse([]byte("base:\n  image: debian:12\n  workdir: /work\nexpose: [8000]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	joined := strings.Join(s.Pending, "\n")
-	if !strings.Contains(joined, "base.image") || len(s.Pending) != 1 {
-		t.Errorf("pending %q, want base.image only", joined)
+	if len(s.Pending) != 0 || s.Base.Image != "debian:12" || s.Base.Workdir != "/work" {
+		t.Errorf("pending %q, base %+v", s.Pending, s.Base)
 	}
-	if _, err := (&Builder{}).Build(t.Context(), s); err == nil || !strings.Contains(err.Error(), "base.image") {
+	if _, err := Parse([]byte("base:\n  workdir: /work\n")); err == nil || !strings.Contains(err.Error(), "base.workdir") {
+		t.Errorf("workdir without image: %v", err)
+	}
+	s.Pending = []string{"thing: not yet"}
+	if _, err := (&Builder{}).Build(t.Context(), s); err == nil || !strings.Contains(err.Error(), "thing: not yet") {
 		t.Errorf("Build of a spec with pending fields: %v", err)
 	}
 }
@@ -202,7 +206,7 @@ func TestDevcontainer(t *testing.T) {
 	if len(s.Expose) != 1 || s.Expose[0] != 8080 {
 		t.Errorf("expose %v", s.Expose)
 	}
-	if j := strings.Join(s.Pending, "\n"); !strings.Contains(j, "base.image") || strings.Contains(j, "expose") {
+	if j := strings.Join(s.Pending, "\n"); strings.Contains(j, "base.image") || strings.Contains(j, "expose") {
 		t.Errorf("pending %q", j)
 	}
 }
@@ -246,19 +250,25 @@ func TestStripJSONC(t *testing.T) {
 func TestKeys(t *testing.T) {
 	a, _ := Parse([]byte("setup: [one, two, three]\n"))
 	b, _ := Parse([]byte("setup: [one, TWO, three]\n"))
-	ka, kb := Keys(a, "root-1"), Keys(b, "root-1")
+	ka, kb := Keys(a, "root-1", ""), Keys(b, "root-1", "")
 	if ka[0] != kb[0] || ka[1] == kb[1] || ka[2] == kb[2] {
 		t.Errorf("a changed step 2 must keep key 1 and change keys 2 and 3: %v %v", ka, kb)
 	}
-	if k := Keys(a, "root-2"); k[0] == ka[0] {
+	if k := Keys(a, "root-2", ""); k[0] == ka[0] {
 		t.Errorf("another base gives the same key")
 	}
-	if k := Keys(a, "root-1"); !slices.Equal(k, ka) {
+	if k := Keys(a, "root-1", ""); !slices.Equal(k, ka) {
 		t.Errorf("keys not stable")
 	}
 	n, _ := Parse([]byte("setup: [one, two, three]\nnetwork:\n  allow: [deb.debian.org]\n"))
-	if k := Keys(n, "root-1"); k[0] == ka[0] {
+	if k := Keys(n, "root-1", ""); k[0] == ka[0] {
 		t.Errorf("another network policy gives the same key")
+	}
+	// The image counts by manifest digest, not by name.
+	i, _ := Parse([]byte("base:\n  image: bb\nsetup: [one, two, three]\n"))
+	ki := Keys(i, "root-1", "sha256:aaaa")
+	if ki[0] == ka[0] || Keys(i, "root-1", "sha256:bbbb")[0] == ki[0] || !slices.Equal(Keys(i, "root-1", "sha256:aaaa"), ki) {
+		t.Errorf("keys do not follow the image digest")
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -56,6 +57,9 @@ func (a *app) createFromSpec(c *cobra.Command, sf specFlags, name string) error 
 	b := &spec.Builder{Client: cl, Cache: spec.Cache{Dir: filepath.Join(root, "setup-cache")}, Log: a.stderr}
 	r, err := b.Build(ctx, s)
 	if err != nil {
+		if s.Base.Image != "" && isNotFound(err) && strings.Contains(err.Error(), "image") {
+			return fmt.Errorf("base.image: %w", imgErr(s.Base.Image, err))
+		}
 		return sbErr(s.Name, err)
 	}
 	if a.json {

@@ -103,7 +103,8 @@ message_to: family,w-*
 		t.Errorf("message_to from the spec: %q", out)
 	}
 	os.WriteFile(filepath.Join(proj, "img.yaml"), []byte("base:\n  image: debian:12\n"), 0o644)
-	if _, errOut, code = c.run("", "create", "-f", filepath.Join(proj, "img.yaml")); code == 0 || !strings.Contains(errOut, "base.image") {
+	if _, errOut, code = c.run("", "create", "-f", filepath.Join(proj, "img.yaml")); code == 0 || !strings.Contains(errOut, "base.image") ||
+		!strings.Contains(errOut, `"debian:12"`) || !strings.Contains(errOut, "tine image pull") {
 		t.Errorf("image spec: exit %d: %s", code, errOut)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"tine/internal/testimage"
 )
 
 // rootlessUser is the unprivileged user TestRootlessEndToEnd runs tine as.
@@ -126,5 +128,19 @@ func TestRootlessEndToEnd(t *testing.T) {
 	}
 	if out := must("info"); !strings.Contains(out, "in use: rootless") {
 		t.Errorf("info does not say rootless mode is in use:\n%s", out)
+	}
+
+	// An image as the OS, unpacked and run by the user's own daemon.
+	tb := filepath.Join(home, "bb.tar")
+	testimage.WriteTarball(t, tb, "example.test/bb:1", testimage.BusyboxImage(t))
+	os.Chown(tb, uid, gid)
+	must("image", "import", tb, "--name", "bb")
+	must("create", "--from", proj, "--name", "img", "--image", "bb")
+	if out := must("exec", "img", "--", "sh", "-c", "cat /only-in-image; echo x > /etc/motd; cat /etc/motd"); out != "image file\nx\n" {
+		t.Errorf("exec over an image in rootless mode: %q", out)
+	}
+	must("fork", "img", "--names", "img2")
+	if out := must("exec", "img2", "--", "cat", "/etc/motd"); out != "x\n" {
+		t.Errorf("fork over an image in rootless mode: %q", out)
 	}
 }

@@ -25,7 +25,7 @@ func (a *app) sandboxCommands() []*cobra.Command {
 		a.createCommand(), a.execCommand(), a.shellCommand(), a.forkCommand(),
 		a.snapshotCommand(), a.rollbackCommand(), a.snapshotsCommand(), a.diffCommand(),
 		a.psCommand(), a.portsCommand(), a.logsCommand(), a.statusCommand(), a.lsCommand(),
-		a.rmCommand(), a.startCommand(), a.stopCommand(), a.promoteCommand(),
+		a.rmCommand(), a.startCommand(), a.stopCommand(), a.promoteCommand(), a.imageCommand(),
 	}, append(a.policyCommands(), a.messageCommands()...)...)
 }
 
@@ -127,6 +127,9 @@ func (a *app) createCommand() *cobra.Command {
 			}
 			sb, err := cl.Create(ctx, req)
 			if err != nil {
+				if req.Image != "" && isNotFound(err) && strings.Contains(err.Error(), "image") {
+					return imgErr(req.Image, err)
+				}
 				return sbErr(req.Name, err)
 			}
 			if a.json {
@@ -145,6 +148,8 @@ func (a *app) createCommand() *cobra.Command {
 	f.StringArrayVar(&req.Env, "env", nil, "KEY=VALUE in the environment of its commands (repeatable)")
 	f.Int64Var(&req.Limits.Pids, "pids", 0, "most processes at once (0: no limit)")
 	f.StringVar(&disk, "disk", "", "most bytes written to the project, such as 512M or 1G (default: no limit)")
+	f.StringVar(&req.Image, "image", "", "run over this image (tine image ls) in place of the host's OS; the project is still at its path")
+	f.StringVar(&req.ImageWorkdir, "image-workdir", "", "with --image: working directory of commands that give none (default: the project directory)")
 	lf.bind(f, false) // limits.go
 	sf.flags(f)
 	pf.flags(f)
@@ -432,6 +437,9 @@ func (a *app) statusCommand() *cobra.Command {
 				from += " (forked from " + s.ForkedFrom + ")"
 			}
 			fmt.Fprintf(w, "from       %s\n", from)
+			if s.Image != nil {
+				fmt.Fprintf(w, "image      %s\n", imageLine(s.Image))
+			}
 			fmt.Fprintf(w, "created    %s\n", s.Created.Local().Format(time.DateTime))
 			fmt.Fprintf(w, "processes  %d, listening sockets %d\n", s.Processes, s.Ports)
 			written := humanBytes(s.ProjectBytes)

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"tine/api"
+	"tine/oci"
 	"tine/sandbox"
 	"tine/sandbox/ns"
 	vmrt "tine/sandbox/vm"
@@ -110,10 +111,15 @@ func (a *app) serve(ctx context.Context, group string, opts sandbox.Options, iop
 	inside := api.NewInside(m, iopts)
 	m.SetInsideAPI(inside)
 	defer inside.Close()
+	images, err := oci.Open(filepath.Join(root, "images"), oci.Limits{})
+	if err != nil {
+		return err
+	}
 	srv := api.NewServer(m, api.ServerOptions{
 		Info:   func(ctx context.Context) (*api.Info, error) { return hostInfo(root), nil },
 		FS:     fsSvc.run,
 		Inside: inside,
+		Images: images,
 	})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

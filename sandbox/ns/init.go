@@ -36,9 +36,12 @@ type initConfig struct {
 	// Warm: the project, the hidden paths and the host name are left to
 	// the bind step (see bind.go), which the init step starts before it
 	// executes the agent.
-	Warm          bool     `json:",omitempty"`
-	Root          string   // host path the overlay is mounted at
-	Lower         string   `json:",omitempty"` // the overlay's lower layer: "/" when empty
+	Warm  bool   `json:",omitempty"`
+	Root  string // host path the overlay is mounted at
+	Lower string `json:",omitempty"` // the overlay's lower layer: "/" when empty
+	// Image is an image's unpacked root file system that is the
+	// overlay's lower layer in place of the host root (see package oci).
+	Image         string   `json:",omitempty"`
 	Upper, Work   string   // the sandbox's overlay layer
 	ProjectPath   string   // path of the project inside the sandbox
 	ProjectSource string   // host directory serving it (a cowfs mount)
@@ -466,7 +469,7 @@ func (r root) devLinks() error {
 // of it: in a user namespace it attaches the one the host made (see
 // userns.go) on its mount point.
 func mountOverlay(c *initConfig) (int, error) {
-	if !c.Userns && Rootless() {
+	if !c.Userns && Rootless() && c.Image == "" {
 		return mountRootless(c) // rootless.go
 	}
 	if c.Userns {
@@ -497,7 +500,13 @@ func mountOverlay(c *initConfig) (int, error) {
 	if lower == "" {
 		lower = "/"
 	}
+	if c.Image != "" {
+		lower = c.Image
+	}
 	opts := "lowerdir=" + lower + ",upperdir=" + c.Upper + ",workdir=" + c.Work
+	if Rootless() {
+		opts = "userxattr," + opts // rootless.go: the layer's attributes are user.*
+	}
 	if err := unix.Mount("overlay", c.Root, "overlay", 0, opts); err != nil {
 		return -1, fmt.Errorf("mount the root overlay at %s (%s): %w", c.Root, opts, err)
 	}

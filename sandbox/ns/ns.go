@@ -87,7 +87,10 @@ func makeStateDirs(dir string) error {
 // host made before it ran, so a connection made once Start returns is
 // answered without any retry.
 func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instance, error) {
-	for _, p := range []string{spec.Dir, spec.ProjectSource} {
+	for _, p := range []string{spec.Dir, spec.ProjectSource, spec.Image} {
+		if p == "" {
+			continue // no image
+		}
 		// overlayfs options are split at these.
 		if strings.ContainsAny(p, ",:\\\n") || !filepath.IsAbs(p) {
 			return nil, fmt.Errorf("start sandbox %s: path %q must be absolute and free of , : \\", spec.ID, p)
@@ -95,7 +98,8 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 	}
 	if _, err := os.Lstat(spec.Dir); errors.Is(err, os.ErrNotExist) {
 		// Warm sandboxes have the default tmpfs bounds and no devices.
-		if spec.Limits.TmpfsBytes == 0 && len(spec.Limits.Devices) == 0 && !spec.Limits.GPU {
+		// and the host root: a sandbox over an image starts cold.
+		if spec.Limits.TmpfsBytes == 0 && len(spec.Limits.Devices) == 0 && !spec.Limits.GPU && spec.Image == "" {
 			if in, err := r.startWarm(ctx, spec); in != nil || err != nil {
 				return in, err
 			}
@@ -131,6 +135,7 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		Work:          filepath.Join(spec.Dir, workDir),
 		ProjectPath:   spec.ProjectPath,
 		ProjectSource: spec.ProjectSource,
+		Image:         spec.Image,
 		RunDir:        filepath.Join(spec.Dir, runDir),
 		Hide:          spec.Hide,
 		Hostname:      spec.Hostname,

@@ -238,7 +238,19 @@ func (m *idMap) idmap(fd int) error {
 // overlay returns a detached overlay mount of the host root under the
 // layer upper (with its scratch directory work), both in the state
 // directory dir, all seen through the mapping.
-func (m *idMap) overlay(dir, upper, work string) (int, error) {
+func (m *idMap) overlay(dir, upper, work, image string) (int, error) {
+	lower := m.lower
+	if image != "" {
+		// An image's rootfs in place of the host root, idmapped alike:
+		// its files' owners are the image's ids, which the mapping shows
+		// as the same ids inside the sandbox.
+		fd, err := m.clone(image)
+		if err != nil {
+			return -1, err
+		}
+		defer unix.Close(fd)
+		lower = fd
+	}
 	sfd, err := m.clone(dir)
 	if err != nil {
 		return -1, err
@@ -251,7 +263,7 @@ func (m *idMap) overlay(dir, upper, work string) (int, error) {
 	defer unix.Close(fs)
 	state := fmt.Sprintf("/proc/self/fd/%d/", sfd)
 	for _, o := range [][2]string{
-		{"lowerdir", fmt.Sprintf("/proc/self/fd/%d", m.lower)},
+		{"lowerdir", fmt.Sprintf("/proc/self/fd/%d", lower)},
 		{"upperdir", state + upper},
 		{"workdir", state + work},
 	} {
@@ -301,7 +313,7 @@ func (m *idMap) initFDs(c *initConfig) (fds []int, err error) {
 	if filepath.Dir(c.Work) != dir {
 		return nil, fmt.Errorf("upper %s and work %s are in different directories", c.Upper, c.Work)
 	}
-	fd, err := m.overlay(dir, filepath.Base(c.Upper), filepath.Base(c.Work))
+	fd, err := m.overlay(dir, filepath.Base(c.Upper), filepath.Base(c.Work), c.Image)
 	if err != nil {
 		return nil, err
 	}

@@ -320,7 +320,7 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		}
 	}()
 	if fork && in.ids != nil {
-		ofd, err := in.ids.overlay(spec.Dir, forkUpper, forkWork)
+		ofd, err := in.ids.overlay(spec.Dir, forkUpper, forkWork, "")
 		if err != nil {
 			return fmt.Errorf("fork root: %w", err)
 		}

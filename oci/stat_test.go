@@ -1,0 +1,5 @@
+package oci_test
+
+import "syscall"
+
+type syscallStat = syscall.Stat_t
