@@ -24,6 +24,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
+
+	"tine/internal/atomicfile"
 )
 
 // ErrNotFound reports an image the store does not hold.
@@ -183,7 +185,7 @@ func (s *Store) Add(ctx context.Context, img v1.Image, name string) (*Image, err
 		}
 		return nil, fmt.Errorf("image %s: %w", name, err)
 	}
-	if err := syncDir(s.dir); err != nil {
+	if err := atomicfile.SyncDir(s.dir); err != nil {
 		return nil, fmt.Errorf("image %s: %w", name, err)
 	}
 	return im, nil
@@ -331,23 +333,7 @@ func writeJSON(path string, v any) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.WriteFile(path, append(b, '\n'), 0o600)
 }
 
 // maxJSON bounds an image.json read back.
@@ -378,13 +364,4 @@ func syncFS(dir string) error {
 	}
 	defer f.Close()
 	return unix.Syncfs(int(f.Fd()))
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"tine/internal/atomicfile"
 )
 
 // Messages between sandboxes: each sandbox has an inbox, a file in its
@@ -516,7 +518,7 @@ func appendInbox(p string, good int, line []byte) error {
 		err = cerr
 	}
 	if err == nil && good == 0 {
-		err = syncDir(filepath.Dir(p))
+		err = atomicfile.SyncDir(filepath.Dir(p))
 	}
 	return err
 }
@@ -532,26 +534,5 @@ func rewriteInbox(p string, in Inbox) error {
 		}
 		b = append(b, line...)
 	}
-	tmp := p + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, p)
-	}
-	if err == nil {
-		err = syncDir(filepath.Dir(p))
-	}
-	if err != nil {
-		os.Remove(tmp)
-	}
-	return err
+	return atomicfile.WriteFile(p, b, 0o600)
 }

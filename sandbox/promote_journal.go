@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"tine/cowfs"
+	"tine/internal/atomicfile"
 )
 
 // journal is the record of a promotion under way, written (and synced)
@@ -45,7 +46,7 @@ func (m *Manager) writeJournal(j *journal) error {
 	if err := writeJSON(p, j); err != nil {
 		return fmt.Errorf("promotion journal: %w", err)
 	}
-	return syncDir(filepath.Dir(p))
+	return nil
 }
 
 // readJournal returns sandbox name's journal, or nil when it has none.
@@ -65,16 +66,7 @@ func (m *Manager) readJournal(name string) (*journal, error) {
 // content-addressed, the same id may be another sandbox's base.
 func (m *Manager) dropJournal(ctx context.Context, j *journal) {
 	os.Remove(m.journalPath(j.Sandbox))
-	syncDir(filepath.Dir(m.journalPath(j.Sandbox)))
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	atomicfile.SyncDir(filepath.Dir(m.journalPath(j.Sandbox)))
 }
 
 // ResumePromote finishes a promotion of sandbox name that stopped partway

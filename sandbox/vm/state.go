@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"tine/chunkstore"
+	"tine/internal/atomicfile"
 	"tine/sandbox"
 	"tine/vmm"
 	"tine/vmm/linux"
@@ -72,42 +73,6 @@ func readManifest(dir string) (manifest, error) {
 	return m, nil
 }
 
-// writeFileSync writes a file under a temporary name, fsyncs it and
-// renames it into place, then fsyncs its directory.
-func writeFileSync(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err == nil {
-		err = syncDir(filepath.Dir(path))
-	}
-	return err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
 // writeState makes state directory to: fill puts the image (if any) in
 // a temporary directory and returns the manifest; the disk is referenced
 // for to, the manifest written, and the directory renamed into place.
@@ -135,13 +100,13 @@ func (r *Runtime) writeState(to string, fill func(tmp string) (manifest, error))
 		return fail(err)
 	}
 	b, _ := json.Marshal(m)
-	if err := writeFileSync(filepath.Join(tmp, manifestName), b); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(tmp, manifestName), b, 0o600); err != nil {
 		return fail(fmt.Errorf("vm runtime: %w", err))
 	}
 	if err := os.Rename(tmp, abs); err != nil {
 		return fail(fmt.Errorf("vm runtime: %w", err))
 	}
-	if err := syncDir(filepath.Dir(abs)); err != nil {
+	if err := atomicfile.SyncDir(filepath.Dir(abs)); err != nil {
 		return fmt.Errorf("vm runtime: %w", err)
 	}
 	return nil
@@ -164,7 +129,7 @@ func (r *Runtime) stopped(dir string, root chunkstore.ID) error {
 		return err
 	}
 	b, _ := json.Marshal(m)
-	if err := writeFileSync(filepath.Join(abs, manifestName), b); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(abs, manifestName), b, 0o600); err != nil {
 		return fmt.Errorf("vm runtime: %w", err)
 	}
 	if err := os.RemoveAll(filepath.Join(abs, imageDir)); err != nil {
@@ -187,7 +152,7 @@ func linkImage(from, to string) error {
 			}
 		}
 	}
-	return syncDir(to)
+	return atomicfile.SyncDir(to)
 }
 
 func copyFile(src, dst string) error {
