@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"tine/internal/atomicfile"
 )
 
 // An image directory holds a sealed image on disk (see docs/vmm.md):
@@ -156,7 +158,7 @@ func (img *Image) saveDir(dir string, devices []byte, step func(string) error) e
 	if err := step("machine"); err != nil {
 		return err
 	}
-	if err := syncDir(tmp); err != nil {
+	if err := atomicfile.SyncDir(tmp); err != nil {
 		return fail(err)
 	}
 	if err := step("sync"); err != nil {
@@ -168,7 +170,7 @@ func (img *Image) saveDir(dir string, devices []byte, step func(string) error) e
 	if err := step("rename"); err != nil {
 		return err
 	}
-	if err := syncDir(filepath.Dir(dir)); err != nil {
+	if err := atomicfile.SyncDir(filepath.Dir(dir)); err != nil {
 		return fail(err)
 	}
 	return nil
@@ -223,18 +225,6 @@ func writeFileSync(path string, b []byte) error {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
 		err = cerr
 	}
 	return err
