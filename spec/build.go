@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -73,6 +74,10 @@ func Keys(s *Spec, baseID, imageDigest string) []string {
 		h := sha256.New()
 		h.Write(prev)
 		fmt.Fprintf(h, "\x00step\x00%s\x00", st.Run)
+		if len(st.Input) > 0 || st.Root {
+			// Only then, so that the keys of plain steps stay as they were.
+			fmt.Fprintf(h, "input\x00%x\x00root\x00%t\x00", sha256.Sum256(st.Input), st.Root)
+		}
 		prev = h.Sum(nil)
 		keys[i] = hex.EncodeToString(prev)
 	}
@@ -222,13 +227,25 @@ func (b *Builder) build(ctx context.Context, s *Spec, final api.CreateRequest, l
 		if label == "" {
 			label = fmt.Sprintf("step %d", i+1)
 		}
-		b.logf("setup %d/%d (%s): %s", i+1, len(keys), label, st.Run)
+		if st.Input != nil {
+			b.logf("setup %d/%d (%s)", i+1, len(keys), label)
+		} else {
+			b.logf("setup %d/%d (%s): %s", i+1, len(keys), label, st.Run)
+		}
 		var out io.Writer = io.Discard
 		if b.Log != nil {
 			out = b.Log
 		}
-		ex, err := b.Client.Exec(ctx, bld.Name, api.ExecRequest{ExecRequest: proto.ExecRequest{
-			Argv: []string{"sh", "-c", st.Run}, Dir: bld.ProjectPath}}, client.ExecIO{Stdout: out, Stderr: out})
+		req := proto.ExecRequest{Argv: []string{"sh", "-c", st.Run}, Dir: bld.ProjectPath}
+		eio := client.ExecIO{Stdout: out, Stderr: out}
+		if st.Root {
+			var root uint32
+			req.UID, req.GID = &root, &root
+		}
+		if len(st.Input) > 0 {
+			eio.Stdin = bytes.NewReader(st.Input)
+		}
+		ex, err := b.Client.Exec(ctx, bld.Name, api.ExecRequest{ExecRequest: req}, eio)
 		if err != nil {
 			return nil, fmt.Errorf("setup step %d (%s): %w", i+1, label, err)
 		}

@@ -3,6 +3,7 @@ package spec
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -208,4 +209,123 @@ func mustRead(t *testing.T, p string) string {
 		t.Skipf("%s: %v", p, err)
 	}
 	return string(b)
+}
+
+// writeFeature writes a local feature directory under dir.
+func writeFeature(t *testing.T, dir, meta, install string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "devcontainer-feature.json"), []byte(meta), 0o644)
+	os.WriteFile(filepath.Join(dir, "install.sh"), []byte(install), 0o644)
+}
+
+func run(t *testing.T, c *client.Client, sb *api.Sandbox, script string) string {
+	t.Helper()
+	var out bytes.Buffer
+	ex, err := c.Exec(t.Context(), sb.Name, api.ExecRequest{ExecRequest: proto.ExecRequest{Argv: []string{"sh", "-c", script}}}, client.ExecIO{Stdout: &out, Stderr: &out})
+	if err != nil || ex.Code != 0 {
+		t.Fatalf("%s in %s: %v %+v %s", script, sb.Name, err, ex, out.String())
+	}
+	return out.String()
+}
+
+const featureMeta = `{
+  // comments are allowed
+  "id": "hello", "version": "1.0.0",
+  "options": {
+    "greeting": {"type": "string", "default": "hi"},
+    "loud": {"type": "boolean", "default": false},
+    "install-dir": {"type": "string", "default": "/opt/hello"}
+  },
+  "containerEnv": {"HELLO_HOME": "/opt/hello", "PATH": "/opt/hello/bin:${PATH}"},
+}`
+
+const featureInstall = `#!/bin/sh
+set -e
+mkdir -p "$INSTALL_DIR/bin"
+printf '%s|%s|%s|%s|%s\n' "$GREETING" "$LOUD" "$_REMOTE_USER" "$(id -u)" "$(pwd)" > "$INSTALL_DIR/out"
+printf '#!/bin/sh\necho hello\n' > "$INSTALL_DIR/bin/hello"
+chmod +x "$INSTALL_DIR/bin/hello"
+date +%s%N > "$INSTALL_DIR/stamp"
+`
+
+// TestBuildFeatures: a local devcontainer feature installs as root
+// before the lifecycle commands, with its options (given or default) in
+// install.sh's environment and its containerEnv in the sandbox's; the
+// result is cached, and a changed install.sh or option installs again. A
+// hostile option value reaches install.sh as a value.
+func TestBuildFeatures(t *testing.T) {
+	c := daemon(t)
+	proj := filepath.Join(t.TempDir(), "proj")
+	dc := filepath.Join(proj, ".devcontainer")
+	writeFeature(t, filepath.Join(dc, "hello"), featureMeta, featureInstall)
+	pwned := filepath.Join(t.TempDir(), "pwned")
+	hostile := "$(touch " + pwned + ")`touch " + pwned + "`'\"; touch " + pwned + "\n"
+	file := func(greeting string) string {
+		g, _ := json.Marshal(greeting)
+		doc := `{"remoteUser": "dev", "features": {"./hello": {"greeting": ` + string(g) + `, "loud": true}},
+		  "onCreateCommand": "echo $HELLO_HOME > s1; hello >> s1"}`
+		if old, _ := os.ReadFile(filepath.Join(dc, "devcontainer.json")); string(old) != doc {
+			os.WriteFile(filepath.Join(dc, "devcontainer.json"), []byte(doc), 0o644)
+		}
+		return filepath.Join(dc, "devcontainer.json")
+	}
+	b := &Builder{Client: c, Cache: Cache{Dir: filepath.Join(t.TempDir(), "cache")}}
+	build := func(greeting string, wantCached, wantRan int) *api.Sandbox {
+		t.Helper()
+		s, err := LoadDevcontainer(file(greeting))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := b.Build(t.Context(), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Cached != wantCached || r.Ran != wantRan {
+			t.Fatalf("cached %d ran %d, want %d and %d", r.Cached, r.Ran, wantCached, wantRan)
+		}
+		return r.Sandbox
+	}
+	first := build("hey there", 0, 2)
+	if got := run(t, c, first, "cat /opt/hello/out"); !strings.HasPrefix(got, "hey there|true|dev|0|/tmp/") {
+		t.Errorf("install.sh saw %q", got)
+	}
+	if got := cat(t, c, first, "s1"); got != "/opt/hello\nhello\n" {
+		t.Errorf("onCreateCommand after the feature wrote %q", got)
+	}
+	stamp := run(t, c, first, "cat /opt/hello/stamp")
+
+	again := build("hey there", 2, 0)
+	if got := run(t, c, again, "cat /opt/hello/stamp"); got != stamp {
+		t.Errorf("a cached feature was installed again")
+	}
+
+	// A changed option installs again.
+	other := build(hostile, 0, 2)
+	if got := run(t, c, other, "cat /opt/hello/out"); !strings.HasPrefix(got, hostile+"|true|") {
+		t.Errorf("hostile value reached install.sh as %q", got)
+	}
+	if got := run(t, c, other, "test -e "+pwned+" && echo ran || echo not"); got != "not\n" {
+		t.Errorf("an option value ran as shell code in the sandbox")
+	}
+
+	// A changed install.sh installs again, defaults fill missing options.
+	writeFeature(t, filepath.Join(dc, "hello"), featureMeta, featureInstall+"echo changed >> \"$INSTALL_DIR/out\"\n")
+	os.WriteFile(filepath.Join(dc, "devcontainer.json"), []byte(`{"features": {"./hello": {}}}`), 0o644)
+	s, err := LoadDevcontainer(filepath.Join(dc, "devcontainer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := b.Build(t.Context(), s)
+	if err != nil || r.Ran != 1 {
+		t.Fatalf("changed install.sh: %+v %v", r, err)
+	}
+	if got := run(t, c, r.Sandbox, "cat /opt/hello/out"); !strings.HasPrefix(got, "hi|false||0|") || !strings.HasSuffix(got, "changed\n") {
+		t.Errorf("defaults: install.sh saw %q", got)
+	}
+	if got := run(t, c, r.Sandbox, "echo $HELLO_HOME; hello"); got != "/opt/hello\nhello\n" {
+		t.Errorf("containerEnv in the sandbox: %q", got)
+	}
 }

@@ -3,6 +3,7 @@ package spec
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -15,7 +16,10 @@ type devcontainer struct {
 	Build                json.RawMessage   `json:"build"`
 	DockerFile           string            `json:"dockerFile"`
 	DockerComposeFile    json.RawMessage   `json:"dockerComposeFile"`
-	Features             map[string]any    `json:"features"`
+	Features             json.RawMessage   `json:"features"`
+	FeatureOrder         json.RawMessage   `json:"overrideFeatureInstallOrder"`
+	RemoteUser           string            `json:"remoteUser"`
+	ContainerUser        string            `json:"containerUser"`
 	ContainerEnv         map[string]string `json:"containerEnv"`
 	RemoteEnv            map[string]string `json:"remoteEnv"`
 	ForwardPorts         []json.RawMessage `json:"forwardPorts"`
@@ -30,19 +34,20 @@ type devcontainer struct {
 // the one holding .devcontainer/ (or the file's own directory for a
 // .devcontainer.json at a project's top). initializeCommand, which the
 // format runs on the host, is refused: nothing from the file runs outside
-// a sandbox.
+// a sandbox. Local features (directories beside the file, "./NAME")
+// become the first setup steps (feature.go).
 func LoadDevcontainer(path string) (*Spec, error) {
 	b, err := readBounded(path)
 	if err != nil {
 		return nil, err
 	}
-	s, err := ParseDevcontainer(b)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, err
+	}
+	s, err := parseDevcontainer(b, filepath.Dir(abs))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	dir := filepath.Dir(abs)
 	if filepath.Base(dir) == ".devcontainer" {
@@ -53,8 +58,16 @@ func LoadDevcontainer(path string) (*Spec, error) {
 }
 
 // ParseDevcontainer converts a devcontainer.json document (JSON with
-// comments and trailing commas) into a Spec.
+// comments and trailing commas) into a Spec. Without the file's
+// directory, its features cannot be read: they are left Pending
+// (LoadDevcontainer reads them).
 func ParseDevcontainer(b []byte) (*Spec, error) {
+	return parseDevcontainer(b, "")
+}
+
+// parseDevcontainer is ParseDevcontainer with the directory holding the
+// file ("": unknown).
+func parseDevcontainer(b []byte, dir string) (*Spec, error) {
 	if len(b) > MaxFileBytes {
 		return nil, fmt.Errorf("devcontainer.json larger than %d bytes", MaxFileBytes)
 	}
@@ -86,13 +99,35 @@ func ParseDevcontainer(b []byte) (*Spec, error) {
 	if isSet(dc.DockerComposeFile) {
 		pending = append(pending, "dockerComposeFile: tine does not run compose projects")
 	}
-	if len(dc.Features) > 0 {
-		var ids []string
-		for id := range dc.Features {
-			ids = append(ids, id)
+	refs, err := readFeatures(dc.Features, dc.FeatureOrder)
+	if err != nil {
+		return nil, fmt.Errorf("devcontainer.json: %w", err)
+	}
+	if len(refs) > 0 && dir == "" {
+		ids := make([]string, len(refs))
+		for i, r := range refs {
+			ids[i] = r.id
 		}
-		sort.Strings(ids)
-		pending = append(pending, fmt.Sprintf("features (%s): tine does not install devcontainer features; install them in onCreateCommand", strings.Join(ids, ", ")))
+		pending = append(pending, fmt.Sprintf("features (%s): read only with the file's directory", strings.Join(ids, ", ")))
+	} else if len(refs) > 0 {
+		// The features' containerEnv comes under the file's own.
+		fenv := maps.Clone(s.Env)
+		if fenv == nil {
+			fenv = map[string]string{}
+		}
+		steps, err := featureSteps(refs, dir, featureUsers{remote: dc.RemoteUser, container: dc.ContainerUser}, fenv)
+		if err != nil {
+			return nil, fmt.Errorf("devcontainer.json: %w", err)
+		}
+		s.Setup = append(s.Setup, steps...)
+		for k, v := range fenv {
+			if _, own := s.Env[k]; !own {
+				if s.Env == nil {
+					s.Env = map[string]string{}
+				}
+				s.Env[k] = v
+			}
+		}
 	}
 	for _, raw := range dc.ForwardPorts {
 		var p int

@@ -2,6 +2,7 @@ package spec
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -31,6 +32,34 @@ func FuzzParseDevcontainer(f *testing.F) {
 			if json.Unmarshal(StripJSONC(b), &dc) == nil && isSet(dc.InitializeCommand) {
 				t.Fatalf("%q: initializeCommand accepted", b)
 			}
+		}
+	})
+}
+
+// FuzzParseFeatureMeta: a feature's devcontainer-feature.json comes with
+// a cloned repository; decoding never panics, and what it accepts gives
+// values and names install.sh can receive.
+func FuzzParseFeatureMeta(f *testing.F) {
+	f.Add([]byte(featureMeta))
+	f.Add([]byte(`{"options": {"a": {"default": 1e400}}}`))
+	f.Add([]byte(`{"containerEnv": {"PATH": "${PATH"}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := ParseFeatureMeta(b)
+		if err != nil {
+			return
+		}
+		for name, o := range m.Options {
+			if !envRE.MatchString(optionEnvName(name)) {
+				t.Fatalf("option %q gives variable %q", name, optionEnvName(name))
+			}
+			if isSet(o.Default) {
+				if v, err := optionValue(o.Default); err != nil || strings.ContainsRune(v, 0) {
+					t.Fatalf("default %s: %q %v", o.Default, v, err)
+				}
+			}
+		}
+		for _, v := range m.ContainerEnv {
+			expandEnv(v, map[string]string{})
 		}
 	})
 }

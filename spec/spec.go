@@ -76,6 +76,12 @@ type Base struct {
 type Step struct {
 	Name string `yaml:"name,omitempty"`
 	Run  string `yaml:"run"`
+
+	// Input, when not empty, is the command's standard input; its bytes
+	// are part of the step's cache key (a devcontainer feature's files).
+	Input []byte `yaml:"-"`
+	// Root runs the command as root rather than the image's user.
+	Root bool `yaml:"-"`
 }
 
 // UnmarshalYAML takes a plain string as {run: STRING}.
@@ -294,6 +300,9 @@ func (s *Spec) Check() error {
 	return nil
 }
 
+// defaultPath is PATH over the host's OS when the spec sets none.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 // EnvList is Env as sorted KEY=VALUE pairs, PATH first set when absent.
 func (s *Spec) EnvList() []string {
 	if len(s.Env) == 0 {
@@ -307,7 +316,7 @@ func (s *Spec) EnvList() []string {
 	var out []string
 	// An image's own PATH comes with its environment, under this one.
 	if _, ok := s.Env["PATH"]; !ok && s.Base.Image == "" {
-		out = append(out, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+		out = append(out, "PATH="+defaultPath)
 	}
 	for _, k := range keys {
 		out = append(out, k+"="+s.Env[k])

@@ -264,6 +264,13 @@ func TestKeys(t *testing.T) {
 	if k := Keys(n, "root-1", ""); k[0] == ka[0] {
 		t.Errorf("another network policy gives the same key")
 	}
+	// A step's input (a feature's files) and its user count.
+	fa := &Spec{Setup: []Step{{Run: "x", Input: []byte("one")}, {Run: "y"}}}
+	fb := &Spec{Setup: []Step{{Run: "x", Input: []byte("two")}, {Run: "y"}}}
+	fr := &Spec{Setup: []Step{{Run: "x", Input: []byte("one"), Root: true}, {Run: "y"}}}
+	if k := Keys(fa, "root-1", ""); k[0] == Keys(fb, "root-1", "")[0] || k[1] == Keys(fb, "root-1", "")[1] || k[0] == Keys(fr, "root-1", "")[0] {
+		t.Errorf("keys do not follow a step's input or user")
+	}
 	// The image counts by manifest digest, not by name.
 	i, _ := Parse([]byte("base:\n  image: bb\nsetup: [one, two, three]\n"))
 	ki := Keys(i, "root-1", "sha256:aaaa")
