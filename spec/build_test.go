@@ -275,7 +275,7 @@ func TestBuildFeatures(t *testing.T) {
 	b := &Builder{Client: c, Cache: Cache{Dir: filepath.Join(t.TempDir(), "cache")}}
 	build := func(greeting string, wantCached, wantRan int) *api.Sandbox {
 		t.Helper()
-		s, err := LoadDevcontainer(file(greeting))
+		s, err := LoadDevcontainer(t.Context(), file(greeting), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -314,7 +314,7 @@ func TestBuildFeatures(t *testing.T) {
 	// A changed install.sh installs again, defaults fill missing options.
 	writeFeature(t, filepath.Join(dc, "hello"), featureMeta, featureInstall+"echo changed >> \"$INSTALL_DIR/out\"\n")
 	os.WriteFile(filepath.Join(dc, "devcontainer.json"), []byte(`{"features": {"./hello": {}}}`), 0o644)
-	s, err := LoadDevcontainer(filepath.Join(dc, "devcontainer.json"))
+	s, err := LoadDevcontainer(t.Context(), filepath.Join(dc, "devcontainer.json"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,5 +327,33 @@ func TestBuildFeatures(t *testing.T) {
 	}
 	if got := run(t, c, r.Sandbox, "echo $HELLO_HOME; hello"); got != "/opt/hello\nhello\n" {
 		t.Errorf("containerEnv in the sandbox: %q", got)
+	}
+}
+
+// TestBuildOCIFeature: a feature fetched from a registry installs in a
+// real sandbox like a local one.
+func TestBuildOCIFeature(t *testing.T) {
+	c := daemon(t)
+	host, _ := testRegistry(t)
+	ref := host + "/features/hello:1"
+	pushFeature(t, ref, featureTar(t, []tarEntry{
+		{name: "devcontainer-feature.json", body: featureMeta},
+		{name: "install.sh", body: featureInstall},
+	}), FeatureLayerType)
+	p := devcontainerDir(t, `{"features": {"`+ref+`": {"greeting": "from a registry"}}, "postCreateCommand": "hello > s1"}`)
+	s, err := LoadDevcontainer(t.Context(), p, &FeatureFetcher{Dir: filepath.Join(t.TempDir(), "features")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &Builder{Client: c, Cache: Cache{Dir: filepath.Join(t.TempDir(), "cache")}}
+	r, err := b.Build(t.Context(), s)
+	if err != nil || r.Ran != 2 {
+		t.Fatalf("build: %+v %v", r, err)
+	}
+	if got := run(t, c, r.Sandbox, "cat /opt/hello/out"); !strings.HasPrefix(got, "from a registry|false||0|") {
+		t.Errorf("install.sh saw %q", got)
+	}
+	if got := cat(t, c, r.Sandbox, "s1"); got != "hello\n" {
+		t.Errorf("postCreateCommand wrote %q", got)
 	}
 }

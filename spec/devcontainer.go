@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -34,9 +35,10 @@ type devcontainer struct {
 // the one holding .devcontainer/ (or the file's own directory for a
 // .devcontainer.json at a project's top). initializeCommand, which the
 // format runs on the host, is refused: nothing from the file runs outside
-// a sandbox. Local features (directories beside the file, "./NAME")
-// become the first setup steps (feature.go).
-func LoadDevcontainer(path string) (*Spec, error) {
+// a sandbox. Features become the first setup steps (feature.go): local
+// ones (directories beside the file, "./NAME") and OCI ones, which fetch
+// fetches (nil: OCI features are refused).
+func LoadDevcontainer(ctx context.Context, path string, fetch *FeatureFetcher) (*Spec, error) {
 	b, err := readBounded(path)
 	if err != nil {
 		return nil, err
@@ -45,7 +47,7 @@ func LoadDevcontainer(path string) (*Spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := parseDevcontainer(b, filepath.Dir(abs))
+	s, err := parseDevcontainer(ctx, b, filepath.Dir(abs), fetch)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
@@ -62,12 +64,12 @@ func LoadDevcontainer(path string) (*Spec, error) {
 // directory, its features cannot be read: they are left Pending
 // (LoadDevcontainer reads them).
 func ParseDevcontainer(b []byte) (*Spec, error) {
-	return parseDevcontainer(b, "")
+	return parseDevcontainer(context.Background(), b, "", nil)
 }
 
 // parseDevcontainer is ParseDevcontainer with the directory holding the
 // file ("": unknown).
-func parseDevcontainer(b []byte, dir string) (*Spec, error) {
+func parseDevcontainer(ctx context.Context, b []byte, dir string, fetch *FeatureFetcher) (*Spec, error) {
 	if len(b) > MaxFileBytes {
 		return nil, fmt.Errorf("devcontainer.json larger than %d bytes", MaxFileBytes)
 	}
@@ -115,7 +117,7 @@ func parseDevcontainer(b []byte, dir string) (*Spec, error) {
 		if fenv == nil {
 			fenv = map[string]string{}
 		}
-		steps, err := featureSteps(refs, dir, featureUsers{remote: dc.RemoteUser, container: dc.ContainerUser}, fenv)
+		steps, err := featureSteps(ctx, refs, dir, fetch, featureUsers{remote: dc.RemoteUser, container: dc.ContainerUser}, fenv)
 		if err != nil {
 			return nil, fmt.Errorf("devcontainer.json: %w", err)
 		}

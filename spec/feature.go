@@ -3,6 +3,7 @@ package spec
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -219,13 +220,20 @@ type featureUsers struct{ remote, container string }
 // featureSteps turns the features into setup steps. dir is the directory
 // holding devcontainer.json; a local feature is a directory under it.
 // Each feature's containerEnv is added to env.
-func featureSteps(refs []featureRef, dir string, users featureUsers, env map[string]string) ([]Step, error) {
+// OCI features are fetched with fetch.
+func featureSteps(ctx context.Context, refs []featureRef, dir string, fetch *FeatureFetcher, users featureUsers, env map[string]string) ([]Step, error) {
 	var steps []Step
 	for _, r := range refs {
-		if !isLocalFeature(r.id) {
-			return nil, fmt.Errorf("features: %q: tine installs local features only (a directory beside devcontainer.json, named \"./NAME\"); OCI and tarball features are not fetched: copy the feature's directory next to devcontainer.json and name it \"./NAME\", or install it in onCreateCommand", r.id)
+		var fdir string
+		var err error
+		switch {
+		case strings.Contains(r.id, "://"):
+			return nil, fmt.Errorf("features: %q: tine does not fetch features from URLs: use an OCI reference, or copy the feature's directory next to devcontainer.json and name it \"./NAME\"", r.id)
+		case isLocalFeature(r.id):
+			fdir, err = localFeatureDir(dir, r.id)
+		default:
+			fdir, err = fetch.fetch(ctx, r.id)
 		}
-		fdir, err := localFeatureDir(dir, r.id)
 		if err != nil {
 			return nil, err
 		}

@@ -28,7 +28,7 @@ func TestFeatureOrder(t *testing.T) {
 	for _, n := range []string{"a", "b", "c"} {
 		writeFeature(t, filepath.Join(filepath.Dir(p), n), `{"id": "`+n+`"}`, "true\n")
 	}
-	s, err := LoadDevcontainer(p)
+	s, err := LoadDevcontainer(t.Context(), p, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestFeatureOrder(t *testing.T) {
 	}
 	p = devcontainerDir(t, `{"features": {"./a": {}}, "overrideFeatureInstallOrder": ["./z"]}`)
 	writeFeature(t, filepath.Join(filepath.Dir(p), "a"), `{}`, "true\n")
-	if _, err := LoadDevcontainer(p); err == nil || !strings.Contains(err.Error(), `"./z" is not in features`) {
+	if _, err := LoadDevcontainer(t.Context(), p, nil); err == nil || !strings.Contains(err.Error(), `"./z" is not in features`) {
 		t.Errorf("unknown id in overrideFeatureInstallOrder: %v", err)
 	}
 }
@@ -83,8 +83,8 @@ func TestFeatureRefused(t *testing.T) {
 			os.WriteFile(filepath.Join(dc, "noinstall", "devcontainer-feature.json"), []byte("{}"), 0o644)
 		}},
 		{"./badopt", "option x", func(dc string) { writeFeature(t, filepath.Join(dc, "badopt"), `{}`, "true\n") }},
-		{"ghcr.io/devcontainers/features/node:1", "tine installs local features only", nil},
-		{"https://example.com/f.tgz", "tine installs local features only", nil},
+		{"ghcr.io/devcontainers/features/node:1", "fetched only with a feature cache", nil},
+		{"https://example.com/f.tgz", "does not fetch features from URLs", nil},
 	} {
 		opts := "{}"
 		if c.id == "./badopt" {
@@ -94,7 +94,7 @@ func TestFeatureRefused(t *testing.T) {
 		if c.prep != nil {
 			c.prep(filepath.Dir(p))
 		}
-		_, err := LoadDevcontainer(p)
+		_, err := LoadDevcontainer(t.Context(), p, nil)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want %q", c.id, err, c.want)
 		}
@@ -105,7 +105,7 @@ func TestFeatureRefused(t *testing.T) {
 	f, _ := os.Create(filepath.Join(filepath.Dir(p), "big", "blob"))
 	f.Truncate(MaxFeatureBytes + 1)
 	f.Close()
-	if _, err := LoadDevcontainer(p); err == nil || !strings.Contains(err.Error(), "larger than") {
+	if _, err := LoadDevcontainer(t.Context(), p, nil); err == nil || !strings.Contains(err.Error(), "larger than") {
 		t.Errorf("a feature over the bound: %v", err)
 	}
 }

@@ -182,7 +182,7 @@ func TestDevcontainer(t *testing.T) {
 	os.MkdirAll(filepath.Join(dir, ".devcontainer"), 0o755)
 	p := filepath.Join(dir, ".devcontainer", "devcontainer.json")
 	os.WriteFile(p, []byte(devc), 0o644)
-	s, err := LoadDevcontainer(p)
+	s, err := LoadDevcontainer(t.Context(), p, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

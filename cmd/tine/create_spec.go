@@ -37,7 +37,11 @@ func (a *app) createFromSpec(c *cobra.Command, sf specFlags, name string) error 
 	if sf.file != "" {
 		s, err = spec.Load(sf.file)
 	} else {
-		s, err = spec.LoadDevcontainer(sf.devcontainer)
+		var root string
+		if root, err = filepath.Abs(a.root); err != nil {
+			return err
+		}
+		s, err = spec.LoadDevcontainer(c.Context(), sf.devcontainer, &spec.FeatureFetcher{Dir: filepath.Join(root, "features")})
 	}
 	if err != nil {
 		return usageErr("%v", err)

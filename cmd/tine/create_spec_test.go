@@ -53,6 +53,25 @@ func TestCreateFromSpec(t *testing.T) {
 		t.Errorf("dc.txt %q", out)
 	}
 
+	// A local feature: installed as root before postCreateCommand, with
+	// its option's default and its containerEnv; cached on the second
+	// create.
+	feat := filepath.Join(proj, ".devcontainer", "greet")
+	os.MkdirAll(feat, 0o755)
+	os.WriteFile(filepath.Join(feat, "devcontainer-feature.json"), []byte(`{"id": "greet", "options": {"word": {"type": "string", "default": "hi"}},
+		"containerEnv": {"GREET_HOME": "/opt/greet"}}`), 0o644)
+	os.WriteFile(filepath.Join(feat, "install.sh"), []byte("#!/bin/sh\nmkdir -p /opt/greet && echo \"$WORD $(id -u)\" > /opt/greet/word\n"), 0o644)
+	os.WriteFile(dc, []byte(`{"features": {"./greet": {}}, "postCreateCommand": "cat $GREET_HOME/word > feat.txt"}`), 0o644)
+	if _, errOut, code = c.run("", "create", "--devcontainer", dc, "--name", "f1"); code != 0 || !strings.Contains(errOut, "0 setup steps from the cache, 2 run") {
+		t.Fatalf("create with a feature: exit %d: %s", code, errOut)
+	}
+	if out := c.ok("exec", "f1", "--", "cat", filepath.Join(proj, "feat.txt")); out != "hi 0\n" {
+		t.Errorf("feat.txt %q", out)
+	}
+	if _, errOut, code = c.run("", "create", "--devcontainer", dc, "--name", "f2"); code != 0 || !strings.Contains(errOut, "2 setup steps from the cache, 0 run") {
+		t.Fatalf("second create with a feature: exit %d: %s", code, errOut)
+	}
+
 	marker := filepath.Join(base, "initialized")
 	os.WriteFile(dc, []byte(`{"initializeCommand": "touch `+marker+`", "postCreateCommand": "true"}`), 0o644)
 	_, errOut, code = c.run("", "create", "--devcontainer", dc)
