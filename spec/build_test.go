@@ -334,8 +334,7 @@ func TestBuildFeatures(t *testing.T) {
 // real sandbox like a local one.
 func TestBuildOCIFeature(t *testing.T) {
 	c := daemon(t)
-	host, _ := testRegistry(t)
-	ref := host + "/features/hello:1"
+	ref := testRegistry(t).host + "/features/hello:1"
 	pushFeature(t, ref, featureTar(t, []tarEntry{
 		{name: "devcontainer-feature.json", body: featureMeta},
 		{name: "install.sh", body: featureInstall},

@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -84,18 +85,22 @@ func (f *FeatureFetcher) fetch(ctx context.Context, ref string) (string, error) 
 	if err := os.Mkdir(root, 0o755); err != nil {
 		return "", err
 	}
-	// The blob is the tar itself (Compressed is the blob as stored; its
-	// digest is checked as it is read), bounded by the size checked above.
-	open := func() (io.ReadCloser, error) {
-		rc, err := layer.Compressed()
-		if err != nil {
-			return nil, err
-		}
-		return struct {
-			io.Reader
-			io.Closer
-		}{io.LimitReader(rc, m.Layers[0].Size), rc}, nil
+	// The blob is the tar itself (Compressed is the blob as stored). It is
+	// read whole, bounded by the size checked above, so that its digest
+	// is checked at its end before any of it is used.
+	rc, err := layer.Compressed()
+	if err != nil {
+		return "", fmt.Errorf("features: %s: %w", ref, err)
 	}
+	blob, err := io.ReadAll(io.LimitReader(rc, m.Layers[0].Size+1))
+	rc.Close()
+	if err == nil && int64(len(blob)) != m.Layers[0].Size {
+		err = fmt.Errorf("%d bytes, the manifest says %d", len(blob), m.Layers[0].Size)
+	}
+	if err != nil {
+		return "", fmt.Errorf("features: %s: layer %s: %w", ref, m.Layers[0].Digest, err)
+	}
+	open := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(blob)), nil }
 	lim := oci.Limits{Bytes: MaxFeatureBytes, Entries: MaxFeatureEntries, Layers: 1}
 	if _, err := oci.Unpack(ctx, root, []oci.Layer{{Name: m.Layers[0].Digest.String(), Open: open}}, lim); err != nil {
 		return "", fmt.Errorf("features: %s: %w", ref, err)

@@ -3,6 +3,8 @@ package spec
 import (
 	"archive/tar"
 	"bytes"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -43,18 +45,38 @@ func featureTar(t *testing.T, entries []tarEntry) []byte {
 	return buf.Bytes()
 }
 
-// testRegistry serves an in-process registry and counts blob fetches.
-func testRegistry(t *testing.T) (host string, blobs *atomic.Int32) {
-	blobs = new(atomic.Int32)
-	reg := registry.New()
+// testReg is an in-process registry that counts blob fetches and, when
+// tamper is set, serves each blob with one byte changed.
+type testReg struct {
+	host   string
+	blobs  atomic.Int32
+	tamper atomic.Bool
+}
+
+func testRegistry(t *testing.T) *testReg {
+	tr := &testReg{}
+	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
-			blobs.Add(1)
+		if r.Method != http.MethodGet || !strings.Contains(r.URL.Path, "/blobs/") {
+			reg.ServeHTTP(w, r)
+			return
 		}
-		reg.ServeHTTP(w, r)
+		tr.blobs.Add(1)
+		rec := httptest.NewRecorder()
+		reg.ServeHTTP(rec, r)
+		body := rec.Body.Bytes()
+		if tr.tamper.Load() && len(body) > 0 {
+			body[len(body)/2] ^= 1
+		}
+		for k, v := range rec.Header() {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.Code)
+		w.Write(body)
 	}))
 	t.Cleanup(srv.Close)
-	return strings.TrimPrefix(srv.URL, "http://"), blobs
+	tr.host = strings.TrimPrefix(srv.URL, "http://")
+	return tr
 }
 
 // pushFeature pushes a feature artifact: one layer of the feature layer
@@ -80,7 +102,8 @@ func pushFeature(t *testing.T, ref string, layer []byte, mediaType types.MediaTy
 // blob), and made a setup step like a local one; an artifact that is no
 // feature, or whose tar leaves its directory, is refused.
 func TestFetchFeature(t *testing.T) {
-	host, blobs := testRegistry(t)
+	reg := testRegistry(t)
+	host, blobs := reg.host, &reg.blobs
 	ref := host + "/features/hello:1"
 	pushFeature(t, ref, featureTar(t, []tarEntry{
 		{name: "./", typ: tar.TypeDir},
@@ -126,6 +149,14 @@ func TestFetchFeature(t *testing.T) {
 			t.Errorf("%s: %v, want %q", c.name, err, c.want)
 		}
 	}
+	// A blob that does not match its digest is refused.
+	pushFeature(t, host+"/features/tampered:1", featureTar(t, []tarEntry{{name: "devcontainer-feature.json", body: "{}"}, {name: "install.sh", body: "true"}}), FeatureLayerType)
+	reg.tamper.Store(true)
+	p = devcontainerDir(t, `{"features": {"`+host+`/features/tampered:1": {}}}`)
+	if _, err := LoadDevcontainer(t.Context(), p, f); err == nil || !strings.Contains(err.Error(), "verifying sha256") {
+		t.Errorf("tampered blob: %v", err)
+	}
+	reg.tamper.Store(false)
 	p = devcontainerDir(t, `{"features": {"`+host+`/features/absent:1": {}}}`)
 	if _, err := LoadDevcontainer(t.Context(), p, f); err == nil || !strings.Contains(err.Error(), "fetch "+host+"/features/absent:1") {
 		t.Errorf("absent feature: %v", err)
