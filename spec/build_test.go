@@ -356,3 +356,45 @@ func TestBuildOCIFeature(t *testing.T) {
 		t.Errorf("postCreateCommand wrote %q", got)
 	}
 }
+
+// TestBuildFeatureOverImage: over an image whose USER is not root, a
+// feature's install.sh still runs as root, and the lifecycle commands as
+// the image's user.
+func TestBuildFeatureOverImage(t *testing.T) {
+	c := daemon(t)
+	bb := mustRead(t, testimage.Busybox)
+	ents := []testimage.Entry{testimage.Dir("bin", 0o755), testimage.Dir("etc", 0o755), testimage.Dir("tmp", 0o1777), testimage.Dir("opt", 0o755),
+		testimage.File("bin/busybox", bb, 0o755),
+		testimage.File("etc/passwd", "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n", 0o644),
+		testimage.File("etc/group", "root:x:0:\napp:x:1000:\n", 0o644)}
+	for _, n := range []string{"sh", "cat", "id", "env", "mktemp", "tar", "chmod", "mkdir", "rm", "printf", "date", "pwd"} {
+		ents = append(ents, testimage.Symlink("bin/"+n, "busybox"))
+	}
+	img := testimage.Image(t, v1.Config{Env: []string{"PATH=/bin"}, User: "app", WorkingDir: "/"}, testimage.Layer(t, ents...))
+	tb := filepath.Join(t.TempDir(), "app.tar")
+	testimage.WriteTarball(t, tb, "example.test/app:1", img)
+	if _, err := c.ImportImage(t.Context(), api.ImportRequest{Path: tb, Name: "app"}); err != nil {
+		t.Fatal(err)
+	}
+	p := devcontainerDir(t, `{"image": "app", "containerUser": "app", "features": {"./hello": {}}, "postCreateCommand": "id -u > s1"}`)
+	writeFeature(t, filepath.Join(filepath.Dir(p), "hello"), featureMeta, featureInstall)
+	os.Chmod(filepath.Dir(filepath.Dir(p)), 0o777) // the image's user writes s1
+	s, err := LoadDevcontainer(t.Context(), p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &Builder{Client: c, Cache: Cache{Dir: filepath.Join(t.TempDir(), "cache")}}
+	r, err := b.Build(t.Context(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := run(t, c, r.Sandbox, "cat /opt/hello/out"); !strings.HasPrefix(got, "hi|false|app|0|/tmp/") {
+		t.Errorf("install.sh over the image saw %q", got)
+	}
+	if got := cat(t, c, r.Sandbox, "s1"); got != "1000\n" {
+		t.Errorf("postCreateCommand ran as %q, want the image's user", got)
+	}
+	if got := run(t, c, r.Sandbox, "echo $PATH"); !strings.HasPrefix(got, "/opt/hello/bin:") {
+		t.Errorf("PATH from the feature: %q", got)
+	}
+}

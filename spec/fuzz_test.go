@@ -26,6 +26,7 @@ func FuzzParseDevcontainer(f *testing.F) {
 	f.Add([]byte(`{"initializeCommand": "x"}`))
 	f.Add([]byte(`{"a": "/*", // "b"`))
 	f.Add([]byte(`"\`))
+	f.Add([]byte(`{"features": {"./a": {"x": 1}, "b:1": "2", "./a": {}}, "overrideFeatureInstallOrder": ["b"]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if _, err := ParseDevcontainer(b); err == nil {
 			var dc devcontainer
