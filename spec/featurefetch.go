@@ -35,12 +35,12 @@ type FeatureFetcher struct {
 // registry each time, and its content fetched only when its digest is
 // new.
 func (f *FeatureFetcher) fetch(ctx context.Context, ref string) (string, error) {
-	if f == nil || f.Dir == "" {
-		return "", fmt.Errorf("features: %q: OCI features are fetched only with a feature cache", ref)
-	}
 	r, err := name.ParseReference(ref)
 	if err != nil {
 		return "", fmt.Errorf("features: %q: want a local feature (\"./NAME\") or an OCI reference (REGISTRY/REPOSITORY[:TAG|@DIGEST]): %w", ref, err)
+	}
+	if f == nil || f.Dir == "" {
+		return "", fmt.Errorf("features: %q: OCI features are fetched only with a feature cache", ref)
 	}
 	if d, ok := r.(name.Digest); ok {
 		if dir, ok := f.cached(d.DigestStr()); ok {

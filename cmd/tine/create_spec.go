@@ -18,7 +18,7 @@ type specFlags struct {
 
 func (sf *specFlags) flags(f *pflag.FlagSet) {
 	f.StringVarP(&sf.file, "file", "f", "", "create from an environment spec, tine.yaml (see docs/spec.md)")
-	f.StringVar(&sf.devcontainer, "devcontainer", "", "create from a devcontainer.json (its initializeCommand is refused: it would run on the host)")
+	f.StringVar(&sf.devcontainer, "devcontainer", "", "create from a devcontainer.json (its features install as setup steps; its initializeCommand is refused: it would run on the host)")
 }
 
 // createFromSpec creates the sandbox a tine.yaml or devcontainer.json
