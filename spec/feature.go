@@ -229,7 +229,7 @@ func featureSteps(ctx context.Context, refs []featureRef, dir string, fetch *Fea
 		switch {
 		case strings.Contains(r.id, "://"):
 			return nil, fmt.Errorf("features: %q: tine does not fetch features from URLs: use an OCI reference, or copy the feature's directory next to devcontainer.json and name it \"./NAME\"", r.id)
-		case isLocalFeature(r.id):
+		case isLocalFeature(r.id) || strings.HasPrefix(r.id, "/"):
 			fdir, err = localFeatureDir(dir, r.id)
 		case !strings.Contains(r.id, "/"):
 			return nil, fmt.Errorf("features: %q: a short feature id is the format's old form; name it in full, such as \"ghcr.io/devcontainers/features/%s:1\"", r.id, withoutTag(r.id))

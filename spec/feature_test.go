@@ -86,7 +86,8 @@ func TestFeatureRefused(t *testing.T) {
 		{"ghcr.io/devcontainers/features/node:1", "fetched only with a feature cache", nil},
 		{"https://example.com/f.tgz", "does not fetch features from URLs", nil},
 		{"node:1", `"ghcr.io/devcontainers/features/node:1"`, nil},
-		{"/etc", `want a local feature ("./NAME") or an OCI reference`, nil},
+		{"/etc", "must be a directory inside", nil},
+		{"Bad//Ref", `want a local feature ("./NAME") or an OCI reference`, nil},
 	} {
 		opts := "{}"
 		if c.id == "./badopt" {
