@@ -54,7 +54,9 @@ func (c Cache) drop(key string) { os.Remove(filepath.Join(c.Dir, key)) }
 // Keys are the cache keys of a spec's setup steps over a base: key i
 // covers the base's content (its cowfs snapshot id, a content hash), the
 // OS image's manifest digest (imageDigest; "" for the host's OS), the
-// environment, the network policy and steps 0..i. The same spec over the
+// environment, the network policy and steps 0..i (a step's command, and
+// for a step with input, such as a devcontainer feature, the input's hash
+// and whether it runs as root). The same spec over the
 // same files gives the same keys; a changed step changes its key and
 // every later one, and so does another image under the same name.
 func Keys(s *Spec, baseID, imageDigest string) []string {
