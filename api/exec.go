@@ -304,7 +304,13 @@ func flushCopy(w http.ResponseWriter, r io.Reader) {
 // the guest agent's events, and the host's (oom-kill, frozen, thawed,
 // approval-asked), until the client leaves or the sandbox stops.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
-	c, ok := s.agent(w, r)
+	// A frozen sandbox's stream opens too: its agent's events come once
+	// it is thawed, the host's (thawed among them) at once.
+	name, ok := s.known(w, r)
+	if !ok {
+		return
+	}
+	c, ok := s.agentOf(w, r, name)
 	if !ok {
 		return
 	}

@@ -474,6 +474,18 @@ func (s *Server) agent(w http.ResponseWriter, r *http.Request) (*client.Client, 
 	if !ok {
 		return nil, false
 	}
+	// A frozen sandbox's agent cannot answer: a request would wait until
+	// someone thaws it, holding the caller (a dashboard's poll, a script)
+	// that long. Refuse it at once instead, as exec is refused.
+	if why := s.m.Frozen(name); why != "" {
+		writeError(w, fmt.Errorf("sandbox %q is %w (%s): its processes cannot answer until tine thaw %s", name, sandbox.ErrFrozen, why, name))
+		return nil, false
+	}
+	return s.agentOf(w, r, name)
+}
+
+// agentOf returns the guest agent of sandbox name, frozen or not.
+func (s *Server) agentOf(w http.ResponseWriter, r *http.Request, name string) (*client.Client, bool) {
 	c, err := s.m.Agent(r.Context(), name)
 	if err != nil {
 		writeError(w, err)

@@ -411,7 +411,7 @@ func TestDashboardInChromium(t *testing.T) {
 		d.find(`#approvals-pane:not([hidden]) #approvals li[data-approval]`)
 		// The pane polls: the answered request before this one may
 		// still be shown for a moment.
-		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(d.text("#approvals"), "touch "+target); time.Sleep(100 * time.Millisecond) {
+		for deadline := time.Now().Add(20 * time.Second); !strings.Contains(d.text("#approvals"), "touch "+target); time.Sleep(100 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatalf("approvals pane shows %q, want the request to touch %s", d.text("#approvals"), target)
 			}
