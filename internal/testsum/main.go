@@ -54,6 +54,9 @@ func main() {
 
 // results is what one `go test -json` stream said.
 type results struct {
+	// packages counts the packages that ended (passed, failed or
+	// skipped): a stream without any ran nothing.
+	packages   int
 	outputs    map[key]*strings.Builder
 	passed     []key
 	failed     []key
@@ -95,6 +98,7 @@ func read(in io.Reader, echo io.Writer) *results {
 			}
 		case "pass", "fail", "skip":
 			if e.Test == "" {
+				r.packages++
 				if e.Action == "fail" {
 					r.failedPkgs = append(r.failedPkgs, e.Package)
 				}
@@ -232,6 +236,10 @@ func summarize(in io.Reader, out io.Writer, rerun []string) int {
 	}
 	for _, p := range unnamed {
 		fmt.Fprintf(out, "\npackage %s failed with no failed test to name (build error or TestMain); see its output above\n", p)
+	}
+	if r.packages == 0 {
+		fmt.Fprintln(out, "\nno package reported a result: go test ran nothing (see its output above)")
+		return 1
 	}
 	fmt.Fprintf(out, "\n%d passed, %d failed, %d skipped\n", passed, len(failed), len(r.skipped))
 	if len(failed) > 0 || len(unnamed) > 0 || len(failedAgain) > 0 {

@@ -140,3 +140,11 @@ func TestX(t *testing.T) { undefined() }
 		t.Errorf("a build failure was rerun:\n%s", out.String())
 	}
 }
+
+func TestNothingRanFails(t *testing.T) {
+	var out bytes.Buffer
+	code := summarize(strings.NewReader("go: cannot find main module\n"), &out, nil)
+	if code != 1 || !strings.Contains(out.String(), "ran nothing") {
+		t.Errorf("exit %d for a stream with no result:\n%s", code, out.String())
+	}
+}
