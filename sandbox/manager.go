@@ -553,14 +553,20 @@ func (m *Manager) Agent(ctx context.Context, name string) (*client.Client, error
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.agent != nil {
-		return l.agent, nil
+	if l.agent == nil {
+		if l.agent, err = dialAgent(ctx, name, l); err != nil {
+			return nil, err
+		}
 	}
+	return l.agent, nil
+}
+
+// dialAgent makes a new connection to the agent of running sandbox l.
+func dialAgent(ctx context.Context, name string, l *live) (*client.Client, error) {
 	// The socket exists before the agent listens on it: retry briefly.
 	for delay := 50 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
 		c, err := client.Dial(ctx, l.inst.AgentSocket())
 		if err == nil {
-			l.agent = c
 			return c, nil
 		}
 		select {
@@ -595,11 +601,23 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 	if err != nil {
 		return nil, err
 	}
-	c, err := m.Agent(ctx, name)
+	// Each command has a connection of its own, closed when it ends: the
+	// protocol has no flow control for output, so a caller that reads
+	// one command's output slowly holds back that command only, not the
+	// sandbox's other commands and requests.
+	c, err := dialAgent(ctx, name, l)
 	if err != nil {
 		return m.auditExec(name, req, decided, nil, err)
 	}
 	p, err := c.Exec(ctx, req)
+	if err != nil {
+		c.Close()
+	} else {
+		go func() {
+			p.Wait(context.Background())
+			c.Close()
+		}()
+	}
 	return m.auditExec(name, req, decided, p, err)
 }
 

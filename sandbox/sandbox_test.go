@@ -275,3 +275,49 @@ func TestRollbackAndRestart(t *testing.T) {
 		t.Fatalf("after restart: %q", out)
 	}
 }
+
+// TestUnreadOutputHoldsOnlyItsCommand: a command whose output nobody
+// reads (more than every buffer between it and the caller) holds back
+// that command only; the sandbox's other commands and requests answer.
+func TestUnreadOutputHoldsOnlyItsCommand(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := e.m.Create(ctx, sandbox.CreateOptions{Name: "loud", Dir: e.project}); err != nil {
+		t.Fatal(err)
+	}
+	// 16 MiB of output, never read while the rest runs.
+	loud, err := e.m.Exec(ctx, "loud", proto.ExecRequest{Argv: []string{"sh", "-c", "head -c 16777216 /dev/zero"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // let the output fill what it can
+	for i := 0; i < 3; i++ {
+		short, stop := context.WithTimeout(ctx, 10*time.Second)
+		p, err := e.m.Exec(short, "loud", proto.ExecRequest{Argv: []string{"echo", "quiet"}})
+		if err != nil {
+			stop()
+			t.Fatalf("exec %d beside a command whose output is unread: %v", i, err)
+		}
+		out, _ := io.ReadAll(p.Stdout)
+		x, err := p.Wait(short)
+		stop()
+		if err != nil || x.Code != 0 || string(out) != "quiet\n" {
+			t.Fatalf("exec %d beside a command whose output is unread: %q %+v %v", i, out, x, err)
+		}
+	}
+	c, err := e.m.Agent(ctx, "loud")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, stop := context.WithTimeout(ctx, 10*time.Second)
+	defer stop()
+	if _, err := c.Ps(short); err != nil {
+		t.Fatalf("ps beside a command whose output is unread: %v", err)
+	}
+	// The loud command still delivers all of its output once read.
+	n, _ := io.Copy(io.Discard, loud.Stdout)
+	if x, err := loud.Wait(ctx); err != nil || x.Code != 0 || n != 16<<20 {
+		t.Fatalf("the unread command: %d bytes, %+v %v", n, x, err)
+	}
+}
