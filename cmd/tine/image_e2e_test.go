@@ -15,25 +15,9 @@ import (
 // import a docker save tarball, create a sandbox over it, exec (the
 // image's files, not the host's), fork, diff, the errors, ls and rm.
 func TestImageEndToEnd(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sandboxes need root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("sandboxes need /dev/fuse")
-	}
-	base := t.TempDir()
-	c := cli{t: t, root: filepath.Join(base, "root")}
-	c.ok("init")
-	t.Cleanup(func() {
-		if _, err := os.Stat(filepath.Join(c.root, api.SocketName)); err == nil {
-			c.stopDaemon()
-		}
-	})
-	tarPath := filepath.Join(base, "bb.tar")
+	c, proj := newSandboxCLI(t)
+	tarPath := filepath.Join(t.TempDir(), "bb.tar")
 	testimage.WriteTarball(t, tarPath, "example.test/bb:1", testimage.BusyboxImage(t))
-	proj := filepath.Join(base, "proj")
-	os.MkdirAll(proj, 0o755)
-	os.WriteFile(filepath.Join(proj, "hello.txt"), []byte("hello\n"), 0o644)
 
 	var im api.Image
 	if err := json.Unmarshal([]byte(c.ok("image", "import", tarPath, "--name", "bb", "--json")), &im); err != nil {

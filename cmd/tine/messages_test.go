@@ -3,9 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,22 +16,7 @@ import (
 // characters escaped, --json, --take, -f), --message-to on create and in
 // tine status.
 func TestMessagesCLI(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sandboxes need root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("sandboxes need /dev/fuse")
-	}
-	base := t.TempDir()
-	c := cli{t: t, root: filepath.Join(base, "root")}
-	c.ok("init")
-	t.Cleanup(func() {
-		if _, err := os.Stat(filepath.Join(c.root, api.SocketName)); err == nil {
-			c.stopDaemon()
-		}
-	})
-	proj := filepath.Join(base, "proj")
-	os.MkdirAll(proj, 0o755)
+	c, proj := newSandboxCLI(t)
 
 	c.ok("create", "--from", proj, "--name", "a")
 	c.ok("fork", "a", "-n", "1")
