@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -32,7 +34,7 @@ func (f *FS) Import(ctx context.Context, dir, name string) (SnapshotID, error) {
 			return SnapshotID{}, err
 		}
 	}
-	im := &importer{f: f, ctx: ctx, links: map[[2]uint64]*linkGroup{}}
+	im := &importer{f: f, ctx: ctx, links: map[[2]uint64]*linkGroup{}, slots: make(chan struct{}, importWalkers)}
 	im.reuse = f.loadImportReuse(dir, time.Now())
 	top, err := im.walk(unix.AT_FDCWD, dir, dir)
 	if err != nil {
@@ -76,9 +78,14 @@ type linkGroup struct {
 type importer struct {
 	f     *FS
 	ctx   context.Context
+	reuse *importReuse  // the previous import of the same directory
+	slots chan struct{} // walks running on goroutines of their own
+	mu    sync.Mutex    // guards links and calls of importHook
 	links map[[2]uint64]*linkGroup
-	reuse *importReuse // the previous import of the same directory
 }
+
+// importWalkers bounds the goroutines one Import walks the tree with.
+var importWalkers = 2 * runtime.GOMAXPROCS(0)
 
 func randomLinkID() uint64 {
 	var b [8]byte
@@ -96,26 +103,24 @@ func randomLinkID() uint64 {
 var importHook func(path string)
 
 // walk reads the entry name of the directory open as dirfd (AT_FDCWD and
-// a path for the top). It never follows a symlink: every entry is opened
-// with O_NOFOLLOW relative to its parent's descriptor, its contents are
-// read through a descriptor of the same inode as the one examined, so an
-// entry swapped for a symlink meanwhile fails the import instead of
-// reading what the symlink points at. path only names the entry in errors.
+// a path for the top). It never follows a symlink: every entry is looked
+// at with fstatat(AT_SYMLINK_NOFOLLOW) and opened with O_NOFOLLOW relative
+// to its parent's descriptor, and its contents are read through a
+// descriptor checked to be the inode looked at, so an entry swapped for a
+// symlink meanwhile fails the import instead of reading what the symlink
+// points at. path only names the entry in errors.
 func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 	if err := im.ctx.Err(); err != nil {
 		return nil, err
 	}
-	if n := im.reused(dirfd, name, path); n != nil {
-		return n, nil // unchanged since the last import: not opened
-	}
-	pfd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("import: open %s: %w", path, err)
-	}
-	defer unix.Close(pfd)
 	var st unix.Stat_t
-	if err := unix.Fstat(pfd, &st); err != nil {
+	if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return nil, fmt.Errorf("import: stat %s: %w", path, err)
+	}
+	if dirfd != unix.AT_FDCWD {
+		if n := im.reused(name, path, &st); n != nil {
+			return n, nil // unchanged since the last import: not opened
+		}
 	}
 	n := &importNode{devino: [2]uint64{st.Dev, st.Ino}}
 	n.e = Entry{
@@ -131,18 +136,23 @@ func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 	}
 	typ := st.Mode & unix.S_IFMT
 	if typ != unix.S_IFDIR && st.Nlink > 1 {
-		if g := im.links[n.devino]; g != nil {
+		im.mu.Lock()
+		g := im.links[n.devino]
+		if g != nil {
 			g.names++
-			if typ == unix.S_IFREG {
-				n.e.Type = TypeFile
-				return n, nil // content read once, with the first name
-			}
 		} else {
 			im.links[n.devino] = &linkGroup{names: 1}
 		}
+		im.mu.Unlock()
+		if g != nil && typ == unix.S_IFREG {
+			n.e.Type = TypeFile
+			return n, nil // content read once, with the first name
+		}
 	}
 	if importHook != nil {
+		im.mu.Lock()
 		importHook(path)
+		im.mu.Unlock()
 	}
 	switch typ {
 	case unix.S_IFDIR:
@@ -159,12 +169,8 @@ func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 		if err != nil {
 			return nil, fmt.Errorf("import: read dir %s: %w", path, err)
 		}
-		for _, cn := range names {
-			c, err := im.walk(int(d.Fd()), cn, filepath.Join(path, cn))
-			if err != nil {
-				return nil, err
-			}
-			n.children = append(n.children, c)
+		if n.children, err = im.walkChildren(int(d.Fd()), path, names); err != nil {
+			return nil, err
 		}
 	case unix.S_IFREG:
 		n.e.Type = TypeFile
@@ -188,13 +194,21 @@ func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 		if n.e.ID, err = putFile(im.f.store, fileRefs(refs)); err != nil {
 			return nil, fmt.Errorf("import: store file object of %s: %w", path, err)
 		}
-		if g := im.links[n.devino]; g != nil {
+		im.mu.Lock()
+		g := im.links[n.devino]
+		im.mu.Unlock()
+		if g != nil {
 			g.content, g.size, g.xattrs = n.e.ID, n.e.Size, n.e.Xattrs
 		} else {
 			im.reuse.note(path, &st, &n.e, true)
 		}
 	case unix.S_IFLNK:
 		n.e.Type = TypeSymlink
+		pfd, err := openSameFd(dirfd, name, path, unix.O_PATH, &st)
+		if err != nil {
+			return nil, err
+		}
+		defer unix.Close(pfd)
 		buf := make([]byte, unix.PathMax)
 		k, err := unix.Readlinkat(pfd, "", buf)
 		if err != nil {
@@ -216,23 +230,76 @@ func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 	return n, nil
 }
 
+// walkChildren walks the entries names of the directory open as dirfd
+// (at path), in order. Entries are walked on other goroutines while one of
+// the importer's slots is free, on this one otherwise: a walk costs
+// syscalls, which run in parallel on several CPUs.
+func (im *importer) walkChildren(dirfd int, path string, names []string) ([]*importNode, error) {
+	out := make([]*importNode, len(names))
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var first error
+	for i, cn := range names {
+		select {
+		case im.slots <- struct{}{}:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c, err := im.walk(dirfd, cn, filepath.Join(path, cn))
+				<-im.slots
+				mu.Lock()
+				out[i] = c
+				if err != nil && first == nil {
+					first = err
+				}
+				mu.Unlock()
+			}()
+		default:
+			c, err := im.walk(dirfd, cn, filepath.Join(path, cn))
+			mu.Lock()
+			out[i] = c
+			if err != nil && first == nil {
+				first = err
+			}
+			mu.Unlock()
+		}
+		mu.Lock()
+		err := first
+		mu.Unlock()
+		if err != nil {
+			break
+		}
+	}
+	wg.Wait() // the caller closes dirfd after this
+	return out, first
+}
+
 // openSame opens entry name of dirfd for reading, without following a
 // symlink, and checks that it is still the inode described by want.
 func openSame(dirfd int, name, path string, flags int, want *unix.Stat_t) (*os.File, error) {
-	fd, err := unix.Openat(dirfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|flags, 0)
+	fd, err := openSameFd(dirfd, name, path, unix.O_RDONLY|flags, want)
 	if err != nil {
-		return nil, fmt.Errorf("import: open %s: %w (changed while importing?)", path, err)
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// openSameFd is openSame returning the descriptor (flags may hold O_PATH).
+func openSameFd(dirfd int, name, path string, flags int, want *unix.Stat_t) (int, error) {
+	fd, err := unix.Openat(dirfd, name, unix.O_NOFOLLOW|unix.O_CLOEXEC|flags, 0)
+	if err != nil {
+		return -1, fmt.Errorf("import: open %s: %w (changed while importing?)", path, err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		unix.Close(fd)
-		return nil, fmt.Errorf("import: stat %s: %w", path, err)
+		return -1, fmt.Errorf("import: stat %s: %w", path, err)
 	}
 	if st.Dev != want.Dev || st.Ino != want.Ino {
 		unix.Close(fd)
-		return nil, fmt.Errorf("import: %s changed while importing; import again", path)
+		return -1, fmt.Errorf("import: %s changed while importing; import again", path)
 	}
-	return os.NewFile(uintptr(fd), path), nil
+	return fd, nil
 }
 
 // store writes directory objects bottom-up and fills in hard-link fields.

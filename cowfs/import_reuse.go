@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -80,6 +81,7 @@ type importReuse struct {
 	path   string // the index file
 	prev   map[string]*indexRec
 	before int64 // reuse only files with ctime and mtime before this
+	mu     sync.Mutex // guards next and read: a walk notes files from several goroutines
 	next   importIndex
 	read   int // regular files read rather than reused
 }
@@ -163,6 +165,8 @@ func (r *importReuse) note(path string, st *unix.Stat_t, e *Entry, read bool) {
 	if r == nil {
 		return
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if read {
 		r.read++
 	}
@@ -319,21 +323,16 @@ func (d *idxDecoder) bytes() []byte {
 	return d.take(int(n))
 }
 
-// reused returns the node of entry name of the directory open as dirfd
-// when it is a regular file unchanged since the last import, found with
-// one fstatat and without opening it; nil otherwise (walk then looks at
-// the entry as usual).
-func (im *importer) reused(dirfd int, name, path string) *importNode {
-	if im.reuse == nil || im.reuse.prev == nil || dirfd == unix.AT_FDCWD {
-		return nil
-	}
-	var st unix.Stat_t
-	if unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 {
+// reused returns the node of entry name, with lstat st, when it is a
+// regular file unchanged since the last import, without opening it; nil
+// otherwise (walk then looks at the entry as usual).
+func (im *importer) reused(name, path string, st *unix.Stat_t) *importNode {
+	if im.reuse == nil || im.reuse.prev == nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 {
 		return nil
 	}
 	n := &importNode{devino: [2]uint64{st.Dev, st.Ino}}
 	n.e = Entry{Name: name, Type: TypeFile, Mode: st.Mode & 07777, UID: st.Uid, GID: st.Gid, MtimeNs: st.Mtim.Nano(), Nlink: 1}
-	if !im.reuse.reuse(path, &st, &n.e) {
+	if !im.reuse.reuse(path, st, &n.e) {
 		return nil
 	}
 	return n

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 )
 
 // GitBase is the commit a sandbox's host directory had checked out when
@@ -25,24 +26,68 @@ type GitBase struct {
 
 // gitBaseOf returns the GitBase of host directory dir imported as snapshot
 // fs: empty unless dir is the top of a git work tree whose HEAD names a
-// commit.
+// commit. One git process answers both questions.
 func gitBaseOf(dir, fs string) GitBase {
 	g := &gitRepo{dir: dir}
-	ctx := context.Background()
-	top, err := g.out(ctx, nil, "rev-parse", "--show-toplevel")
-	if err != nil {
+	out, err := g.out(context.Background(), nil, "rev-parse", "--show-toplevel", "--verify", "-q", "HEAD^{commit}")
+	top, head, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	if err != nil || !isCommitID(head) {
 		return GitBase{}
 	}
-	a, err1 := filepath.EvalSymlinks(strings.TrimSpace(string(top)))
+	a, err1 := filepath.EvalSymlinks(top)
 	b, err2 := filepath.EvalSymlinks(dir)
 	if err1 != nil || err2 != nil || a != b {
 		return GitBase{}
 	}
-	head, err := g.rev(ctx, "HEAD")
-	if err != nil {
-		return GitBase{}
-	}
 	return GitBase{Commit: head, FS: fs}
+}
+
+// isCommitID says whether s is a full hex object id (SHA-1 or SHA-256).
+func isCommitID(s string) bool {
+	if len(s) != 40 && len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// gitBases remembers the GitBase of each (directory, import snapshot):
+// when a directory's .git is a directory inside it, its HEAD is part of
+// what the snapshot holds, so the same snapshot means the same HEAD and
+// a create from an unchanged project runs no git. A .git file (a linked
+// work tree, whose HEAD lives elsewhere) is never cached.
+type gitBases struct {
+	mu sync.Mutex
+	m  map[[2]string]GitBase
+}
+
+// maxGitBases bounds the cache; it is emptied when full.
+const maxGitBases = 1024
+
+// of returns the GitBase of dir imported as snapshot fs.
+func (c *gitBases) of(dir, fs string) GitBase {
+	key := [2]string{dir, fs}
+	c.mu.Lock()
+	b, ok := c.m[key]
+	c.mu.Unlock()
+	if ok {
+		return b
+	}
+	b = gitBaseOf(dir, fs)
+	if st, err := os.Lstat(filepath.Join(dir, ".git")); err != nil || !st.IsDir() {
+		return b
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= maxGitBases {
+		c.m = map[[2]string]GitBase{}
+	}
+	c.m[key] = b
+	c.mu.Unlock()
+	return b
 }
 
 // gitRepo runs git plumbing on one repository with every way git has of

@@ -63,6 +63,7 @@ type Manager struct {
 	// inside serves each sandbox's own API (inside.go).
 	inside InsideAPI
 	msg    messaging // inboxes (messages.go)
+	git    gitBases  // GitBase of each imported directory (gitcmd.go)
 }
 
 // live is a running sandbox's host-side state.

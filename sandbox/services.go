@@ -63,7 +63,7 @@ func (m *Manager) inherit(info *Info, o CreateOptions) error {
 	info.Services = o.Services
 	if o.Dir != "" {
 		info.HostBase = info.Origin
-		info.GitBase = gitBaseOf(info.ProjectPath, info.Origin)
+		info.GitBase = m.git.of(info.ProjectPath, info.Origin)
 		return nil
 	}
 	s, err := m.GetSnapshot(o.Snapshot)
