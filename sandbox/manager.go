@@ -72,6 +72,10 @@ type live struct {
 	mount *cowfs.Mount
 	mu    sync.Mutex
 	agent *client.Client
+	// idle holds agent connections that served a command that ended,
+	// for the next commands (at most maxIdleConns); stopped: no more.
+	idle    []*client.Client
+	stopped bool
 	// env is the sandbox's Env, which commands giving none take (set
 	// at start; it does not change while it runs).
 	env []string
@@ -413,13 +417,14 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		return fail(err)
 	}
 	info.State = Running
-	// The agent's connection is made while the metadata is written, so
-	// that the first command finds it; a failure here shows at that
-	// command.
+	// A connection for the first command is made while the metadata is
+	// written; a failure here shows at that command.
 	dialed := make(chan struct{})
 	go func() {
 		defer close(dialed)
-		m.Agent(ctx, name)
+		if c, err := dialAgent(ctx, name, l); err == nil {
+			l.putConn(c)
+		}
 	}()
 	err = m.save(info)
 	<-dialed
@@ -449,6 +454,10 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 	if l.agent != nil {
 		l.agent.Close()
 	}
+	for _, c := range l.idle {
+		c.Close()
+	}
+	l.idle, l.stopped = nil, true
 	l.mu.Unlock()
 	if l.inst != nil {
 		errs = append(errs, l.inst.Stop(ctx))
@@ -602,24 +611,66 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 	if err != nil {
 		return nil, err
 	}
-	// Each command has a connection of its own, closed when it ends: the
+	// Each command has a connection of its own while it runs: the
 	// protocol has no flow control for output, so a caller that reads
 	// one command's output slowly holds back that command only, not the
-	// sandbox's other commands and requests.
-	c, err := dialAgent(ctx, name, l)
-	if err != nil {
-		return m.auditExec(name, req, decided, nil, err)
+	// sandbox's other commands and requests. Once the command's exit has
+	// come, nothing more of it can come on the connection, which serves
+	// a later command.
+	c := l.takeConn()
+	if c == nil {
+		if c, err = dialAgent(ctx, name, l); err != nil {
+			return m.auditExec(name, req, decided, nil, err)
+		}
 	}
 	p, err := c.Exec(ctx, req)
 	if err != nil {
 		c.Close()
 	} else {
 		go func() {
-			p.Wait(context.Background())
-			c.Close()
+			if _, err := p.Wait(context.Background()); err != nil {
+				c.Close()
+				return
+			}
+			l.putConn(c)
 		}()
 	}
 	return m.auditExec(name, req, decided, p, err)
+}
+
+// maxIdleConns bounds the idle agent connections kept per sandbox.
+const maxIdleConns = 4
+
+// takeConn returns an idle agent connection that is still open, if
+// there is one.
+func (l *live) takeConn() *client.Client {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for len(l.idle) > 0 {
+		c := l.idle[len(l.idle)-1]
+		l.idle = l.idle[:len(l.idle)-1]
+		select {
+		case <-c.Done():
+			c.Close() // dropped while idle
+		default:
+			return c
+		}
+	}
+	return nil
+}
+
+// putConn keeps c for a later command, or closes it when enough are kept
+// or the sandbox stopped.
+func (l *live) putConn(c *client.Client) {
+	l.mu.Lock()
+	if !l.stopped && len(l.idle) < maxIdleConns {
+		l.idle = append(l.idle, c)
+		c = nil
+	}
+	l.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
 }
 
 // Snapshot fixes the sandbox at one instant, labelled o.Name if given

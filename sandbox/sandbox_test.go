@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -319,5 +320,53 @@ func TestUnreadOutputHoldsOnlyItsCommand(t *testing.T) {
 	n, _ := io.Copy(io.Discard, loud.Stdout)
 	if x, err := loud.Wait(ctx); err != nil || x.Code != 0 || n != 16<<20 {
 		t.Fatalf("the unread command: %d bytes, %+v %v", n, x, err)
+	}
+}
+
+// TestAgentConnectionsReusedAndClosed: commands that ended leave their
+// agent connections for later commands, at most a few per sandbox, and
+// removing the sandbox closes them all.
+func TestAgentConnectionsReusedAndClosed(t *testing.T) {
+	e := newEnv(t, 0)
+	sockets := func() int {
+		n := 0
+		ents, _ := os.ReadDir("/proc/self/fd")
+		for _, d := range ents {
+			if l, err := os.Readlink(filepath.Join("/proc/self/fd", d.Name())); err == nil && strings.HasPrefix(l, "socket:") {
+				n++
+			}
+		}
+		return n
+	}
+	before := sockets()
+	e.create("conns", sandbox.Limits{})
+	var wg sync.WaitGroup
+	for i := 0; i < 12; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); e.mustSh("conns", "sleep 0.3") }()
+	}
+	wg.Wait()
+	for i := 0; i < 10; i++ {
+		if out := e.mustSh("conns", "echo again"); out != "again\n" {
+			t.Fatalf("command %d on a kept connection: %q", i, out)
+		}
+	}
+	// The last exit reaches the caller just before its connection is kept.
+	deadline := time.Now().Add(5 * time.Second)
+	for sockets() > before+4+2 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := sockets() - before; got > 4+2 {
+		t.Errorf("%d sockets open after 12 commands at once ended, want at most 4 kept connections and the sandbox's own", got)
+	}
+	if err := e.m.Remove(context.Background(), "conns"); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for sockets() > before && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := sockets(); got > before {
+		t.Errorf("%d sockets open after the sandbox was removed, %d before it was made", got, before)
 	}
 }

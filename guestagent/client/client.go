@@ -98,6 +98,10 @@ func (c *Client) Close() error {
 	return err
 }
 
+// Done is closed once the connection has ended (closed, or dropped by
+// the agent).
+func (c *Client) Done() <-chan struct{} { return c.done }
+
 // readLoop hands each frame to its stream until the connection ends.
 func (c *Client) readLoop() {
 	var err error

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tine/guestagent/client"
+	"tine/guestagent/proto"
 	"tine/sandbox"
 	"tine/sandbox/internal/cgroup"
 )
@@ -236,6 +237,7 @@ func (p *warmPool) make() (*instance, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
 		var c *client.Client
 		if c, err = client.Dial(ctx, in.sock); err == nil {
+			warmUp(ctx, c)
 			c.Close()
 		}
 		cancel()
@@ -245,6 +247,18 @@ func (p *warmPool) make() (*instance, error) {
 		return nil, errors.Join(err, in.discard())
 	}
 	return in, nil
+}
+
+// warmUp runs `true` in a warm instance before it waits in the pool, so
+// that the first command of the sandbox it becomes does not pay for the
+// agent's first fork and the new root's first look-ups (the dynamic
+// loader, the C library, the PATH directories). It writes nothing; a
+// failure only leaves the instance cold.
+func warmUp(ctx context.Context, c *client.Client) {
+	p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"true"}, Dir: "/"})
+	if err == nil {
+		p.Wait(ctx)
+	}
 }
 
 // discard ends a warm instance that was not bound.
