@@ -3,10 +3,12 @@ package guestagent
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -378,5 +380,48 @@ func TestAgentRefusesOtherVersion(t *testing.T) {
 	}
 	if _, err := proto.ReadFrame(host); err == nil {
 		t.Fatal("the connection stayed open")
+	}
+}
+
+// TestStartedEventsCarryTheirArgv: commands started one after another,
+// each while scans triggered by the previous ones run, are each reported
+// started with their own argv, never with the agent's (a scan that finds
+// a child between its fork and its exec) or none.
+func TestStartedEventsCarryTheirArgv(t *testing.T) {
+	c, _ := startAgent(t)
+	ctx := ctxT(t)
+	ev, err := c.Events(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]string{}
+	for i := 0; i < 40; i++ {
+		marker := fmt.Sprintf("argv-marker-%d", i)
+		p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"sh", "-c", "exit 0", marker}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		want[p.PID] = marker
+	}
+	for len(want) > 0 {
+		select {
+		case e := <-ev:
+			if e.Type != proto.EventProcessStarted || e.Process == nil {
+				continue
+			}
+			marker, ok := want[e.Process.PID]
+			if !ok {
+				continue
+			}
+			if !slices.Contains(e.Process.Argv, marker) {
+				t.Errorf("started event of pid %d has argv %q, want one with %s", e.Process.PID, e.Process.Argv, marker)
+			}
+			delete(want, e.Process.PID)
+		case <-ctx.Done():
+			t.Fatalf("no started event for %d commands", len(want))
+		}
 	}
 }

@@ -34,6 +34,8 @@ type tracker struct {
 	procs map[int]proto.Process
 	ports map[portKey]proto.Port
 	self  int
+	// forking counts the agent's forks under way (starting).
+	forking int
 }
 
 // portKey names a socket; its owner may change without it changing.
@@ -98,10 +100,30 @@ func (t *tracker) kick() {
 	}
 }
 
-// started reports a process the agent started, unless a scan already saw it.
+// starting tells the tracker that the agent is about to fork a child;
+// it must be followed by started, or by startFailed when the fork failed.
+// Meanwhile scans leave new children of the agent unreported: one seen
+// between its fork and its exec would be reported with the agent's argv,
+// or none, in place of its own.
+func (t *tracker) starting() {
+	t.mu.Lock()
+	t.forking++
+	t.mu.Unlock()
+}
+
+// startFailed ends a starting whose fork failed.
+func (t *tracker) startFailed() {
+	t.mu.Lock()
+	t.forking--
+	t.mu.Unlock()
+}
+
+// started reports a process the agent started, unless a scan already saw
+// it, and ends its starting.
 func (t *tracker) started(p proto.Process) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.forking--
 	if _, known := t.procs[p.PID]; !known && len(t.subs) > 0 {
 		t.procs[p.PID] = p
 		t.publish(proto.Event{Type: proto.EventProcessStarted, Process: &p})
@@ -161,6 +183,9 @@ func (t *tracker) scanLocked(emit bool) {
 			if ok && sameStart(old.Start, p.Start) {
 				t.procs[p.PID] = p // the kernel's view, when started had to guess
 				continue
+			}
+			if !ok && t.forking > 0 && p.PPID == t.self {
+				continue // maybe a child not yet exec'd: started reports it
 			}
 			if ok && emit { // the pid was reused
 				t.publish(proto.Event{Type: proto.EventProcessExited, Process: &old})

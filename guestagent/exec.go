@@ -110,6 +110,7 @@ func (e *execution) start(req proto.ExecRequest) (<-chan exitStatus, error) {
 	}()
 	attr := &syscall.ProcAttr{Dir: dir, Env: env, Sys: sys,
 		Files: []uintptr{child[0].Fd(), child[1].Fd(), child[2].Fd()}}
+	e.a.events.starting()
 	pid, done, err := e.a.reaper.start(func() (int, error) {
 		return syscall.ForkExec(path, req.Argv, attr)
 	}, func(pid int) {
@@ -120,6 +121,7 @@ func (e *execution) start(req proto.ExecRequest) (<-chan exitStatus, error) {
 		e.a.events.started(p)
 	})
 	if err != nil {
+		e.a.events.startFailed()
 		e.stdinW.Close()
 		if e.tty == nil {
 			closeAll([][2]*os.File{{e.outs[0], e.outs[1]}})
