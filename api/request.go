@@ -10,6 +10,7 @@ import (
 	"path"
 	"regexp"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"tine/cowfs"
@@ -32,11 +33,11 @@ const (
 )
 
 // nameRE is what a sandbox, snapshot or label name may be.
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`) })
 
-var fsCommandRE = regexp.MustCompile(`^[a-z][a-z-]{0,31}$`)
+var fsCommandRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z][a-z-]{0,31}$`) })
 
-func validName(s string) bool { return nameRE.MatchString(s) }
+func validName(s string) bool { return nameRE().MatchString(s) }
 
 // badRequest is a 400 error; the message names the field and what to do.
 func badRequest(format string, a ...any) *Error {
@@ -201,7 +202,7 @@ func (req *FSRequest) validate() error {
 		return badRequest("field \"opts\" has %d entries, more than %d", len(req.Opts), maxListLen)
 	}
 	for k, v := range req.Opts {
-		if !fsCommandRE.MatchString(k) {
+		if !fsCommandRE().MatchString(k) {
 			return badRequest("field \"opts\": flag name %q: want a long flag name without dashes, such as root", k)
 		}
 		if len(v) > maxItemLen || strings.IndexByte(v, 0) >= 0 {

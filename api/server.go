@@ -496,7 +496,7 @@ func (s *Server) agentOf(w http.ResponseWriter, r *http.Request, name string) (*
 
 func (s *Server) fs(w http.ResponseWriter, r *http.Request) {
 	cmd := r.PathValue("command")
-	if !fsCommandRE.MatchString(cmd) {
+	if !fsCommandRE().MatchString(cmd) {
 		writeError(w, badRequest("fs command %q: want a tine fs subcommand such as import or list", cmd))
 		return
 	}

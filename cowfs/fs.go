@@ -40,10 +40,10 @@ const (
 	refBase   = "cowfs/base/"   // + branch: the snapshot the branch last started from
 )
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`) })
 
 func checkName(kind, n string) error {
-	if !nameRE.MatchString(n) {
+	if !nameRE().MatchString(n) {
 		return fmt.Errorf("%w: %s name %q (want 1-100 of [A-Za-z0-9._-], not starting with . - _)", ErrBadName, kind, n)
 	}
 	return nil
@@ -212,7 +212,7 @@ func (f *FS) Resolve(ctx context.Context, spec string) (SnapshotID, error) {
 			return id, nil
 		}
 	}
-	if nameRE.MatchString(spec) {
+	if nameRE().MatchString(spec) {
 		if id, ok, err := f.getRef(refName + spec); err != nil {
 			return id, err
 		} else if ok {

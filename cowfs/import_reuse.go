@@ -80,7 +80,7 @@ type importReuse struct {
 	f      *FS
 	path   string // the index file
 	prev   map[string]*indexRec
-	before int64 // reuse only files with ctime and mtime before this
+	before int64      // reuse only files with ctime and mtime before this
 	mu     sync.Mutex // guards next and read: a walk notes files from several goroutines
 	next   importIndex
 	read   int // regular files read rather than reused

@@ -45,7 +45,7 @@ func (m *Manager) AuditPath(name string) (string, error) {
 	if name == "" {
 		return filepath.Join(m.auditDir(), "daemon.jsonl"), nil
 	}
-	if !nameRE.MatchString(name) {
+	if !nameRE().MatchString(name) {
 		return "", fmt.Errorf("audit log of sandbox %q: %w", name, ErrNotFound)
 	}
 	return filepath.Join(m.auditDir(), "sandboxes", name+".jsonl"), nil

@@ -87,7 +87,7 @@ type live struct {
 	apiSocket bool
 }
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`) })
 
 // Open returns a manager for the sandboxes under root, using fs for the
 // projects. Sandboxes found there from an earlier run are Stopped.
@@ -232,7 +232,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 
 // create is Create, recording forkedFrom in the metadata.
 func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string) (*Info, error) {
-	if !nameRE.MatchString(o.Name) {
+	if !nameRE().MatchString(o.Name) {
 		return nil, fmt.Errorf("create sandbox %q: bad name (want 1-63 of [A-Za-z0-9._-])", o.Name)
 	}
 	if (o.Dir == "") == (o.Snapshot == "") {
@@ -417,11 +417,15 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		return fail(err)
 	}
 	info.State = Running
-	// A connection for the first command is made while the metadata is
-	// written; a failure here shows at that command.
+	// The agent's shared connection (ps, ports, events: it must exist
+	// before a freeze) and one for the first command are made while the
+	// metadata is written; a failure here shows at their first use.
 	dialed := make(chan struct{})
 	go func() {
 		defer close(dialed)
+		if _, err := m.Agent(ctx, name); err != nil {
+			return
+		}
 		if c, err := dialAgent(ctx, name, l); err == nil {
 			l.putConn(c)
 		}
@@ -478,7 +482,7 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 // Remove stops the sandbox and deletes it: its processes, cgroups,
 // mounts, branch and files.
 func (m *Manager) Remove(ctx context.Context, name string) error {
-	if !nameRE.MatchString(name) {
+	if !nameRE().MatchString(name) {
 		return fmt.Errorf("remove sandbox %q: %w", name, ErrNotFound)
 	}
 	errs := []error{m.Stop(ctx, name)}
@@ -505,7 +509,7 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 
 // Get returns a sandbox's metadata.
 func (m *Manager) Get(name string) (*Info, error) {
-	if !nameRE.MatchString(name) {
+	if !nameRE().MatchString(name) {
 		return nil, fmt.Errorf("sandbox %q: %w", name, ErrNotFound)
 	}
 	var info Info
@@ -737,7 +741,7 @@ func (m *Manager) freezeWhile(ctx context.Context, name string, fn func() error)
 // GetSnapshot returns a sandbox snapshot's metadata.
 func (m *Manager) GetSnapshot(id string) (*SnapshotInfo, error) {
 	var s SnapshotInfo
-	if !nameRE.MatchString(id) {
+	if !nameRE().MatchString(id) {
 		return nil, fmt.Errorf("sandbox snapshot %q: %w", id, ErrNotFound)
 	}
 	if err := readJSON(filepath.Join(m.snapDir(id), "snapshot.json"), &s); err != nil {
@@ -780,7 +784,7 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 		}
 	}
 	for _, c := range names {
-		if !nameRE.MatchString(c) {
+		if !nameRE().MatchString(c) {
 			return nil, fmt.Errorf("fork sandbox %q: bad name %q (want 1-63 of [A-Za-z0-9._-])", name, c)
 		}
 	}

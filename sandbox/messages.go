@@ -82,7 +82,7 @@ type MessagePolicy struct {
 	Globs []string
 }
 
-var globRE = regexp.MustCompile(`^[A-Za-z0-9._*?\[\]^!-]{1,64}$`)
+var globRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9._*?\[\]^!-]{1,64}$`) })
 
 // ParseMessagePolicy parses "family" (also ""), "none", or a
 // comma-separated list of "family" and name globs, such as
@@ -104,7 +104,7 @@ func ParseMessagePolicy(s string) (MessagePolicy, error) {
 			p.Family = true
 		case it == "none":
 			return MessagePolicy{}, fmt.Errorf("message policy %q: \"none\" stands alone", s)
-		case !globRE.MatchString(it):
+		case !globRE().MatchString(it):
 			return MessagePolicy{}, fmt.Errorf("message policy %q: %q is not family, none or a glob of sandbox names (1-64 of [A-Za-z0-9._-] and *?[]^!)", s, it)
 		default:
 			if _, err := path.Match(it, ""); err != nil {
@@ -249,7 +249,7 @@ func (m *Manager) SendMessage(ctx context.Context, from, to string, body []byte)
 	if _, err := checkBody(body); err != nil {
 		return nil, err
 	}
-	if !nameRE.MatchString(to) || !m.mayMessage(fi, to) {
+	if !nameRE().MatchString(to) || !m.mayMessage(fi, to) {
 		m.audit(from, "message_refused", map[string]any{"to": to, "reason": "not allowed by the sandbox's message policy or no such sandbox"})
 		return nil, notFoundFor(from, to)
 	}
@@ -437,7 +437,7 @@ func encodeMessage(msg *Message) ([]byte, error) {
 // validMessage says whether a decoded line is a message tine could have
 // written.
 func validMessage(msg *Message) bool {
-	if msg.ID == 0 || !nameRE.MatchString(msg.To) || !(msg.From == HostSender || nameRE.MatchString(msg.From)) {
+	if msg.ID == 0 || !nameRE().MatchString(msg.To) || !(msg.From == HostSender || nameRE().MatchString(msg.From)) {
 		return false
 	}
 	b, err := checkBody(msg.Body)

@@ -60,7 +60,7 @@ func FuzzInboxRoundTrip(f *testing.F) {
 	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, from, to, body string, id uint64, ns int64) {
 		b, err := checkBody([]byte(body))
-		if err != nil || id == 0 || id == ^uint64(0) || !nameRE.MatchString(to) || !(from == HostSender || nameRE.MatchString(from)) {
+		if err != nil || id == 0 || id == ^uint64(0) || !nameRE().MatchString(to) || !(from == HostSender || nameRE().MatchString(from)) {
 			return
 		}
 		msg := Message{ID: id, From: from, To: to, Time: time.Unix(0, ns).UTC(), Body: b}

@@ -54,7 +54,7 @@ func (m *Manager) caFile(name string) string      { return filepath.Join(m.dir(n
 
 // Network returns a sandbox's network policy.
 func (m *Manager) Network(name string) (*netpolicy.Policy, error) {
-	if _, err := os.Stat(m.dir(name)); !nameRE.MatchString(name) || err != nil {
+	if _, err := os.Stat(m.dir(name)); !nameRE().MatchString(name) || err != nil {
 		return nil, fmt.Errorf("sandbox %q: %w", name, ErrNotFound)
 	}
 	var p netpolicy.Policy

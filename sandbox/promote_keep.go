@@ -8,16 +8,17 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 
 	"tine/cowfs"
 )
 
 var (
-	hexID     = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
+	hexID     = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`) })
 	looseDir  = regexp.MustCompile(`^[0-9a-f]{2}$`)
-	looseName = regexp.MustCompile(`^([0-9a-f]{38}|[0-9a-f]{62})$`)
-	packName  = regexp.MustCompile(`^pack-[0-9a-f]{40,64}\.(pack|idx)$`)
-	refName   = regexp.MustCompile(`^refs/[A-Za-z0-9._/-]{1,240}$`)
+	looseName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^([0-9a-f]{38}|[0-9a-f]{62})$`) })
+	packName  = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^pack-[0-9a-f]{40,64}\.(pack|idx)$`) })
+	refName   = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^refs/[A-Za-z0-9._/-]{1,240}$`) })
 )
 
 // keepCommits brings the commits the sandbox made in its copy of the
@@ -124,19 +125,19 @@ func (m *Manager) sandboxHead(ctx context.Context, snap cowfs.SnapshotID) (strin
 	h = strings.TrimSpace(h)
 	ref, isRef := strings.CutPrefix(h, "ref: ")
 	if !isRef {
-		if !hexID.MatchString(h) {
+		if !hexID().MatchString(h) {
 			return "", fmt.Errorf("the sandbox's .git/HEAD is neither a ref nor a commit id")
 		}
 		return h, nil
 	}
-	if !refName.MatchString(ref) || strings.Contains(ref, "..") || strings.Contains(ref, "//") {
+	if !refName().MatchString(ref) || strings.Contains(ref, "..") || strings.Contains(ref, "//") {
 		return "", fmt.Errorf("the sandbox's HEAD names a bad ref %q", ref)
 	}
 	if v, ok, err := read(".git/"+ref, maxRefBytes); err != nil {
 		return "", err
 	} else if ok {
 		v = strings.TrimSpace(v)
-		if !hexID.MatchString(v) {
+		if !hexID().MatchString(v) {
 			return "", fmt.Errorf("the sandbox's ref %s holds no commit id", ref)
 		}
 		return v, nil
@@ -147,7 +148,7 @@ func (m *Manager) sandboxHead(ctx context.Context, snap cowfs.SnapshotID) (strin
 	}
 	if ok {
 		for _, l := range strings.Split(packed, "\n") {
-			if id, name, ok := strings.Cut(strings.TrimSpace(l), " "); ok && name == ref && hexID.MatchString(id) {
+			if id, name, ok := strings.Cut(strings.TrimSpace(l), " "); ok && name == ref && hexID().MatchString(id) {
 				return id, nil
 			}
 		}
@@ -206,7 +207,7 @@ func (m *Manager) copyObjects(ctx context.Context, snap cowfs.SnapshotID, dir st
 		}
 		for j := range kids {
 			k := &kids[j]
-			ok := k.Type == cowfs.TypeFile && (d.Name == "pack" && packName.MatchString(k.Name) || d.Name != "pack" && looseName.MatchString(k.Name))
+			ok := k.Type == cowfs.TypeFile && (d.Name == "pack" && packName().MatchString(k.Name) || d.Name != "pack" && looseName().MatchString(k.Name))
 			if !ok {
 				continue
 			}

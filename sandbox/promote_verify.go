@@ -144,7 +144,7 @@ func (m *Manager) verifyName(name string) (string, error) {
 		name = name[:63-len(suffix)]
 	}
 	n := name + suffix
-	if !nameRE.MatchString(n) {
+	if !nameRE().MatchString(n) {
 		return "", fmt.Errorf("verification sandbox: bad name %q", n)
 	}
 	return n, nil
@@ -212,7 +212,7 @@ func (m *Manager) recordPromotion(r *PromoteRecord) error {
 // PromoteRecords returns the records of sandbox name's verified
 // promotions, oldest first.
 func (m *Manager) PromoteRecords(name string) ([]*PromoteRecord, error) {
-	if !nameRE.MatchString(name) {
+	if !nameRE().MatchString(name) {
 		return nil, fmt.Errorf("sandbox %q: %w", name, ErrNotFound)
 	}
 	dir := filepath.Join(m.root, "promote", "records", name)

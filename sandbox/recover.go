@@ -40,7 +40,7 @@ sandboxes:
 	for _, e := range ents {
 		name := e.Name()
 		dir := m.dir(name)
-		if !nameRE.MatchString(name) || !e.IsDir() {
+		if !nameRE().MatchString(name) || !e.IsDir() {
 			did("left %s alone: not a sandbox", dir)
 			continue
 		}
@@ -94,7 +94,7 @@ sandboxes:
 	}
 	for _, e := range snaps {
 		dir := m.snapDir(e.Name())
-		if !nameRE.MatchString(e.Name()) || !e.IsDir() {
+		if !nameRE().MatchString(e.Name()) || !e.IsDir() {
 			did("left %s alone: not a snapshot", dir)
 			continue
 		}

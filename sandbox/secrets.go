@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"tine/gateway"
@@ -26,7 +27,7 @@ const MaxSecretBytes = 16 << 10
 // secret: PlaceholderPrefix + NAME.
 const PlaceholderPrefix = "tine-secret-placeholder-"
 
-var secretNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+var secretNameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`) })
 
 // ErrNoSecret is returned for a secret that is not set.
 var ErrNoSecret = errors.New("no such secret")
@@ -62,7 +63,7 @@ func (b SecretBinding) String() string {
 // Placeholder is what the sandbox sees in place of the secret.
 func (b SecretBinding) Placeholder() string { return PlaceholderPrefix + b.Name }
 
-var headerRE = regexp.MustCompile(`^[A-Za-z0-9!#$%&'*+.^_|~-]{1,64}$`)
+var headerRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9!#$%&'*+.^_|~-]{1,64}$`) })
 
 // ParseSecretBinding parses NAME=HOST:header:HEADER[:PREFIX], such as
 // GITHUB_TOKEN=api.github.com:header:Authorization:Bearer.
@@ -93,7 +94,7 @@ func trunc(s string, n int) string {
 }
 
 func (b SecretBinding) check() error {
-	if !secretNameRE.MatchString(b.Name) {
+	if !secretNameRE().MatchString(b.Name) {
 		return fmt.Errorf("secret name %q: want a letter or _, then letters, digits or _ (at most 64)", trunc(b.Name, 80))
 	}
 	host, wild := strings.CutPrefix(b.Host, "*.")
@@ -107,7 +108,7 @@ func (b SecretBinding) check() error {
 	if n != b.Host {
 		return fmt.Errorf("secret %s: write the destination %q as %q", b.Name, b.Host, n)
 	}
-	if !headerRE.MatchString(b.Header) {
+	if !headerRE().MatchString(b.Header) {
 		return fmt.Errorf("secret %s: header %q is not a header name", b.Name, trunc(b.Header, 80))
 	}
 	for _, c := range b.Prefix {
@@ -161,7 +162,7 @@ func CheckSecretValue(name string, v []byte) error {
 // SetSecret stores (or replaces) a secret; running sandboxes bound to it
 // use the new value at once.
 func (m *Manager) SetSecret(name string, value []byte) error {
-	if !secretNameRE.MatchString(name) {
+	if !secretNameRE().MatchString(name) {
 		return fmt.Errorf("secret name %q: want a letter or _, then letters, digits or _ (at most 64)", trunc(name, 80))
 	}
 	if err := CheckSecretValue(name, value); err != nil {
@@ -197,7 +198,7 @@ func (m *Manager) SetSecret(name string, value []byte) error {
 
 // RemoveSecret deletes a secret; bound sandboxes stop getting it.
 func (m *Manager) RemoveSecret(name string) error {
-	if !secretNameRE.MatchString(name) {
+	if !secretNameRE().MatchString(name) {
 		return fmt.Errorf("secret %q: %w", trunc(name, 80), ErrNoSecret)
 	}
 	if err := os.Remove(m.secretFile(name)); errors.Is(err, os.ErrNotExist) {
@@ -219,7 +220,7 @@ func (m *Manager) Secrets() ([]SecretInfo, error) {
 	}
 	out := []SecretInfo{}
 	for _, e := range ents {
-		if !secretNameRE.MatchString(e.Name()) {
+		if !secretNameRE().MatchString(e.Name()) {
 			continue
 		}
 		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {

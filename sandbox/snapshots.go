@@ -13,7 +13,7 @@ import (
 // it has the form of a sandbox name, does not look like a snapshot id and
 // no other snapshot of the sandbox carries it.
 func (m *Manager) checkLabel(name, label string) error {
-	if !nameRE.MatchString(label) || strings.HasPrefix(label, "snap-") {
+	if !nameRE().MatchString(label) || strings.HasPrefix(label, "snap-") {
 		return fmt.Errorf("snapshot sandbox %q: bad label %q (want 1-63 of [A-Za-z0-9._-], not starting with snap-)", name, label)
 	}
 	snaps, err := m.Snapshots(name)
@@ -31,7 +31,7 @@ func (m *Manager) checkLabel(name, label string) error {
 // Snapshots lists sandbox name's snapshots, oldest first. The snapshots
 // of a removed sandbox are still listed under its name.
 func (m *Manager) Snapshots(name string) ([]*SnapshotInfo, error) {
-	if !nameRE.MatchString(name) {
+	if !nameRE().MatchString(name) {
 		return nil, fmt.Errorf("sandbox %q: %w", name, ErrNotFound)
 	}
 	ents, err := os.ReadDir(filepath.Join(m.root, "snapshots"))

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 
 	"tine/api"
 	"tine/api/client"
@@ -25,7 +26,7 @@ import (
 // gone is dropped when found so.
 type Cache struct{ Dir string }
 
-var snapIDRE = regexp.MustCompile(`^snap-[0-9a-f]{8,64}$`)
+var snapIDRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^snap-[0-9a-f]{8,64}$`) })
 
 // Get returns the snapshot id cached for key.
 func (c Cache) Get(key string) (string, bool) {
@@ -34,7 +35,7 @@ func (c Cache) Get(key string) (string, bool) {
 		return "", false
 	}
 	id := strings.TrimSpace(string(b))
-	return id, snapIDRE.MatchString(id)
+	return id, snapIDRE().MatchString(id)
 }
 
 // Put records key's snapshot, atomically.

@@ -153,7 +153,7 @@ func parseDevcontainer(ctx context.Context, b []byte, dir string, fetch *Feature
 		return nil, err
 	}
 	s.Services = steps
-	if dc.Name != "" && nameRE.MatchString(dc.Name) {
+	if dc.Name != "" && nameRE().MatchString(dc.Name) {
 		s.Name = dc.Name
 	}
 	if err := s.Check(); err != nil {

@@ -18,6 +18,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -152,7 +153,7 @@ type ExecPolicy struct {
 }
 
 var (
-	nameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,63}$`)
+	nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9._-]{1,63}$`) })
 	envRE  = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 )
 
@@ -223,7 +224,7 @@ func Parse(b []byte) (*Spec, error) {
 func (s *Spec) Check() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	if s.Name != "" && !nameRE.MatchString(s.Name) {
+	if s.Name != "" && !nameRE().MatchString(s.Name) {
 		bad("name %q: want 1-63 of [A-Za-z0-9._-]", s.Name)
 	}
 	if s.Base.OS != "" && s.Base.OS != "host" {
