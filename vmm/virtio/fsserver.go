@@ -1,0 +1,99 @@
+package virtio
+
+import (
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/exec"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"golang.org/x/sys/unix"
+)
+
+// envFSRoot, set in a process's environment, makes it a loopback FUSE
+// server of that directory on fd 3 instead of what it was going to be
+// (see LoopbackServer); the package's init does it before main.
+const envFSRoot = "TINE_VIRTIOFS_ROOT"
+
+func init() {
+	if dir := os.Getenv(envFSRoot); dir != "" {
+		if err := serveLoopback(dir, 3); err != nil {
+			fmt.Fprintf(os.Stderr, "virtio-fs server of %s: %v\n", dir, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+}
+
+// LoopbackServer returns an FS.Connect that serves dir on the host, read
+// and write, for each session: a new process (this program, run again)
+// chroots into dir and runs go-fuse's loopback file system on its end of
+// a SOCK_SEQPACKET pair. The chroot keeps the guest's requests inside dir
+// whatever symlinks it makes or renames it races (the loopback works on
+// paths); a separate process keeps a server that fails apart from the
+// host's. The process ends when the device closes its end, or with its
+// parent.
+func LoopbackServer(dir string) func() (*os.File, error) {
+	return func() (*os.File, error) {
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			return nil, fmt.Errorf("virtio-fs: %s is not a directory (%v)", dir, err)
+		}
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("virtio-fs: socketpair: %w", err)
+		}
+		dev, srv := os.NewFile(uintptr(fds[0]), "virtio-fs device"), os.NewFile(uintptr(fds[1]), "virtio-fs server")
+		defer srv.Close()
+		for _, f := range []*os.File{dev, srv} {
+			if rc, err := f.SyscallConn(); err == nil {
+				rc.Control(func(fd uintptr) {
+					unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF, 4<<20)
+				})
+			}
+		}
+		cmd := exec.Command("/proc/self/exe")
+		cmd.Env = []string{envFSRoot + "=" + dir}
+		cmd.ExtraFiles = []*os.File{srv}
+		cmd.Stderr = os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			dev.Close()
+			return nil, fmt.Errorf("virtio-fs: start the server of %s: %w", dir, err)
+		}
+		go cmd.Wait()
+		return dev, nil
+	}
+}
+
+// serveLoopback chroots into dir and serves it on fd until the other end
+// closes.
+func serveLoopback(dir string, fd int) error {
+	if err := unix.Chroot(dir); err != nil {
+		return fmt.Errorf("chroot: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return err
+	}
+	root, err := fs.NewLoopbackRoot("/")
+	if err != nil {
+		return err
+	}
+	sec := time.Second
+	opts := &fs.Options{EntryTimeout: &sec, AttrTimeout: &sec, MountOptions: fuse.MountOptions{
+		MaxWrite:             1 << 20,
+		DisableSplice:        true,
+		DisabledCapabilities: fuse.CAP_PASSTHROUGH,
+		Logger:               log.New(io.Discard, "", 0),
+		PanicHandler:         func(any) fuse.Status { return fuse.EIO },
+	}}
+	srv, err := fuse.NewServer(fs.NewNodeFS(root, opts), fmt.Sprintf("/dev/fd/%d", fd), &opts.MountOptions)
+	if err != nil {
+		return err
+	}
+	srv.Serve()
+	return nil
+}
