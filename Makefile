@@ -138,10 +138,12 @@ bench-staleness: deps
 # metapackage depends on.
 KERNEL_DIR ?= testdata/cache/kernel
 # KERNEL_MODULES: kvm for the nested harness's L1; the virtio transport and
-# devices (ADR 0170) for vm-runtime guests, loaded from their initramfs.
+# devices (ADR 0170) for vm-runtime guests, loaded from their initramfs;
+# fuse and virtiofs for the project share (ADR 0176).
 KERNEL_MODULES := irqbypass kvm kvm-amd virtio virtio_ring virtio_mmio vsock \
-	vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio_blk virtio_console virtio-rng
-KERNEL_STAMP := modules-2
+	vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio_blk virtio_console virtio-rng \
+	fuse virtiofs
+KERNEL_STAMP := modules-3
 kernels: deps
 	@pkg=$$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-[0-9]/ {print $$2; exit}'); \
 	if [ -z "$$pkg" ]; then echo "kernels: linux-image-cloud-amd64 has no concrete kernel dependency" >&2; exit 1; fi; \

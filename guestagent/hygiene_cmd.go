@@ -28,5 +28,11 @@ func (c *conn) hygiene(f proto.Frame) {
 		c.fail(f.ID, err)
 		return
 	}
+	if req.Share != nil {
+		if err := MountShare(req.Share.Tag, req.Share.Path); err != nil {
+			c.fail(f.ID, err)
+			return
+		}
+	}
 	c.send(proto.Frame{Kind: proto.KindEnd, ID: f.ID})
 }

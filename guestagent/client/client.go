@@ -150,8 +150,16 @@ func agentError(f proto.Frame) error {
 	if len(e.Message) > maxMessage {
 		e.Message = e.Message[:maxMessage] + "..."
 	}
-	return fmt.Errorf("guest agent: %s", e.Message)
+	return &AgentError{Message: e.Message}
 }
+
+// AgentError is an error the agent answered (not a broken connection):
+// the request reached it and failed there.
+type AgentError struct {
+	Message string
+}
+
+func (e *AgentError) Error() string { return "guest agent: " + e.Message }
 
 // open starts a request: it registers a new stream and sends f with its id.
 func (c *Client) open(k proto.Kind, v any) (*stream, error) {

@@ -221,12 +221,18 @@ type HygieneRequest struct {
 	// Generation is the clone's generation counter, published at
 	// /run/tine/generation.
 	Generation uint64 `json:"generation"`
+	// Share, when given, is the project share to (re)mount before user
+	// work (docs/sandboxes.md).
+	Share *ShareMount `json:"share,omitempty"`
 }
 
 // Check refuses a request the agent must not apply.
 func (h HygieneRequest) Check() error {
 	if len(h.Entropy) > MaxHygieneEntropy {
 		return fmt.Errorf("hygiene request with %d bytes of entropy, at most %d", len(h.Entropy), MaxHygieneEntropy)
+	}
+	if err := h.Share.Check(); err != nil {
+		return err
 	}
 	return nil
 }

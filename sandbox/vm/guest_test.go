@@ -46,8 +46,17 @@ func TestRuntimeGuest(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
 	defer cancel()
+	// The project: a host directory standing in for the sandbox's cowfs
+	// branch, mounted in the guest at its own path.
+	proj := filepath.Join(dir, "proj")
+	if err := os.MkdirAll(proj, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proj, "from-host"), []byte("host file\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	t0 := time.Now()
-	parent, err := r.Start(ctx, sandbox.Spec{ID: "p", Dir: filepath.Join(dir, "p")})
+	parent, err := r.Start(ctx, sandbox.Spec{ID: "p", Dir: filepath.Join(dir, "p"), ProjectPath: proj, ProjectSource: proj})
 	if err != nil {
 		b, _ := os.ReadFile(filepath.Join(dir, "p", "console.log"))
 		t.Fatalf("%v\nconsole:\n%s", err, b)
@@ -76,6 +85,14 @@ func TestRuntimeGuest(t *testing.T) {
 	if !strings.HasPrefix(out, "hi-from-exec\n") || err != nil || gen0 == 0 {
 		t.Fatalf("exec in the parent: %q", out)
 	}
+	// The project is mounted at its path: the host's file is there, and
+	// a file the guest writes lands in the host directory.
+	if out := sh(parent, "cat "+proj+"/from-host; echo guest-wrote > "+proj+"/from-guest; sync"); out != "host file\n" {
+		t.Fatalf("the project in the guest: %q", out)
+	}
+	if b, err := os.ReadFile(filepath.Join(proj, "from-guest")); err != nil || string(b) != "guest-wrote\n" {
+		t.Fatalf("the guest's file on the host: %q %v", b, err)
+	}
 	sh(parent, "head -c 8 /dev/urandom | od -An -tx1 | tr -d ' \\n' > /root/state; setsid nc -ll -p 8080 -e echo served </dev/null >/dev/null 2>&1 &")
 	state := sh(parent, "cat /root/state")
 	for deadline := time.Now().Add(time.Minute); ; {
@@ -92,6 +109,10 @@ func TestRuntimeGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = r.CopyState(ctx, filepath.Join(dir, "p"), snap)
+	if err == nil {
+		// The snapshot's branch: what the manager's cowfs fork makes.
+		err = os.CopyFS(filepath.Join(dir, "snapproj"), os.DirFS(proj))
+	}
 	parent.Thaw(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +122,12 @@ func TestRuntimeGuest(t *testing.T) {
 	lastGen := gen0
 	for i := 1; i <= 3; i++ {
 		t1 := time.Now()
-		k, err := r.Start(ctx, sandbox.Spec{ID: "c" + strconv.Itoa(i), Dir: filepath.Join(dir, "c"+strconv.Itoa(i)), Seed: snap})
+		cproj := filepath.Join(dir, "cproj"+strconv.Itoa(i))
+		if err := os.CopyFS(cproj, os.DirFS(filepath.Join(dir, "snapproj"))); err != nil {
+			t.Fatal(err)
+		}
+		k, err := r.Start(ctx, sandbox.Spec{ID: "c" + strconv.Itoa(i), Dir: filepath.Join(dir, "c"+strconv.Itoa(i)), Seed: snap,
+			ProjectPath: proj, ProjectSource: cproj})
 		if err != nil {
 			t.Fatalf("clone %d: %v", i, err)
 		}
@@ -127,6 +153,18 @@ func TestRuntimeGuest(t *testing.T) {
 			t.Errorf("clone %d: RNG output %q, the same as %s", i, f[3], j)
 		}
 		seen[f[3]] = strconv.Itoa(i)
+		// The clone's project is its own branch, remounted at the same
+		// path: it has the parent's file, and what it writes stays in
+		// its branch.
+		if out := sh(k, "cat "+proj+"/from-guest; echo clone > "+proj+"/from-clone; sync"); out != "guest-wrote\n" {
+			t.Errorf("clone %d: the project holds %q", i, out)
+		}
+		if _, err := os.Stat(filepath.Join(cproj, "from-clone")); err != nil {
+			t.Errorf("clone %d: its file is not in its branch: %v", i, err)
+		}
+		if _, err := os.Stat(filepath.Join(proj, "from-clone")); !os.IsNotExist(err) {
+			t.Errorf("clone %d: its file reached the parent's branch: %v", i, err)
+		}
 		if s, _ := strconv.ParseInt(f[4], 10, 64); time.Since(time.Unix(s, 0)).Abs() > 2*time.Minute {
 			t.Errorf("clone %d: wall clock %s, host %s", i, time.Unix(s, 0), time.Now())
 		}
@@ -203,7 +241,12 @@ func TestRuntimeCloneInNewProcess(t *testing.T) {
 		t.Fatal("the stopped parent's disk is not in the store")
 	}
 	t1 := time.Now()
-	k, err := r.Start(ctx, sandbox.Spec{ID: "n1", Dir: filepath.Join(dir, "n1"), Seed: filepath.Join(dir, "snap")})
+	proj, nproj := filepath.Join(dir, "proj"), filepath.Join(dir, "n1proj")
+	if err := os.CopyFS(nproj, os.DirFS(filepath.Join(dir, "snapproj"))); err != nil {
+		t.Fatal(err)
+	}
+	k, err := r.Start(ctx, sandbox.Spec{ID: "n1", Dir: filepath.Join(dir, "n1"), Seed: filepath.Join(dir, "snap"),
+		ProjectPath: proj, ProjectSource: nproj})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,7 +257,7 @@ func TestRuntimeCloneInNewProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"/bin/sh", "-c", "cat /run/tine/generation /root/state; echo; sleep 3 | nc 127.0.0.1 8080"}, Timeout: 2 * time.Minute})
+	p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"/bin/sh", "-c", "cat /run/tine/generation /root/state; echo; sleep 3 | nc 127.0.0.1 8080; cat " + proj + "/from-guest"}, Timeout: 2 * time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +266,7 @@ func TestRuntimeCloneInNewProcess(t *testing.T) {
 		t.Fatalf("exec: %+v %v (output %q)", ex, err, out)
 	}
 	g := strings.Split(strings.TrimSpace(string(out)), "\n")
-	if len(g) != 3 {
+	if len(g) != 4 {
 		t.Fatalf("the clone answered %q", out)
 	}
 	if gen, _ := strconv.ParseUint(g[0], 10, 64); gen <= last {
@@ -234,5 +277,8 @@ func TestRuntimeCloneInNewProcess(t *testing.T) {
 	}
 	if g[2] != "served" {
 		t.Errorf("the listener answered %q", g[2])
+	}
+	if g[3] != "guest-wrote" {
+		t.Errorf("the project in the clone holds %q", g[3])
 	}
 }

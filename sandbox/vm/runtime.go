@@ -3,6 +3,7 @@ package vm
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -28,7 +29,8 @@ const AgentPort = 1024
 // VirtioModules are the kernel modules the guest loads at boot, in
 // dependency order (Debian's cloud kernel builds them as modules).
 var VirtioModules = []string{"virtio_ring", "virtio", "virtio_mmio", "virtio-rng", "virtio_console", "virtio_blk",
-	"vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport"}
+	"vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport",
+	"fuse", "virtiofs"}
 
 // Config is what the vm runtime boots.
 type Config struct {
@@ -163,6 +165,7 @@ func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
 		}
 		in.m.VM.Pause()
 		defer in.m.VM.Resume()
+		in.quiesceShare()
 		root, err := in.disk.Snapshot()
 		if err != nil {
 			return manifest{}, fmt.Errorf("vm runtime: snapshot the disk of %s: %w", from, err)
@@ -227,6 +230,11 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 	in.console = console
 	in.vsock = &virtio.Vsock{GuestCID: 3}
 	devs := []virtio.Device{&virtio.RNG{}, &virtio.Console{}, &virtio.Block{Disk: in.disk}, in.vsock}
+	if err := in.addShare(spec); err != nil {
+		in.release()
+		return nil, err
+	}
+	devs = append(devs, in.share)
 	if img != nil {
 		in.m, err = img.Clone(ctx, linux.MachineConfig{Console: console, Virtio: devs})
 	} else {
@@ -268,6 +276,8 @@ type Instance struct {
 	m       *linux.Machine
 	disk    *disk.Image
 	vsock   *virtio.Vsock
+	share   *virtio.FS
+	mount   *proto.ShareMount
 	console *os.File
 	bridge  net.Listener
 	cancel  context.CancelFunc
@@ -326,6 +336,7 @@ func (in *Instance) release() {
 	if in.vsock != nil {
 		in.vsock.Close()
 	}
+	in.closeShare()
 	if in.m != nil {
 		in.m.Close()
 	}
@@ -427,11 +438,15 @@ func (in *Instance) hygiene(ctx context.Context, gen uint64) error {
 		if err == nil {
 			ent := make([]byte, 64)
 			rand.Read(ent)
-			err = c.Hygiene(dctx, proto.HygieneRequest{Entropy: ent, Now: time.Now(), Generation: gen})
+			err = c.Hygiene(dctx, proto.HygieneRequest{Entropy: ent, Now: time.Now(), Generation: gen, Share: in.mount})
 			c.Close()
 			cancel()
 			if err == nil {
 				return nil
+			}
+			if ae := (*client.AgentError)(nil); errors.As(err, &ae) {
+				// The agent answered: trying again would not help.
+				return fmt.Errorf("vm runtime: fork hygiene: %w", err)
 			}
 		} else {
 			cancel()

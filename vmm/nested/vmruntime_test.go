@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"tine/sandbox/vm"
 )
 
 // TestVMRuntimeUnderKVM runs sandbox/vm's TestRuntimeGuest in L1: the vm
@@ -16,7 +18,10 @@ import (
 // forks the running guest into 3 clones through Freeze, CopyState and
 // Start, as the sandbox manager does, then stops everything and, in a new
 // process (a restarted daemon), clones the memory image saved on disk
-// (TestRuntimeCloneInNewProcess).
+// (TestRuntimeCloneInNewProcess). Each guest has a project directory
+// mounted at its own path over virtio-fs: the parent reads the host's
+// file and writes one that lands on the host, and each clone sees it in
+// its own copy of the branch.
 func TestVMRuntimeUnderKVM(t *testing.T) {
 	if os.Getenv(EnvEnable) == "" {
 		t.Skipf("nested QEMU runs take minutes: set %s=1 (make nested-test) to run them", EnvEnable)
@@ -42,7 +47,7 @@ func TestVMRuntimeUnderKVM(t *testing.T) {
 		{Path: "l2/tine-agent", HostPath: agent, Mode: 0o755},
 		{Path: "l2/vmlinux", HostPath: p.k.Vmlinux},
 	}
-	for _, m := range virtioModules {
+	for _, m := range vm.VirtioModules {
 		src := filepath.Join(p.k.Dir, m+".ko")
 		if _, err := os.Stat(src); err != nil {
 			t.Skipf("kernel module %s missing (run `make kernels`): %v", m, err)

@@ -1,0 +1,65 @@
+package vm
+
+import (
+	"fmt"
+	"time"
+
+	"tine/guestagent/proto"
+	"tine/sandbox"
+	"tine/vmm/virtio"
+)
+
+// ShareTag is the virtio-fs tag of the project share.
+const ShareTag = "tine-project"
+
+// shareQuiesce bounds how long a fork waits for the project share's
+// server to answer the requests in flight.
+const shareQuiesce = 2 * time.Second
+
+// addShare makes the sandbox's virtio-fs device: it serves
+// spec.ProjectSource (the sandbox's cowfs branch), and the hygiene
+// request of every Start has the guest agent mount it at
+// spec.ProjectPath. Every machine has the device, so that images keep one
+// device list; without a project it answers the guest's mount ENODEV.
+func (in *Instance) addShare(spec sandbox.Spec) error {
+	in.share = &virtio.FS{Tag: ShareTag}
+	if spec.ProjectSource == "" || spec.ProjectPath == "" {
+		return nil
+	}
+	m := &proto.ShareMount{Tag: ShareTag, Path: spec.ProjectPath}
+	if err := m.Check(); err != nil {
+		return fmt.Errorf("vm runtime: project path: %w", err)
+	}
+	in.share.Connect = virtio.LoopbackServer(spec.ProjectSource)
+	in.mount = m
+	return nil
+}
+
+// shareTransport is the transport of the share device, or nil.
+func (in *Instance) shareTransport() *virtio.Transport {
+	if in.m == nil || in.share == nil {
+		return nil
+	}
+	for _, t := range in.m.Virtio {
+		if t.Device() == virtio.Device(in.share) {
+			return t
+		}
+	}
+	return nil
+}
+
+// quiesceShare waits (vCPUs paused) for the share's server to answer the
+// requests in flight, so that the memory a fork takes has no request
+// that the clone's device would never answer.
+func (in *Instance) quiesceShare() {
+	if t := in.shareTransport(); t != nil {
+		in.share.WaitIdle(t, shareQuiesce)
+	}
+}
+
+// closeShare ends the share's session (its server process exits).
+func (in *Instance) closeShare() {
+	if t := in.shareTransport(); t != nil {
+		in.share.Close(t)
+	}
+}
