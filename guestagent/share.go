@@ -23,9 +23,8 @@ import (
 func MountShare(tag, dir string) error { return mountShare(tag, dir, "virtiofs") }
 
 func mountShare(tag, dir, fstype string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("guestagent: project share: %w", err)
-	}
+	// Unmount first: a stat of the old mount's root can fail (its server
+	// is gone), which would make MkdirAll fail too.
 	mounted, err := isMountPoint(dir)
 	if err != nil {
 		return fmt.Errorf("guestagent: project share: %w", err)
@@ -37,6 +36,9 @@ func mountShare(tag, dir, fstype string) error {
 			}
 			return fmt.Errorf("guestagent: unmount the project share at %s: %w", dir, err)
 		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("guestagent: project share: %w", err)
 	}
 	if err := unix.Mount(tag, dir, fstype, unix.MS_NODEV, ""); err != nil {
 		return fmt.Errorf("guestagent: mount the project share %q (%s) at %s: %w", tag, fstype, dir, err)

@@ -129,7 +129,8 @@ func TestRuntimeGuest(t *testing.T) {
 		k, err := r.Start(ctx, sandbox.Spec{ID: "c" + strconv.Itoa(i), Dir: filepath.Join(dir, "c"+strconv.Itoa(i)), Seed: snap,
 			ProjectPath: proj, ProjectSource: cproj})
 		if err != nil {
-			t.Fatalf("clone %d: %v", i, err)
+			b, _ := os.ReadFile(filepath.Join(dir, "c"+strconv.Itoa(i), "console.log"))
+			t.Fatalf("clone %d: %v\nconsole:\n%s", i, err, b)
 		}
 		kids = append(kids, k)
 		t.Logf("clone %d: started and hygiene applied in %v", i, time.Since(t1))

@@ -250,6 +250,7 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		in.release()
 		return nil, err
 	}
+	in.kickShare()
 	runCtx, cancel := context.WithCancel(context.Background())
 	in.cancel = cancel
 	go func() {

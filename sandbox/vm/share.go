@@ -57,6 +57,18 @@ func (in *Instance) quiesceShare() {
 	}
 }
 
+// kickShare processes the share's queues once: in a clone, requests the
+// guest queued before the fork, which no notification will announce
+// again, get their answer (EIO: the clone's device has no session until
+// the guest mounts again), so that the remount does not wait for them.
+func (in *Instance) kickShare() {
+	if t := in.shareTransport(); t != nil {
+		for q := range in.share.QueueMax() {
+			t.Kick(q)
+		}
+	}
+}
+
 // closeShare ends the share's session (its server process exits).
 func (in *Instance) closeShare() {
 	if t := in.shareTransport(); t != nil {

@@ -108,6 +108,9 @@ func TestFSLoopback(t *testing.T) {
 	if string(bytes.TrimRight(cfg[:FSTagSize], "\x00")) != "project" || binary.LittleEndian.Uint32(cfg[FSTagSize:]) != 1 {
 		t.Fatalf("config space %q", cfg)
 	}
+	if v := d.read(RegShmLenLow); v != 0xffffffff {
+		t.Fatalf("shared memory region length %#x, want none", v)
+	}
 	// Before INIT, there is no session.
 	if e, _ := d.call(opLookup, 1, name("hello"), 256); e != -int32(syscall.EIO) {
 		t.Fatalf("LOOKUP before INIT: %d", e)

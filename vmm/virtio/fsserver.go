@@ -21,6 +21,9 @@ const envFSRoot = "TINE_VIRTIOFS_ROOT"
 
 func init() {
 	if dir := os.Getenv(envFSRoot); dir != "" {
+		// go-fuse logs through the standard logger (an end of the
+		// connection is a "short read"): this process is only its server.
+		log.SetOutput(io.Discard)
 		if err := serveLoopback(dir, 3); err != nil {
 			fmt.Fprintf(os.Stderr, "virtio-fs server of %s: %v\n", dir, err)
 			os.Exit(1)

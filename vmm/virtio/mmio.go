@@ -30,6 +30,11 @@ const (
 	RegQueueAvailHigh = 0x094
 	RegQueueUsedLow   = 0x0a0
 	RegQueueUsedHigh  = 0x0a4
+	RegShmSel         = 0x0ac
+	RegShmLenLow      = 0x0b0
+	RegShmLenHigh     = 0x0b4
+	RegShmBaseLow     = 0x0b8
+	RegShmBaseHigh    = 0x0bc
 	RegConfigGen      = 0x0fc
 	RegConfig         = 0x100
 
@@ -272,6 +277,11 @@ func (t *Transport) Read(addr uint64, data []byte) {
 		v = t.status
 	case RegConfigGen:
 		v = t.configGen
+	case RegShmLenLow, RegShmLenHigh, RegShmBaseLow, RegShmBaseHigh:
+		// No shared memory regions: all ones, as the spec says for a
+		// region that does not exist (virtio-fs asks for its DAX
+		// window, and a zero answer would be a region of 0 bytes).
+		v = 0xffffffff
 	}
 	le.PutUint32(data, v)
 }
