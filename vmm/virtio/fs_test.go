@@ -205,3 +205,93 @@ func TestFSHostileChain(t *testing.T) {
 		})
 	}
 }
+
+// TestFSOutOfOrder puts a server written here behind the device: it takes
+// three requests, sends a notification (unique 0) and a reply for a
+// request it never got, then answers the three in reverse order, one of
+// them larger than its chain's room. Each chain gets its own answer under
+// the guest's unique, the large one -EIO; the device gave the server ids
+// of its own even though the guest used one unique three times.
+func TestFSOutOfOrder(t *testing.T) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := os.NewFile(uintptr(fds[1]), "server")
+	defer srv.Close()
+	dev := &FS{Tag: "t", Connect: func() (*os.File, error) { return os.NewFile(uintptr(fds[0]), "device"), nil }}
+	d := &fsDriver{testDriver: newTestDriver(t, dev, 8<<20)}
+	defer dev.Close(d.tr)
+	heads := make([]uint16, 3)
+	rooms := []int{64, 64, 20}
+	for i := range heads {
+		h := make([]byte, fuseInHeaderSize)
+		binary.LittleEndian.PutUint32(h, fuseInHeaderSize)
+		binary.LittleEndian.PutUint32(h[4:], []uint32{fuseInit, opGetattr, opGetattr}[i])
+		binary.LittleEndian.PutUint64(h[8:], 5) // the same unique each time
+		heads[i] = d.add(1, buf{data: h}, buf{writable: rooms[i]})
+	}
+	d.notify(1)
+	var ids []uint64
+	b := make([]byte, 4096)
+	for range heads {
+		n, err := srv.Read(b)
+		if err != nil || n != fuseInHeaderSize {
+			t.Fatalf("server read %d %v", n, err)
+		}
+		ids = append(ids, binary.LittleEndian.Uint64(b[8:]))
+	}
+	if ids[0] == ids[1] || ids[1] == ids[2] || ids[0] == ids[2] {
+		t.Fatalf("the server saw ids %v", ids)
+	}
+	reply := func(unique uint64, body []byte) {
+		m := make([]byte, fuseOutHeaderSize, fuseOutHeaderSize+len(body))
+		binary.LittleEndian.PutUint32(m, uint32(fuseOutHeaderSize+len(body)))
+		binary.LittleEndian.PutUint64(m[8:], unique)
+		if _, err := srv.Write(append(m, body...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reply(0, []byte("notification"))
+	reply(ids[2]+100, []byte("nobody asked"))
+	for i := 2; i >= 0; i-- {
+		reply(ids[i], bytes.Repeat([]byte{byte('a' + i)}, 8))
+	}
+	got := map[uint16]uint32{}
+	for deadline := time.Now().Add(10 * time.Second); len(got) < 3; {
+		d.tr.mu.Lock()
+		for _, u := range d.used(1) {
+			got[uint16(u[0])] = u[1]
+		}
+		d.tr.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("answers %v", got)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for i, h := range heads {
+		out := d.descBuf(1, h+1)[:got[h]]
+		if binary.LittleEndian.Uint64(out[8:]) != 5 {
+			t.Errorf("chain %d: unique %d, want the guest's", i, binary.LittleEndian.Uint64(out[8:]))
+		}
+		e := int32(binary.LittleEndian.Uint32(out[4:]))
+		switch {
+		case rooms[i] < fuseOutHeaderSize+8:
+			if e != -int32(syscall.EIO) || len(out) != fuseOutHeaderSize {
+				t.Errorf("chain %d (too small): error %d, %d bytes", i, e, len(out))
+			}
+		case e != 0 || !bytes.Equal(out[fuseOutHeaderSize:], bytes.Repeat([]byte{byte('a' + i)}, 8)):
+			t.Errorf("chain %d: %d %q", i, e, out)
+		}
+	}
+	// DESTROY ends the session: the device answers it and closes its end.
+	h := make([]byte, fuseInHeaderSize)
+	binary.LittleEndian.PutUint32(h, fuseInHeaderSize)
+	binary.LittleEndian.PutUint32(h[4:], fuseDestroy)
+	d.add(1, buf{data: h}, buf{writable: 64})
+	d.notify(1)
+	srv.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := srv.Read(b); n != 0 {
+		t.Fatalf("after DESTROY the server read %d bytes (%v), want the end", n, err)
+	}
+}
