@@ -295,3 +295,54 @@ func TestFSOutOfOrder(t *testing.T) {
 		t.Fatalf("after DESTROY the server read %d bytes (%v), want the end", n, err)
 	}
 }
+
+// serverPids lists the processes serving dir (their environment names
+// it).
+func serverPids(t *testing.T, dir string) []string {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []string
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err == nil && bytes.Contains(b, []byte(envFSRoot+"="+dir+"\x00")) {
+			pids = append(pids, e.Name())
+		}
+	}
+	return pids
+}
+
+// TestFSServerEndsWithSession: a guest that blocks a handler of its
+// server (an open of a FIFO nobody writes) does not keep the server
+// process once the session ends.
+func TestFSServerEndsWithSession(t *testing.T) {
+	dir := t.TempDir()
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, dev := newFSDriver(t, dir)
+	d.init()
+	e, out := d.call(opLookup, 1, name("fifo"), 256)
+	if e != 0 {
+		t.Fatalf("LOOKUP: %d", e)
+	}
+	if len(serverPids(t, dir)) != 1 {
+		t.Fatalf("server processes %v, want one", serverPids(t, dir))
+	}
+	h := make([]byte, fuseInHeaderSize)
+	binary.LittleEndian.PutUint32(h, fuseInHeaderSize+8)
+	binary.LittleEndian.PutUint32(h[4:], opOpen)
+	binary.LittleEndian.PutUint64(h[8:], 99)
+	binary.LittleEndian.PutUint64(h[16:], binary.LittleEndian.Uint64(out))
+	d.add(1, buf{data: h}, buf{data: make([]byte, 8)}, buf{writable: 64})
+	d.notify(1)
+	time.Sleep(100 * time.Millisecond) // the server is in open(2) now
+	dev.Close(d.tr)
+	for deadline := time.Now().Add(10 * time.Second); len(serverPids(t, dir)) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("server processes %v still there after the session ended", serverPids(t, dir))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -72,6 +72,22 @@ func LoopbackServer(dir string) func() (*os.File, error) {
 	}
 }
 
+// exitOnHangup ends the process once the device's end of the connection
+// is shut down or closed: go-fuse's Serve also waits for its handlers,
+// and one the guest blocked (an open of a FIFO, a lock wait) would keep
+// the process after its session, one more for each mount.
+func exitOnHangup(fd int) {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+	for {
+		if _, err := unix.Poll(p, -1); err != nil && err != unix.EINTR {
+			os.Exit(1)
+		}
+		if p[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0 {
+			os.Exit(0)
+		}
+	}
+}
+
 // serveLoopback chroots into dir and serves it on fd until the other end
 // closes.
 func serveLoopback(dir string, fd int) error {
@@ -81,6 +97,7 @@ func serveLoopback(dir string, fd int) error {
 	if err := unix.Chdir("/"); err != nil {
 		return err
 	}
+	go exitOnHangup(fd)
 	root, err := fs.NewLoopbackRoot("/")
 	if err != nil {
 		return err
