@@ -2,7 +2,7 @@ package virtio
 
 import (
 	"fmt"
-	"os"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,10 +80,12 @@ type FS struct {
 	// at most FSTagSize bytes.
 	Tag string
 	// Connect starts a FUSE server and returns the device's end of a
-	// SOCK_SEQPACKET connection to it: each request is sent as one
-	// message, each reply read as one (matched by unique, in any
-	// order). The device closes it when the session ends.
-	Connect func() (*os.File, error)
+	// message connection to it (a SOCK_SEQPACKET socket): each request
+	// is written as one message, each reply read as one (matched by
+	// unique, in any order). The device closes it when the session
+	// ends; Close must interrupt a Read in progress (an *os.File of a
+	// non-blocking socket does).
+	Connect func() (io.ReadWriteCloser, error)
 
 	sess      *fsSession
 	throttled [2]bool
@@ -91,7 +93,7 @@ type FS struct {
 }
 
 type fsSession struct {
-	f       *os.File
+	c       io.ReadWriteCloser
 	out     chan []byte
 	queued  atomic.Int64
 	pending map[uint64]fsPending // by the server's unique; transport lock
@@ -164,11 +166,7 @@ func (f *FS) endSession() {
 func (s *fsSession) close() {
 	s.closed.Do(func() {
 		close(s.out)
-		// Wake the reader: shutdown, since close does not interrupt a
-		// blocked read.
-		if rc, err := s.f.SyscallConn(); err == nil {
-			rc.Control(func(fd uintptr) { unix.Shutdown(int(fd), unix.SHUT_RDWR) })
-		}
+		s.c.Close()
 	})
 }
 
@@ -228,7 +226,7 @@ func (f *FS) handle(t *Transport, q int, c *Chain) (n uint32, answered bool, err
 		if err != nil {
 			return fsAnswer(c, req.Unique, unix.EIO), true, nil
 		}
-		f.sess = &fsSession{f: conn, out: make(chan []byte, 2*maxFSInflight), pending: map[uint64]fsPending{}}
+		f.sess = &fsSession{c: conn, out: make(chan []byte, 2*maxFSInflight), pending: map[uint64]fsPending{}}
 		go f.writer(t, f.sess)
 		go f.reader(t, f.sess)
 	}
@@ -278,7 +276,7 @@ func fsAnswer(c *Chain, unique uint64, errno unix.Errno) uint32 {
 // resumes queues that waited for room.
 func (f *FS) writer(t *Transport, s *fsSession) {
 	for b := range s.out {
-		_, err := s.f.Write(b)
+		_, err := s.c.Write(b)
 		s.queued.Add(-int64(len(b)))
 		if err != nil {
 			t.Do(func() error {
@@ -309,10 +307,9 @@ func (f *FS) resume(t *Transport) error {
 
 // reader takes the server's replies and completes their chains.
 func (f *FS) reader(t *Transport, s *fsSession) {
-	defer s.f.Close()
 	buf := make([]byte, MaxFSReply+1)
 	for {
-		n, err := s.f.Read(buf)
+		n, err := s.c.Read(buf)
 		if err != nil || n == 0 {
 			t.Do(func() error {
 				if f.sess == s {

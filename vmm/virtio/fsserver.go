@@ -38,16 +38,23 @@ func init() {
 // a SOCK_SEQPACKET pair. The chroot keeps the guest's requests inside dir
 // whatever symlinks it makes or renames it races (the loopback works on
 // paths); a separate process keeps a server that fails apart from the
-// host's. The process ends when the device closes its end, or with its
-// parent.
-func LoopbackServer(dir string) func() (*os.File, error) {
-	return func() (*os.File, error) {
+// host's. The process ends when the device closes its end (Close waits
+// for that, so nothing holds dir afterwards), or with its parent.
+func LoopbackServer(dir string) func() (io.ReadWriteCloser, error) {
+	return func() (io.ReadWriteCloser, error) {
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 			return nil, fmt.Errorf("virtio-fs: %s is not a directory (%v)", dir, err)
 		}
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 		if err != nil {
 			return nil, fmt.Errorf("virtio-fs: socketpair: %w", err)
+		}
+		// The device's end is non-blocking, so that its Close interrupts
+		// a Read (the runtime's poller waits instead).
+		if err := unix.SetNonblock(fds[0], true); err != nil {
+			unix.Close(fds[0])
+			unix.Close(fds[1])
+			return nil, fmt.Errorf("virtio-fs: %w", err)
 		}
 		dev, srv := os.NewFile(uintptr(fds[0]), "virtio-fs device"), os.NewFile(uintptr(fds[1]), "virtio-fs server")
 		defer srv.Close()
@@ -67,9 +74,33 @@ func LoopbackServer(dir string) func() (*os.File, error) {
 			dev.Close()
 			return nil, fmt.Errorf("virtio-fs: start the server of %s: %w", dir, err)
 		}
-		go cmd.Wait()
-		return dev, nil
+		c := &serverConn{File: dev, cmd: cmd, done: make(chan struct{})}
+		go func() {
+			cmd.Wait()
+			close(c.done)
+		}()
+		return c, nil
 	}
+}
+
+// serverConn is the device's end of a loopback server's connection.
+type serverConn struct {
+	*os.File
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Close closes the connection and waits for the server process to end
+// (it ends on the hangup; after 5 s it is killed).
+func (c *serverConn) Close() error {
+	err := c.File.Close()
+	select {
+	case <-c.done:
+	case <-time.After(5 * time.Second):
+		c.cmd.Process.Kill()
+		<-c.done
+	}
+	return err
 }
 
 // exitOnHangup ends the process once the device's end of the connection
