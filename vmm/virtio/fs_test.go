@@ -16,6 +16,7 @@ const (
 	opLookup  = 1
 	opGetattr = 3
 	opSymlink = 6
+	opMknod   = 8
 	opOpen    = 14
 	opRead    = 15
 	opWrite   = 16
@@ -170,6 +171,16 @@ func TestFSLoopback(t *testing.T) {
 	link := binary.LittleEndian.Uint64(out)
 	if e, _ = d.call(opLookup, link, name("proc"), 256); e == 0 {
 		t.Fatal("LOOKUP under a symlink to / found the host's /proc")
+	}
+	// A device node the guest makes is no host device to the server: its
+	// directory is bound nodev in the server's mount namespace.
+	mk := make([]byte, 16)
+	binary.LittleEndian.PutUint32(mk, syscall.S_IFCHR|0o666)
+	binary.LittleEndian.PutUint32(mk[4:], 1<<8|3) // 1:3, /dev/null
+	if e, out = d.call(opMknod, 1, append(mk, name("null")...), 256); e == 0 {
+		if e, _ = d.call(opOpen, binary.LittleEndian.Uint64(out), []byte{2, 0, 0, 0, 0, 0, 0, 0}, 64); e == 0 {
+			t.Fatal("the guest opened a host device through a node it made")
+		}
 	}
 	// An unknown node id is an error for that request, not a crash.
 	if e, _ = d.call(opGetattr, 1<<40, make([]byte, 16), 256); e == 0 {

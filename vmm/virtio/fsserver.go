@@ -69,7 +69,7 @@ func LoopbackServer(dir string) func() (io.ReadWriteCloser, error) {
 		cmd.Env = []string{envFSRoot + "=" + dir}
 		cmd.ExtraFiles = []*os.File{srv}
 		cmd.Stderr = os.Stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Cloneflags: syscall.CLONE_NEWNS}
 		if err := cmd.Start(); err != nil {
 			dev.Close()
 			return nil, fmt.Errorf("virtio-fs: start the server of %s: %w", dir, err)
@@ -120,8 +120,19 @@ func exitOnHangup(fd int) {
 }
 
 // serveLoopback chroots into dir and serves it on fd until the other end
-// closes.
+// closes. It runs in a mount namespace of its own, where dir is bound
+// onto itself nodev and nosuid: a device node the guest makes (or finds)
+// in dir is never a host device to the server.
 func serveLoopback(dir string, fd int) error {
+	if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("private mounts: %w", err)
+	}
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", dir, err)
+	}
+	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil {
+		return fmt.Errorf("remount %s nodev: %w", dir, err)
+	}
 	if err := unix.Chroot(dir); err != nil {
 		return fmt.Errorf("chroot: %w", err)
 	}
