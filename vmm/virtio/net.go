@@ -76,6 +76,7 @@ type Net struct {
 	pending             []byte // a received frame waiting for a buffer
 	room                chan struct{}
 	done                chan struct{}
+	stopped             chan struct{} // closed when the reader returned
 	closeOnce           sync.Once
 	txbuf               []byte
 	rxDropped, txErrors uint64
@@ -125,10 +126,12 @@ func (n *Net) Start(t *Transport) {
 	n.t = t
 	n.room = make(chan struct{}, 1)
 	n.done = make(chan struct{})
+	n.stopped = make(chan struct{})
 	go n.receive()
 }
 
-// Close stops the device's reader and closes the backend.
+// Close closes the backend and returns once the device's reader
+// stopped: it touches guest memory no more, so the machine may go.
 func (n *Net) Close() error {
 	var err error
 	n.closeOnce.Do(func() {
@@ -138,11 +141,15 @@ func (n *Net) Close() error {
 		if n.Backend != nil {
 			err = n.Backend.Close()
 		}
+		if n.stopped != nil {
+			<-n.stopped
+		}
 	})
 	return err
 }
 
 func (n *Net) receive() {
+	defer close(n.stopped)
 	buf := make([]byte, MaxNetFrame)
 	for {
 		k, err := n.Backend.Read(buf)
