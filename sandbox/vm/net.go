@@ -1,12 +1,14 @@
 package vm
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 
 	"tine/guestagent/proto"
 	"tine/internal/rtnl"
@@ -66,6 +68,10 @@ func (r *Runtime) openNet() (*guestNet, error) {
 	if err := configureTap(g.tap, netip.PrefixFrom(g.host, 30)); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("vm runtime: network: %w", err)
+	}
+	if err := r.hostFilter(); err != nil {
+		f.Close()
+		return nil, err
 	}
 	g.dev = &virtio.Net{MAC: g.mac, Backend: f}
 	r.nets[base] = true
@@ -136,4 +142,50 @@ func (r *Runtime) freeNet() (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, fmt.Errorf("vm runtime: no free /30 left in %s for a machine's network (stop some vm sandboxes)", NetSubnet)
+}
+
+// HostTable is the host's nftables table for vm networks (family inet).
+const HostTable = "tine-vm"
+
+// hostRuleset keeps guests to their own link: a guest cannot open a
+// connection to any address of the host (only answer one the host
+// opened to it), and nothing is forwarded from or to a vm TAP, so no
+// guest reaches another guest, an ns sandbox, or beyond the host. ARP
+// is not IP, so the link still resolves.
+func hostRuleset() string {
+	var b bytes.Buffer
+	w := func(f string, a ...any) { fmt.Fprintf(&b, f+"\n", a...) }
+	w("add table inet %s", HostTable)
+	w("delete table inet %s", HostTable)
+	w("table inet %s {", HostTable)
+	w("  chain input {")
+	w("    type filter hook input priority -10; policy accept;")
+	w("    iifname \"%s*\" ct state established,related accept", tapPrefix)
+	w("    iifname \"%s*\" counter drop", tapPrefix)
+	w("  }")
+	w("  chain forward {")
+	w("    type filter hook forward priority -10; policy accept;")
+	w("    iifname \"%s*\" counter drop", tapPrefix)
+	w("    oifname \"%s*\" counter drop", tapPrefix)
+	w("  }")
+	w("}")
+	return b.String()
+}
+
+// hostFilter installs the host's table (hostRuleset) before the first
+// TAP of this runtime comes up, unless Config.NoHostFilter. r.netMu held.
+func (r *Runtime) hostFilter() error {
+	if r.cfg.NoHostFilter || r.filtered {
+		return nil
+	}
+	if _, err := exec.LookPath("nft"); err != nil {
+		return fmt.Errorf("vm runtime: network: the host filter for vm networks needs nft (install nftables): %w", err)
+	}
+	cmd := exec.Command("nft", "-f", "-")
+	cmd.Stdin = bytes.NewBufferString(hostRuleset())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("vm runtime: network: install the host's table inet %s: %w: %s", HostTable, err, bytes.TrimSpace(out))
+	}
+	r.filtered = true
+	return nil
 }

@@ -55,6 +55,12 @@ type Config struct {
 	// StoreDir holds the chunk store of every sandbox's disk; each state
 	// directory keeps its disk referenced there (state.go).
 	StoreDir string
+	// NoHostFilter starts machines without the host's nftables table for
+	// vm networks (HostTable): a guest can then open connections to the
+	// host's own addresses, and beyond where the host forwards. Only for
+	// a host without nftables, such as the nested harness's L1, where
+	// nothing else listens or forwards.
+	NoHostFilter bool
 }
 
 // Runtime is the vm sandbox runtime: each sandbox is a Linux VM whose
@@ -71,8 +77,9 @@ type Runtime struct {
 	mu   sync.Mutex
 	live map[string]*Instance // by Spec.Dir
 
-	netMu sync.Mutex
-	nets  map[netip.Addr]bool // /30s given to running machines
+	netMu    sync.Mutex
+	nets     map[netip.Addr]bool // /30s given to running machines
+	filtered bool                // the host's table is installed
 }
 
 // New reads the kernel and builds the guest's initramfs.
