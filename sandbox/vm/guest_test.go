@@ -3,6 +3,8 @@ package vm
 import (
 	"context"
 	"io"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,7 +42,7 @@ func TestRuntimeGuest(t *testing.T) {
 	}
 	dir := t.TempDir()
 	r, err := New(Config{Kernel: os.Getenv(EnvKernel), Modules: os.Getenv(EnvModules), Agent: os.Getenv(EnvAgent),
-		Busybox: os.Getenv(EnvBusybox), MemSize: 256 << 20, StoreDir: filepath.Join(dir, "store")})
+		Busybox: os.Getenv(EnvBusybox), MemSize: 256 << 20, StoreDir: filepath.Join(dir, "store"), NoHostFilter: noNft()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,6 +73,7 @@ func TestRuntimeGuest(t *testing.T) {
 		}
 		return string(out)
 	}
+	parentMAC, parentIP := checkNet(ctx, t, parent, false)
 	out := sh(parent, "echo hi-from-exec; cat /run/tine/generation")
 	gen0, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(out), "hi-from-exec\n"), 10, 64)
 	if !strings.HasPrefix(out, "hi-from-exec\n") || err != nil || gen0 == 0 {
@@ -87,6 +90,11 @@ func TestRuntimeGuest(t *testing.T) {
 		}
 		time.Sleep(time.Second)
 	}
+	if got := dialServed(t, parent.(*Instance).GuestAddr()); got != "served" {
+		t.Errorf("the parent's listener at %s answered the host %q", parent.(*Instance).GuestAddr(), got)
+	}
+	macs := map[string]string{parentMAC: "the parent"}
+	ips := map[string]string{parentIP: "the parent"}
 	snap := filepath.Join(dir, "snap")
 	if err := parent.Freeze(ctx); err != nil {
 		t.Fatal(err)
@@ -107,6 +115,14 @@ func TestRuntimeGuest(t *testing.T) {
 		}
 		kids = append(kids, k)
 		t.Logf("clone %d: started and hygiene applied in %v", i, time.Since(t1))
+		mac, ip := checkNet(ctx, t, k, true)
+		if who, dup := macs[mac]; dup {
+			t.Errorf("clone %d has MAC %s, as %s has", i, mac, who)
+		}
+		if who, dup := ips[ip]; dup {
+			t.Errorf("clone %d has address %s, as %s has", i, ip, who)
+		}
+		macs[mac], ips[ip] = "clone "+strconv.Itoa(i), "clone "+strconv.Itoa(i)
 		out := sh(k, "cat /run/tine/generation /root/state; echo; sleep 3 | nc 127.0.0.1 8080; head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; date +%s")
 		f := strings.Split(strings.TrimSpace(out), "\n")
 		if len(f) != 5 {
@@ -132,8 +148,12 @@ func TestRuntimeGuest(t *testing.T) {
 		}
 		// Stop it (fewer machines share the emulated CPUs): its state
 		// keeps the disk and drops the image it was cloned from.
+		tap := k.(*Instance).TapName()
 		if err := k.Stop(ctx); err != nil {
 			t.Errorf("stop clone %d: %v", i, err)
+		}
+		if _, err := net.InterfaceByName(tap); err == nil {
+			t.Errorf("stopped clone %d still has its TAP %s", i, tap)
 		}
 		cdir := filepath.Join(dir, "c"+strconv.Itoa(i))
 		if m, err := readManifest(cdir); err != nil || m.Image || m.Disk == "" {
@@ -143,9 +163,12 @@ func TestRuntimeGuest(t *testing.T) {
 			t.Errorf("stopped clone %d still holds its image: %v", i, err)
 		}
 	}
-	// The parent goes on with its own state.
+	// The parent goes on with its own state and network.
 	if out := sh(parent, "cat /root/state /run/tine/generation"); out != state+strconv.FormatUint(gen0, 10)+"\n" {
 		t.Errorf("parent after the fork: %q", out)
+	}
+	if mac, ip := checkNet(ctx, t, parent, true); mac != parentMAC || ip != parentIP {
+		t.Errorf("parent after the fork: MAC %s address %s, before %s %s", mac, ip, parentMAC, parentIP)
 	}
 	// A new process (a restarted daemon) opens the runtime on the same
 	// store and clones the memory image on disk.
@@ -187,7 +210,7 @@ func TestRuntimeCloneInNewProcess(t *testing.T) {
 	dir, state := f[0], f[1]
 	last, _ := strconv.ParseUint(f[2], 10, 64)
 	r, err := New(Config{Kernel: os.Getenv(EnvKernel), Modules: os.Getenv(EnvModules), Agent: os.Getenv(EnvAgent),
-		Busybox: os.Getenv(EnvBusybox), MemSize: 256 << 20, StoreDir: filepath.Join(dir, "store")})
+		Busybox: os.Getenv(EnvBusybox), MemSize: 256 << 20, StoreDir: filepath.Join(dir, "store"), NoHostFilter: noNft()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,6 +232,7 @@ func TestRuntimeCloneInNewProcess(t *testing.T) {
 	}
 	defer k.Stop(context.Background())
 	t.Logf("clone from the image on disk: started and hygiene applied in %v", time.Since(t1))
+	checkNet(ctx, t, k, true)
 	c, err := client.Dial(ctx, k.AgentSocket())
 	if err != nil {
 		t.Fatal(err)
@@ -235,4 +259,86 @@ func TestRuntimeCloneInNewProcess(t *testing.T) {
 	if g[2] != "served" {
 		t.Errorf("the listener answered %q", g[2])
 	}
+}
+
+// checkNet reads the guest's network identity through its agent (every
+// interface's MAC under /sys/class/net, eth0's IPv4 addresses) and checks
+// it is the one the runtime gave the machine: eth0 with its MAC and only
+// its address, no other interface with a MAC but lo's zeros. With
+// listener, the host also reaches the guest's TCP listener on port 8080
+// at that address. It returns the MAC and the address.
+func checkNet(ctx context.Context, t *testing.T, in sandbox.Instance, listener bool) (string, string) {
+	t.Helper()
+	vi := in.(*Instance)
+	c, err := client.Dial(ctx, in.AgentSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	script := "for i in /sys/class/net/*; do echo ${i##*/} $(cat $i/address); done; ip -4 addr show dev eth0 | awk '/inet /{print \"inet\", $2}'"
+	p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"/bin/sh", "-c", script}, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(p.Stdout)
+	if ex, err := p.Wait(ctx); err != nil || ex.Code != 0 {
+		t.Fatalf("network identity: %+v %v (output %q)", ex, err, out)
+	}
+	var mac, ip string
+	var inets []string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) == 2 && f[0] == "inet":
+			inets = append(inets, f[1])
+		case len(f) == 2 && f[0] == GuestInterface:
+			mac = f[1]
+		case len(f) == 2 && f[0] == "lo":
+		default:
+			t.Errorf("unexpected line in the guest's network identity: %q", l)
+		}
+	}
+	want := vi.GuestAddr().String() + "/30"
+	if mac != vi.MAC().String() || len(inets) != 1 || inets[0] != want {
+		t.Fatalf("the guest reports MAC %q and addresses %v; the runtime gave it %s and %s (output %q)", mac, inets, vi.MAC(), want, out)
+	}
+	ip = vi.GuestAddr().String()
+	if listener {
+		if got := dialServed(t, vi.GuestAddr()); got != "served" {
+			t.Errorf("the listener at %s answered the host %q", ip, got)
+		}
+	}
+	t.Logf("guest network: %s MAC %s address %s, host end %s", vi.TapName(), mac, want, vi.HostAddr())
+	return mac, ip
+}
+
+// dialServed connects to port 8080 at addr from the host and returns what
+// the listener sent before closing.
+func dialServed(t *testing.T, addr netip.Addr) string {
+	t.Helper()
+	var last error
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
+		c, err := net.DialTimeout("tcp", netip.AddrPortFrom(addr, 8080).String(), 10*time.Second)
+		if err != nil {
+			last = err
+			continue
+		}
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		b, err := io.ReadAll(c)
+		c.Close()
+		if err != nil {
+			last = err
+			continue
+		}
+		return strings.TrimSpace(string(b))
+	}
+	return "nothing: " + last.Error()
+}
+
+// noNft reports a host without nft (the nested harness's L1): the
+// machines there run without the host's filter, which TestHostFilter
+// checks where nft is.
+func noNft() bool {
+	_, err := exec.LookPath("nft")
+	return err != nil
 }

@@ -8,13 +8,16 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"tine/sandbox/vm"
 )
 
 // TestVMRuntimeUnderKVM runs sandbox/vm's TestRuntimeGuest in L1: the vm
 // sandbox runtime boots Debian's kernel with the static tine-agent as pid
 // 1 of its initramfs, execs through the agent socket (bridged to vsock),
 // forks the running guest into 3 clones through Freeze, CopyState and
-// Start, as the sandbox manager does, then stops everything and, in a new
+// Start, as the sandbox manager does (each with its own TAP, MAC and
+// address, which L1 reaches over TCP), then stops everything and, in a new
 // process (a restarted daemon), clones the memory image saved on disk
 // (TestRuntimeCloneInNewProcess).
 func TestVMRuntimeUnderKVM(t *testing.T) {
@@ -42,7 +45,7 @@ func TestVMRuntimeUnderKVM(t *testing.T) {
 		{Path: "l2/tine-agent", HostPath: agent, Mode: 0o755},
 		{Path: "l2/vmlinux", HostPath: p.k.Vmlinux},
 	}
-	for _, m := range virtioModules {
+	for _, m := range vm.VirtioModules {
 		src := filepath.Join(p.k.Dir, m+".ko")
 		if _, err := os.Stat(src); err != nil {
 			t.Skipf("kernel module %s missing (run `make kernels`): %v", m, err)
