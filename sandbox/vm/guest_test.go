@@ -1,9 +1,12 @@
 package vm
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -26,6 +29,10 @@ const (
 	EnvModules = "TINE_VM_MODULES"
 	EnvAgent   = "TINE_VM_AGENT"
 	EnvBusybox = "TINE_VM_BUSYBOX"
+	// EnvUnixcat is a static program the guest's commands use to talk
+	// to a Unix socket (busybox's nc has none): vmm/nested's
+	// testdata/unixcat.
+	EnvUnixcat = "TINE_VM_UNIXCAT"
 )
 
 // TestRuntimeGuest runs the vm runtime as the sandbox manager does:
@@ -34,8 +41,10 @@ const (
 // state; each clone answers exec through its own socket with the state
 // made before the fork, its own generation and RNG output, and still
 // serves the listener, and is stopped (its state keeps its disk, not the
-// image). Then the parent stops and TestRuntimeCloneInNewProcess runs in
-// a new process.
+// image). Every machine's commands reach its own inside API: HTTP over
+// /run/tine/api.sock reaches the server on the host socket given as its
+// Spec.APISocket. Then the parent stops and TestRuntimeCloneInNewProcess
+// runs in a new process.
 func TestRuntimeGuest(t *testing.T) {
 	if os.Getenv(EnvKernel) == "" {
 		t.Skipf("needs a real KVM: run through vmm/nested's TestVMRuntimeUnderKVM (%s unset)", EnvKernel)
@@ -49,7 +58,7 @@ func TestRuntimeGuest(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
 	defer cancel()
 	t0 := time.Now()
-	parent, err := r.Start(ctx, sandbox.Spec{ID: "p", Dir: filepath.Join(dir, "p")})
+	parent, err := r.Start(ctx, sandbox.Spec{ID: "p", Dir: filepath.Join(dir, "p"), APISocket: apiServer(t, dir, "p")})
 	if err != nil {
 		b, _ := os.ReadFile(filepath.Join(dir, "p", "console.log"))
 		t.Fatalf("%v\nconsole:\n%s", err, b)
@@ -74,6 +83,22 @@ func TestRuntimeGuest(t *testing.T) {
 		return string(out)
 	}
 	parentMAC, parentIP := checkNet(ctx, t, parent, false)
+	api := putUnixcat(ctx, t, parent)
+	checkAPI := func(in sandbox.Instance, who string) {
+		t.Helper()
+		if !api {
+			return
+		}
+		// 200000 bytes each way: more than one window of credit.
+		out := sh(in, "{ printf 'POST /ask HTTP/1.0\\r\\nContent-Length: 200000\\r\\n\\r\\n'; head -c 200000 /dev/zero; } | /tmp/unixcat /run/tine/api.sock > /tmp/answer; "+
+			"head -1 /tmp/answer; grep '^api of' /tmp/answer; tail -c 200000 /tmp/answer | tr -cd y | wc -c")
+		if f := strings.Fields(out); len(f) != 9 || f[1] != "200" || strings.Join(f[3:8], " ") != "api of "+who+" read 200000" || f[8] != "200000" {
+			t.Errorf("%s: HTTP over /run/tine/api.sock answered %q", who, out)
+		} else {
+			t.Logf("%s: HTTP over /run/tine/api.sock answered %q", who, out)
+		}
+	}
+	checkAPI(parent, "p")
 	out := sh(parent, "echo hi-from-exec; cat /run/tine/generation")
 	gen0, err := strconv.ParseUint(strings.TrimPrefix(strings.TrimSpace(out), "hi-from-exec\n"), 10, 64)
 	if !strings.HasPrefix(out, "hi-from-exec\n") || err != nil || gen0 == 0 {
@@ -109,10 +134,12 @@ func TestRuntimeGuest(t *testing.T) {
 	lastGen := gen0
 	for i := 1; i <= 3; i++ {
 		t1 := time.Now()
-		k, err := r.Start(ctx, sandbox.Spec{ID: "c" + strconv.Itoa(i), Dir: filepath.Join(dir, "c"+strconv.Itoa(i)), Seed: snap})
+		name := "c" + strconv.Itoa(i)
+		k, err := r.Start(ctx, sandbox.Spec{ID: name, Dir: filepath.Join(dir, name), Seed: snap, APISocket: apiServer(t, dir, name)})
 		if err != nil {
 			t.Fatalf("clone %d: %v", i, err)
 		}
+		checkAPI(k, name)
 		kids = append(kids, k)
 		t.Logf("clone %d: started and hygiene applied in %v", i, time.Since(t1))
 		mac, ip := checkNet(ctx, t, k, true)
@@ -170,6 +197,7 @@ func TestRuntimeGuest(t *testing.T) {
 	if mac, ip := checkNet(ctx, t, parent, true); mac != parentMAC || ip != parentIP {
 		t.Errorf("parent after the fork: MAC %s address %s, before %s %s", mac, ip, parentMAC, parentIP)
 	}
+	checkAPI(parent, "p")
 	// A new process (a restarted daemon) opens the runtime on the same
 	// store and clones the memory image on disk.
 	for _, k := range append(kids, parent) {
@@ -341,4 +369,51 @@ func dialServed(t *testing.T, addr netip.Addr) string {
 func noNft() bool {
 	_, err := exec.LookPath("nft")
 	return err != nil
+}
+
+// apiServer serves HTTP on a new Unix socket in dir, as the daemon's
+// inside API serves a sandbox, and returns its path: every request's
+// answer names the sandbox and how many body bytes it read, then holds
+// 200000 bytes of 'y'.
+func apiServer(t *testing.T, dir, name string) string {
+	t.Helper()
+	path := filepath.Join(dir, name+"-api.sock")
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "api of %s read %d\n", name, n)
+		w.Write(bytes.Repeat([]byte("y"), 200000))
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return path
+}
+
+// putUnixcat copies the program of EnvUnixcat to /tmp/unixcat in the
+// guest and reports whether it did; without it the inside API is not
+// checked.
+func putUnixcat(ctx context.Context, t *testing.T, in sandbox.Instance) bool {
+	t.Helper()
+	p := os.Getenv(EnvUnixcat)
+	if p == "" {
+		t.Logf("%s unset: the inside API is not checked", EnvUnixcat)
+		return false
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	c, err := client.Dial(ctx, in.AgentSocket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.PutFile(ctx, "/tmp/unixcat", 0o755, f); err != nil {
+		t.Fatal(err)
+	}
+	return true
 }

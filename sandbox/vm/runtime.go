@@ -239,6 +239,7 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 	}
 	in.console = console
 	in.vsock = &virtio.Vsock{GuestCID: 3}
+	exposeInsideAPI(in.vsock, spec.APISocket)
 	devs := []virtio.Device{&virtio.RNG{}, &virtio.Console{}, &virtio.Block{Disk: in.disk}, in.vsock}
 	// A network device of its own, on a TAP of its own, for every
 	// machine: booted, cloned or restored (docs/fork-hygiene.md). An
