@@ -137,13 +137,14 @@ bench-staleness: deps
 # config and System.map, and the decompressed modules in KERNEL_MODULES. The concrete package is the one the linux-image-cloud-amd64
 # metapackage depends on.
 KERNEL_DIR ?= testdata/cache/kernel
-# KERNEL_MODULES: kvm for the nested harness's L1; the virtio transport and
-# devices (ADR 0170) for vm-runtime guests, loaded from their initramfs;
-# fuse and virtiofs for the project share (ADR 0176).
-KERNEL_MODULES := irqbypass kvm kvm-amd virtio virtio_ring virtio_mmio vsock \
+# KERNEL_MODULES: kvm and tun for the nested harness's L1; the virtio
+# transport and devices (ADR 0170), the network driver with the two
+# modules it needs (ADR 0174), and fuse and virtiofs for the project share
+# (ADR 0176) for vm-runtime guests, loaded from their initramfs.
+KERNEL_MODULES := irqbypass kvm kvm-amd tun virtio virtio_ring virtio_mmio vsock \
 	vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport virtio_blk virtio_console virtio-rng \
-	fuse virtiofs
-KERNEL_STAMP := modules-3
+	failover net_failover virtio_net fuse virtiofs
+KERNEL_STAMP := modules-4
 kernels: deps
 	@pkg=$$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-[0-9]/ {print $$2; exit}'); \
 	if [ -z "$$pkg" ]; then echo "kernels: linux-image-cloud-amd64 has no concrete kernel dependency" >&2; exit 1; fi; \

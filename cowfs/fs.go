@@ -339,38 +339,62 @@ func (f *FS) writeMeta(name string, m branchMeta) error {
 // Branch creates branch name as a writable head over snapshot snap. It
 // copies nothing: the branch starts as a reference to snap.
 func (f *FS) Branch(ctx context.Context, snap SnapshotID, name string) error {
-	if err := checkName("branch", name); err != nil {
-		return err
+	return f.BranchMany(ctx, snap, []string{name})
+}
+
+// BranchMany creates the branches names over snapshot snap, as Branch
+// does each, in one durable update (one ref log record, one fdatasync):
+// all of them or, on error, none.
+func (f *FS) BranchMany(ctx context.Context, snap SnapshotID, names []string) error {
+	seen := make(map[string]bool, len(names))
+	for _, name := range names {
+		if err := checkName("branch", name); err != nil {
+			return err
+		}
+		if seen[name] {
+			return fmt.Errorf("branch %q: named twice", name)
+		}
+		seen[name] = true
 	}
 	if _, ok, err := f.getRef(refSnap + snap.String()); err != nil {
 		return err
 	} else if !ok {
-		return fmt.Errorf("branch %q from %s: %w", name, snap, ErrNoSnapshot)
+		return fmt.Errorf("branch %q from %s: %w", names[0], snap, ErrNoSnapshot)
 	}
-	// No settings file yet: a missing one means no quota and nothing
-	// written. A leftover from a deleted branch of the same name goes.
-	if err := os.RemoveAll(f.branchDir(name)); err != nil {
-		return fmt.Errorf("branch %q: clear old state %s: %w", name, f.branchDir(name), err)
-	}
-	// Both refs in one durable update: one ref log record, one fdatasync.
-	for try := 0; ; try++ {
+	for _, name := range names {
 		if _, ok, err := f.getRef(refBranch + name); err != nil {
 			return err
 		} else if ok {
 			return fmt.Errorf("branch %q: %w", name, ErrExists)
 		}
-		base, _, err := f.getRef(refBase + name)
-		if err != nil {
-			return err
+		// No settings file yet: a missing one means no quota and nothing
+		// written. A leftover from a deleted branch of the same name goes.
+		if err := os.RemoveAll(f.branchDir(name)); err != nil {
+			return fmt.Errorf("branch %q: clear old state %s: %w", name, f.branchDir(name), err)
 		}
-		err = f.store.UpdateRefs(
-			chunkstore.RefUpdate{Name: refBranch + name, New: snap},
-			chunkstore.RefUpdate{Name: refBase + name, Old: base, New: snap})
+	}
+	// Both refs of every branch in one durable update.
+	for try := 0; ; try++ {
+		ups := make([]chunkstore.RefUpdate, 0, 2*len(names))
+		for _, name := range names {
+			if _, ok, err := f.getRef(refBranch + name); err != nil {
+				return err
+			} else if ok {
+				return fmt.Errorf("branch %q: %w", name, ErrExists)
+			}
+			base, _, err := f.getRef(refBase + name)
+			if err != nil {
+				return err
+			}
+			ups = append(ups, chunkstore.RefUpdate{Name: refBranch + name, New: snap},
+				chunkstore.RefUpdate{Name: refBase + name, Old: base, New: snap})
+		}
+		err := f.store.UpdateRefs(ups...)
 		if err == nil {
 			return nil
 		}
 		if !errors.Is(err, chunkstore.ErrConflict) || try > 5 {
-			return fmt.Errorf("branch %q: set refs: %w", name, err)
+			return fmt.Errorf("branch %q: set refs: %w", names[0], err)
 		}
 	}
 }

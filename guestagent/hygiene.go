@@ -2,6 +2,8 @@ package guestagent
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,6 +11,9 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"tine/guestagent/proto"
+	"tine/internal/rtnl"
 )
 
 // GenerationFile is where the agent publishes the VM's generation: a
@@ -32,11 +37,65 @@ type Hygiene struct {
 	Now time.Time
 	// Generation is the clone's generation counter.
 	Generation uint64
+	// Net is the clone's network identity; nil leaves the network alone.
+	Net *NetIdentity
+	// Share is the project share to (re)mount (MountShare); nil leaves
+	// the mounts alone.
+	Share *proto.ShareMount
+}
+
+// NetIdentity is what ApplyHygiene gives a network interface.
+type NetIdentity struct {
+	Interface string
+	MAC       net.HardwareAddr
+	Addr      netip.Prefix
+	Gateway   netip.Addr
+}
+
+// netWait bounds how long ApplyHygiene waits for the interface to appear
+// (its driver may still be probing right after boot).
+const netWait = 10 * time.Second
+
+// ApplyNet gives the interface its identity: link down (which also drops
+// the neighbours and routes learnt under the old identity), the new MAC,
+// the new address as the only IPv4 one, link up, and the default route
+// through the gateway.
+func ApplyNet(n NetIdentity) error {
+	var ifc *net.Interface
+	var err error
+	for deadline := time.Now().Add(netWait); ; time.Sleep(50 * time.Millisecond) {
+		if ifc, err = net.InterfaceByName(n.Interface); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("guestagent: network interface %s: %w", n.Interface, err)
+	}
+	c, err := rtnl.Dial()
+	if err != nil {
+		return fmt.Errorf("guestagent: %w", err)
+	}
+	defer c.Close()
+	for _, step := range []func() error{
+		func() error { return c.SetUp(ifc.Index, false) },
+		func() error { return c.SetMAC(ifc.Index, n.MAC) },
+		func() error { return c.ReplaceAddr(ifc.Index, n.Addr) },
+		func() error { return c.SetUp(ifc.Index, true) },
+		func() error { return c.ReplaceDefaultRoute(ifc.Index, n.Gateway) },
+	} {
+		if err := step(); err != nil {
+			return fmt.Errorf("guestagent: network identity of %s: %w", n.Interface, err)
+		}
+	}
+	return nil
 }
 
 // ApplyHygiene reseeds the kernel RNG (RNDADDENTROPY, then
-// RNDRESEEDCRNG so the CRNG uses it at once), sets the wall clock, and writes
-// the generation counter under root (GenerationFile, relative to root).
+// RNDRESEEDCRNG so the CRNG uses it at once), sets the wall clock, gives
+// the network interface its identity (ApplyNet), (re)mounts the project
+// share (MountShare), and last writes the
+// generation counter under root (GenerationFile, relative to root), so
+// that a program that sees the new generation sees the rest done.
 func ApplyHygiene(root string, h Hygiene) error {
 	if len(h.Entropy) > 0 {
 		if err := addEntropy(h.Entropy); err != nil {
@@ -47,6 +106,16 @@ func ApplyHygiene(root string, h Hygiene) error {
 		ts := unix.NsecToTimespec(h.Now.UnixNano())
 		if err := unix.ClockSettime(unix.CLOCK_REALTIME, &ts); err != nil {
 			return fmt.Errorf("guestagent: set the wall clock: %w", err)
+		}
+	}
+	if h.Net != nil {
+		if err := ApplyNet(*h.Net); err != nil {
+			return err
+		}
+	}
+	if h.Share != nil {
+		if err := MountShare(h.Share.Tag, h.Share.Path); err != nil {
+			return err
 		}
 	}
 	p := filepath.Join(root, GenerationFile)

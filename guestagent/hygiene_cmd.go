@@ -24,15 +24,18 @@ func (c *conn) hygiene(f proto.Frame) {
 		c.fail(f.ID, err)
 		return
 	}
-	if err := ApplyHygiene("/", Hygiene{Entropy: req.Entropy, Now: req.Now, Generation: req.Generation}); err != nil {
-		c.fail(f.ID, err)
-		return
-	}
-	if req.Share != nil {
-		if err := MountShare(req.Share.Tag, req.Share.Path); err != nil {
+	h := Hygiene{Entropy: req.Entropy, Now: req.Now, Generation: req.Generation, Share: req.Share}
+	if req.Net != nil {
+		name, mac, addr, gw, err := req.Net.Parse()
+		if err != nil {
 			c.fail(f.ID, err)
 			return
 		}
+		h.Net = &NetIdentity{Interface: name, MAC: mac, Addr: addr, Gateway: gw}
+	}
+	if err := ApplyHygiene("/", h); err != nil {
+		c.fail(f.ID, err)
+		return
 	}
 	c.send(proto.Frame{Kind: proto.KindEnd, ID: f.ID})
 }

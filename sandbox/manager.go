@@ -216,6 +216,8 @@ type CreateOptions struct {
 	// overrides key by key. From a snapshot: the snapshot's image.
 	Image    *Image
 	ImageEnv []string
+	// branched: the branch was made already, over Snapshot (a fork).
+	branched bool
 }
 
 // Create makes a sandbox and starts it. Its metadata is written once,
@@ -323,8 +325,10 @@ func (m *Manager) prepare(ctx context.Context, info *Info, o CreateOptions) (str
 		}
 	}
 	info.Origin = snap.String()
-	if err := m.fs.Branch(ctx, snap, info.Branch); err != nil {
-		return "", err
+	if !o.branched {
+		if err := m.fs.Branch(ctx, snap, info.Branch); err != nil {
+			return "", err
+		}
 	}
 	if info.Limits.ProjectBytes == 0 {
 		return seed, nil // a new branch has no quota
@@ -792,6 +796,21 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 	if err != nil {
 		return nil, err
 	}
+	// Every fork's branch in one durable update, before the forks start.
+	snap, err := m.fs.Resolve(ctx, s.FS)
+	if err != nil {
+		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
+	}
+	branches := make([]string, n)
+	for i, c := range names {
+		branches[i] = branchName(c)
+	}
+	if err := m.fs.BranchMany(ctx, snap, branches); err != nil {
+		if errors.Is(err, cowfs.ErrExists) {
+			err = fmt.Errorf("%w (a sandbox of that name exists or was not removed whole)", err)
+		}
+		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
+	}
 	out := make([]*Info, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -802,14 +821,16 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			out[i], errs[i] = m.create(ctx, CreateOptions{Name: names[i], Snapshot: s.ID}, name)
+			out[i], errs[i] = m.create(ctx, CreateOptions{Name: names[i], Snapshot: s.ID, branched: true}, name)
 		}()
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		for _, c := range out {
+		for i, c := range out {
 			if c != nil {
 				err = errors.Join(err, m.Remove(ctx, c.Name))
+			} else if derr := m.fs.DeleteBranch(ctx, branches[i]); derr != nil && !errors.Is(derr, cowfs.ErrNoBranch) {
+				err = errors.Join(err, derr)
 			}
 		}
 		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)

@@ -237,6 +237,38 @@ func forkDiverges(t *testing.T, e *env, warm bool) {
 	}
 }
 
+// TestForkNameClashLeavesNothing: a fork whose names include an existing
+// sandbox fails before starting any, leaves no branch or sandbox of the
+// other names (they can be made afterwards) and leaves the existing one
+// running with its files.
+func TestForkNameClashLeavesNothing(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	e.create("p", sandbox.Limits{})
+	e.create("p-2", sandbox.Limits{})
+	e.mustSh("p-2", fmt.Sprintf("echo mine > %s/own.txt", e.project))
+	if _, err := e.m.Fork(ctx, "p", sandbox.ForkOptions{N: 3}); err == nil {
+		t.Fatal("a fork into a name that exists succeeded")
+	} else if !strings.Contains(err.Error(), "p-2") {
+		t.Errorf("the error does not name the clash: %v", err)
+	}
+	for _, n := range []string{"p-1", "p-3"} {
+		if _, err := e.m.Get(n); err == nil {
+			t.Errorf("sandbox %s exists after the failed fork", n)
+		}
+	}
+	if out := e.mustSh("p-2", fmt.Sprintf("cat %s/own.txt", e.project)); out != "mine\n" {
+		t.Errorf("the existing sandbox after the failed fork: %q", out)
+	}
+	kids, err := e.m.Fork(ctx, "p", sandbox.ForkOptions{N: 2, Names: []string{"p-1", "p-3"}})
+	if err != nil {
+		t.Fatalf("the names left free by the failed fork: %v", err)
+	}
+	if len(kids) != 2 {
+		t.Fatalf("%d forks", len(kids))
+	}
+}
+
 // TestRollbackAndRestart: Rollback restores the project and the OS layer
 // of a snapshot; a new manager on the same state root finds the sandbox
 // stopped, and Start runs it with its files.

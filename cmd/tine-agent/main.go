@@ -75,6 +75,7 @@ func run() error {
 		if err := vmInit(); err != nil {
 			return err
 		}
+		vmInsideAPI()
 	}
 	var l net.Listener
 	var err error

@@ -4,6 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"net"
+	"net/netip"
+	"strings"
 	"time"
 )
 
@@ -221,15 +224,62 @@ type HygieneRequest struct {
 	// Generation is the clone's generation counter, published at
 	// /run/tine/generation.
 	Generation uint64 `json:"generation"`
+	// Net is the clone's network identity; nil leaves the network alone
+	// (a machine without a network device).
+	Net *HygieneNet `json:"net,omitempty"`
 	// Share, when given, is the project share to (re)mount before user
 	// work (docs/sandboxes.md).
 	Share *ShareMount `json:"share,omitempty"`
+}
+
+// HygieneNet is a VM's network identity: the agent brings Interface down,
+// gives it MAC, makes Address its only IPv4 address, brings it up and
+// routes by default through Gateway.
+type HygieneNet struct {
+	// Interface is the guest's interface name, e.g. "eth0".
+	Interface string `json:"interface"`
+	// MAC is a unicast Ethernet address, "02:xx:xx:xx:xx:xx".
+	MAC string `json:"mac"`
+	// Address is the guest's IPv4 address and prefix, "10.214.0.2/30".
+	Address string `json:"address"`
+	// Gateway is the host end's IPv4 address, inside Address's network.
+	Gateway string `json:"gateway"`
+}
+
+// maxHygieneField bounds each string of HygieneNet.
+const maxHygieneField = 64
+
+// Parse checks the identity and returns its parts.
+func (n HygieneNet) Parse() (iface string, mac net.HardwareAddr, addr netip.Prefix, gw netip.Addr, err error) {
+	for _, f := range []string{n.Interface, n.MAC, n.Address, n.Gateway} {
+		if len(f) > maxHygieneField {
+			return "", nil, addr, gw, fmt.Errorf("hygiene network field of %d bytes, at most %d", len(f), maxHygieneField)
+		}
+	}
+	if n.Interface == "" || len(n.Interface) >= 16 || strings.ContainsAny(n.Interface, "/ \x00:") || n.Interface == "." || n.Interface == ".." {
+		return "", nil, addr, gw, fmt.Errorf("hygiene network interface %q is not an interface name", n.Interface)
+	}
+	if mac, err = net.ParseMAC(n.MAC); err != nil || len(mac) != 6 || mac[0]&1 != 0 {
+		return "", nil, addr, gw, fmt.Errorf("hygiene network MAC %q is not a unicast Ethernet address", n.MAC)
+	}
+	if addr, err = netip.ParsePrefix(n.Address); err != nil || !addr.Addr().Is4() || addr.Bits() < 8 || addr.Bits() > 30 || addr.Masked().Addr() == addr.Addr() {
+		return "", nil, addr, gw, fmt.Errorf("hygiene network address %q is not an IPv4 host address with a prefix of 8 to 30 bits", n.Address)
+	}
+	if gw, err = netip.ParseAddr(n.Gateway); err != nil || !gw.Is4() || !addr.Masked().Contains(gw) || gw == addr.Addr() {
+		return "", nil, addr, gw, fmt.Errorf("hygiene network gateway %q is not another address of %s", n.Gateway, addr.Masked())
+	}
+	return n.Interface, mac, addr, gw, nil
 }
 
 // Check refuses a request the agent must not apply.
 func (h HygieneRequest) Check() error {
 	if len(h.Entropy) > MaxHygieneEntropy {
 		return fmt.Errorf("hygiene request with %d bytes of entropy, at most %d", len(h.Entropy), MaxHygieneEntropy)
+	}
+	if h.Net != nil {
+		if _, _, _, _, err := h.Net.Parse(); err != nil {
+			return err
+		}
 	}
 	if err := h.Share.Check(); err != nil {
 		return err

@@ -177,6 +177,9 @@ func FuzzHygieneRequest(f *testing.F) {
 	f.Add([]byte(`{"entropy":"AQID","now":"2026-01-02T03:04:05Z","generation":3}`))
 	f.Add([]byte(`{"entropy":null,"generation":18446744073709551615}`))
 	f.Add([]byte(`{"now":"0001-01-01T00:00:00Z"}`))
+	f.Add([]byte(`{"generation":4,"net":{"interface":"eth0","mac":"02:00:00:00:00:01","address":"10.214.0.2/30","gateway":"10.214.0.1"}}`))
+	f.Add([]byte(`{"net":{"interface":"../x","mac":"01:00:5e:00:00:01","address":"10.214.0.0/30","gateway":"10.214.0.5"}}`))
+	f.Add([]byte(`{"net":{"interface":"eth0","mac":"02:00:00:00:00:01:02:03","address":"fe80::1/64","gateway":"fe80::2"}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var h HygieneRequest
 		if Decode(Frame{Kind: KindHygiene, Payload: b}, &h) != nil {
@@ -184,6 +187,13 @@ func FuzzHygieneRequest(f *testing.F) {
 		}
 		if h.Check() == nil && len(h.Entropy) > MaxHygieneEntropy {
 			t.Fatalf("Check passed %d bytes of entropy", len(h.Entropy))
+		}
+		if h.Check() == nil && h.Net != nil {
+			name, mac, addr, gw, err := h.Net.Parse()
+			if err != nil || len(name) > 15 || strings.Contains(name, "/") || len(mac) != 6 || mac[0]&1 != 0 ||
+				!addr.Addr().Is4() || !gw.Is4() || !addr.Masked().Contains(gw) || gw == addr.Addr() {
+				t.Fatalf("Check passed the network identity %+v: %q %s %s %s %v", *h.Net, name, mac, addr, gw, err)
+			}
 		}
 	})
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,7 +31,7 @@ const AgentPort = 1024
 // dependency order (Debian's cloud kernel builds them as modules).
 var VirtioModules = []string{"virtio_ring", "virtio", "virtio_mmio", "virtio-rng", "virtio_console", "virtio_blk",
 	"vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport",
-	"fuse", "virtiofs"}
+	"failover", "net_failover", "virtio_net", "fuse", "virtiofs"}
 
 // Config is what the vm runtime boots.
 type Config struct {
@@ -55,6 +56,12 @@ type Config struct {
 	// StoreDir holds the chunk store of every sandbox's disk; each state
 	// directory keeps its disk referenced there (state.go).
 	StoreDir string
+	// NoHostFilter starts machines without the host's nftables table for
+	// vm networks (HostTable): a guest can then open connections to the
+	// host's own addresses, and beyond where the host forwards. Only for
+	// a host without nftables, such as the nested harness's L1, where
+	// nothing else listens or forwards.
+	NoHostFilter bool
 }
 
 // Runtime is the vm sandbox runtime: each sandbox is a Linux VM whose
@@ -70,6 +77,10 @@ type Runtime struct {
 
 	mu   sync.Mutex
 	live map[string]*Instance // by Spec.Dir
+
+	netMu    sync.Mutex
+	nets     map[netip.Addr]bool // /30s given to running machines
+	filtered bool                // the host's table is installed
 }
 
 // New reads the kernel and builds the guest's initramfs.
@@ -118,7 +129,8 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vm runtime: disk store: %w", err)
 	}
-	r := &Runtime{cfg: cfg, kernel: kernel, initrd: a.bytes(), store: store, live: map[string]*Instance{}}
+	r := &Runtime{cfg: cfg, kernel: kernel, initrd: a.bytes(), store: store, live: map[string]*Instance{},
+		nets: map[netip.Addr]bool{}}
 	// Generations count from the clock in microseconds, so that a
 	// guest cloned by a later daemon from an image an earlier one saved
 	// never gets a generation given before (docs/fork-hygiene.md).
@@ -229,12 +241,27 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 	}
 	in.console = console
 	in.vsock = &virtio.Vsock{GuestCID: 3}
+	exposeInsideAPI(in.vsock, spec.APISocket)
 	devs := []virtio.Device{&virtio.RNG{}, &virtio.Console{}, &virtio.Block{Disk: in.disk}, in.vsock}
-	if err := in.addShare(spec); err != nil {
+	// A network device of its own, on a TAP of its own, for every
+	// machine: booted, cloned or restored (docs/fork-hygiene.md). An
+	// image saved before machines had one is cloned without.
+	if img == nil || len(img.DeviceTypes()) > netSlot && img.DeviceTypes()[netSlot] == virtio.TypeNet {
+		if in.net, err = r.openNet(); err != nil {
+			in.release()
+			return nil, err
+		}
+		devs = append(devs, in.net.dev)
+	}
+	// The project share, after the network device; an image saved
+	// before machines had one is cloned without.
+	if err := in.addShare(spec, img); err != nil {
 		in.release()
 		return nil, err
 	}
-	devs = append(devs, in.share)
+	if in.share != nil {
+		devs = append(devs, in.share)
+	}
 	if img != nil {
 		in.m, err = img.Clone(ctx, linux.MachineConfig{Console: console, Virtio: devs})
 	} else {
@@ -249,6 +276,9 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 	if err := in.listen(); err != nil {
 		in.release()
 		return nil, err
+	}
+	if in.net != nil {
+		in.net.dev.Start(in.m.Virtio[netSlot])
 	}
 	in.kickShare()
 	runCtx, cancel := context.WithCancel(context.Background())
@@ -270,6 +300,10 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 	return in, nil
 }
 
+// netSlot is the network device's place among the machine's virtio
+// devices (after rng, console, block and vsock).
+const netSlot = 4
+
 // Instance is one running vm sandbox.
 type Instance struct {
 	r       *Runtime
@@ -277,6 +311,7 @@ type Instance struct {
 	m       *linux.Machine
 	disk    *disk.Image
 	vsock   *virtio.Vsock
+	net     *guestNet
 	share   *virtio.FS
 	mount   *proto.ShareMount
 	console *os.File
@@ -296,6 +331,40 @@ func (in *Instance) AgentSocket() string { return filepath.Join(in.dir, "agent.s
 // VsockSocket is the host side of the VM's vsock device ("CONNECT PORT"
 // reaches any guest port).
 func (in *Instance) VsockSocket() string { return filepath.Join(in.dir, "vsock.sock") }
+
+// GuestAddr is the guest's IPv4 address, on its own /30 in NetSubnet;
+// invalid for a machine without a network device.
+func (in *Instance) GuestAddr() netip.Addr {
+	if in.net == nil {
+		return netip.Addr{}
+	}
+	return in.net.guest
+}
+
+// HostAddr is the address of the host end of the machine's TAP, the
+// guest's gateway.
+func (in *Instance) HostAddr() netip.Addr {
+	if in.net == nil {
+		return netip.Addr{}
+	}
+	return in.net.host
+}
+
+// MAC is the guest's Ethernet address.
+func (in *Instance) MAC() net.HardwareAddr {
+	if in.net == nil {
+		return nil
+	}
+	return in.net.mac
+}
+
+// TapName is the host's name of the machine's TAP interface.
+func (in *Instance) TapName() string {
+	if in.net == nil {
+		return ""
+	}
+	return in.net.tap
+}
 
 // Freeze pauses every vCPU.
 func (in *Instance) Freeze(ctx context.Context) error { in.m.VM.Pause(); return nil }
@@ -336,6 +405,9 @@ func (in *Instance) release() {
 	}
 	if in.vsock != nil {
 		in.vsock.Close()
+	}
+	if in.net != nil {
+		in.r.closeNet(in.net)
 	}
 	in.closeShare()
 	if in.m != nil {
@@ -439,7 +511,11 @@ func (in *Instance) hygiene(ctx context.Context, gen uint64) error {
 		if err == nil {
 			ent := make([]byte, 64)
 			rand.Read(ent)
-			err = c.Hygiene(dctx, proto.HygieneRequest{Entropy: ent, Now: time.Now(), Generation: gen, Share: in.mount})
+			req := proto.HygieneRequest{Entropy: ent, Now: time.Now(), Generation: gen, Share: in.mount}
+			if in.net != nil {
+				req.Net = in.net.hygiene()
+			}
+			err = c.Hygiene(dctx, req)
 			c.Close()
 			cancel()
 			if err == nil {

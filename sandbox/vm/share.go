@@ -2,10 +2,12 @@ package vm
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"tine/guestagent/proto"
 	"tine/sandbox"
+	"tine/vmm/linux"
 	"tine/vmm/virtio"
 )
 
@@ -20,8 +22,13 @@ const shareQuiesce = 2 * time.Second
 // spec.ProjectSource (the sandbox's cowfs branch), and the hygiene
 // request of every Start has the guest agent mount it at
 // spec.ProjectPath. Every machine has the device, so that images keep one
-// device list; without a project it answers the guest's mount ENODEV.
-func (in *Instance) addShare(spec sandbox.Spec) error {
+// device list; without a project it answers the guest's mount ENODEV. A
+// clone of an image saved before machines had it gets none (in.share
+// stays nil), since a clone's devices are its image's.
+func (in *Instance) addShare(spec sandbox.Spec, img *linux.MachineImage) error {
+	if img != nil && !slices.Contains(img.DeviceTypes(), virtio.TypeFS) {
+		return nil
+	}
 	in.share = &virtio.FS{Tag: ShareTag}
 	if spec.ProjectSource == "" || spec.ProjectPath == "" {
 		return nil

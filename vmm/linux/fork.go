@@ -33,9 +33,12 @@ func (m *Machine) Fork(ctx context.Context, n int, fc ForkConfig) ([]*Machine, e
 	m.VM.Pause()
 	defer m.VM.Resume()
 	uart := m.UART.State()
+	// Transports are held until memory is sealed (see Seal).
 	states := make([]virtio.State, len(m.Virtio))
 	for i, t := range m.Virtio {
-		states[i] = t.State()
+		s, release := t.Hold()
+		defer release()
+		states[i] = s
 	}
 	if fc.Prepare != nil {
 		if err := fc.Prepare(); err != nil {

@@ -28,8 +28,13 @@ func (m *Machine) Seal() (*MachineImage, error) {
 	m.VM.Pause()
 	defer m.VM.Resume()
 	mi := &MachineImage{boot: m.Boot}
+	// Hold every transport until memory is sealed: a device's host-side
+	// work (a received frame) must not change memory the state was
+	// taken before.
 	for _, t := range m.Virtio {
-		mi.states = append(mi.states, t.State())
+		s, release := t.Hold()
+		defer release()
+		mi.states = append(mi.states, s)
 		mi.types = append(mi.types, t.Device().Type())
 	}
 	mi.uart = m.UART.State()
@@ -82,6 +87,10 @@ func (mi *MachineImage) Clone(ctx context.Context, cfg MachineConfig) (*Machine,
 	}
 	return k, nil
 }
+
+// DeviceTypes are the virtio device types of the sealed machine, in
+// order: a clone gets devices of these types.
+func (mi *MachineImage) DeviceTypes() []uint32 { return append([]uint32(nil), mi.types...) }
 
 // Close releases the image; clones made from it keep what they map.
 func (mi *MachineImage) Close() error { return mi.img.Close() }

@@ -286,7 +286,8 @@ func scriptOutput(console string) (out string, code int, finished bool) {
 }
 
 // l1Init is L1's /init: mount the kernel filesystems, load the KVM
-// modules in dependency order, then run the caller's script.
+// modules in dependency order and tun (for TAP devices) when it is
+// there, then run the caller's script.
 const l1Init = `#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin:/sbin
@@ -297,6 +298,10 @@ echo "TINE-NESTED: L1 up, $(nproc) CPUs, kernel $(uname -r)"
 for m in irqbypass kvm kvm-amd; do
 	insmod /lib/modules/$m.ko || echo "TINE-NESTED: insmod $m failed"
 done
+# TAP devices for the vm runtime's networks, where the kernel cache has tun.
+if [ -e /lib/modules/tun.ko ]; then
+	insmod /lib/modules/tun.ko || echo "TINE-NESTED: insmod tun failed"
+fi
 if [ -e /dev/kvm ]; then
 	echo "` + markerKVMReady + `"
 	cd ` + WorkDir + `
@@ -330,7 +335,11 @@ func l1Initramfs(p *prereq, tineBin string, opts Options) ([]byte, error) {
 	if err := add(TinePath, 0o755, tineBin); err != nil {
 		return nil, err
 	}
-	for _, m := range []struct{ name, host string }{{"irqbypass", p.k.Irqbypass}, {"kvm", p.k.KVM}, {"kvm-amd", p.k.KVMAMD}} {
+	mods := []struct{ name, host string }{{"irqbypass", p.k.Irqbypass}, {"kvm", p.k.KVM}, {"kvm-amd", p.k.KVMAMD}}
+	if p.k.Tun != "" {
+		mods = append(mods, struct{ name, host string }{"tun", p.k.Tun})
+	}
+	for _, m := range mods {
 		if err := add("lib/modules/"+m.name+".ko", 0o644, m.host); err != nil {
 			return nil, err
 		}

@@ -16,12 +16,14 @@ import (
 // sandbox runtime boots Debian's kernel with the static tine-agent as pid
 // 1 of its initramfs, execs through the agent socket (bridged to vsock),
 // forks the running guest into 3 clones through Freeze, CopyState and
-// Start, as the sandbox manager does, then stops everything and, in a new
-// process (a restarted daemon), clones the memory image saved on disk
-// (TestRuntimeCloneInNewProcess). Each guest has a project directory
-// mounted at its own path over virtio-fs: the parent reads the host's
-// file and writes one that lands on the host, and each clone sees it in
-// its own copy of the branch.
+// Start, as the sandbox manager does (each with its own TAP, MAC and
+// address, which L1 reaches over TCP; each reaches its own inside API,
+// an HTTP server in L1, over /run/tine/api.sock), then stops everything
+// and, in a new process (a restarted daemon), clones the memory image
+// saved on disk (TestRuntimeCloneInNewProcess). Each guest has a project
+// directory mounted at its own path over virtio-fs: the parent reads the
+// host's file and writes one that lands on the host, and each clone sees
+// it in its own copy of the branch.
 func TestVMRuntimeUnderKVM(t *testing.T) {
 	if os.Getenv(EnvEnable) == "" {
 		t.Skipf("nested QEMU runs take minutes: set %s=1 (make nested-test) to run them", EnvEnable)
@@ -40,11 +42,14 @@ func TestVMRuntimeUnderKVM(t *testing.T) {
 	}
 	bin := filepath.Join(dir, "vm.test")
 	agent := filepath.Join(dir, "tine-agent")
+	unixcat := filepath.Join(dir, "unixcat")
 	build(bin, "test", "-c", "-o", bin, "tine/sandbox/vm")
 	build(agent, "build", "-o", agent, "tine/cmd/tine-agent")
+	build(unixcat, "build", "-ldflags=-s -w", "-o", unixcat, "tine/vmm/nested/testdata/unixcat")
 	files := []File{
 		{Path: "vm.test", HostPath: bin, Mode: 0o755},
 		{Path: "l2/tine-agent", HostPath: agent, Mode: 0o755},
+		{Path: "l2/unixcat", HostPath: unixcat, Mode: 0o755},
 		{Path: "l2/vmlinux", HostPath: p.k.Vmlinux},
 	}
 	for _, m := range vm.VirtioModules {
@@ -54,7 +59,7 @@ func TestVMRuntimeUnderKVM(t *testing.T) {
 		}
 		files = append(files, File{Path: "l2/" + m + ".ko", HostPath: src})
 	}
-	script := "TINE_VM_KERNEL=/work/l2/vmlinux TINE_VM_MODULES=/work/l2 TINE_VM_AGENT=/work/l2/tine-agent TINE_VM_BUSYBOX=/bin/busybox ./vm.test -test.run '^TestRuntimeGuest$' -test.v -test.timeout 14m"
+	script := "TINE_VM_KERNEL=/work/l2/vmlinux TINE_VM_MODULES=/work/l2 TINE_VM_AGENT=/work/l2/tine-agent TINE_VM_BUSYBOX=/bin/busybox TINE_VM_UNIXCAT=/work/l2/unixcat ./vm.test -test.run '^TestRuntimeGuest$' -test.v -test.timeout 14m"
 	out := RunTest(context.Background(), t, Options{Script: script, Files: files, Timeout: 16 * time.Minute})
 	if !strings.Contains(out, "--- PASS: TestRuntimeGuest ") {
 		t.Errorf("TestRuntimeGuest did not pass in L1")

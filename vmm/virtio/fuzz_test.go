@@ -64,3 +64,26 @@ func FuzzQueuePop(f *testing.F) {
 		t.Fatal("more pops than a wrapped index allows")
 	})
 }
+
+// FuzzNetTx feeds the transmit decoder arbitrary requests (header and
+// frame): it refuses them or returns a frame within the bounds that
+// aliases the request after the header, and a header without offloads.
+func FuzzNetTx(f *testing.F) {
+	f.Add(append(make([]byte, NetHeaderSize), frame(60, 1)...))
+	f.Add(append([]byte{1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0}, frame(60, 2)...))
+	f.Add(append([]byte{0, 4, 0x36, 0, 0xa8, 5, 0, 0, 0, 0, 0, 0}, frame(1514, 3)...))
+	f.Add(make([]byte, NetHeaderSize+13))
+	f.Add([]byte{0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		h, fr, err := DecodeNetTx(b)
+		if err != nil {
+			return
+		}
+		if h.Flags != 0 || h.GSOType != 0 {
+			t.Fatalf("accepted offloads %+v", h)
+		}
+		if len(fr) < minNetFrame || len(fr) > MaxNetFrame || len(fr) != len(b)-NetHeaderSize {
+			t.Fatalf("frame of %d bytes from a %d-byte request", len(fr), len(b))
+		}
+	})
+}

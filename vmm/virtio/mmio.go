@@ -399,6 +399,19 @@ type State struct {
 func (t *Transport) State() State {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return t.state()
+}
+
+// Hold locks the transport and returns its state and the function that
+// unlocks it. While it is held no device work runs (a host-side Do, such
+// as a frame arriving for the guest, waits), so guest memory sealed then
+// matches the state: take it while the VM is paused.
+func (t *Transport) Hold() (State, func()) {
+	t.mu.Lock()
+	return t.state(), t.mu.Unlock
+}
+
+func (t *Transport) state() State {
 	return State{Status: t.status, IntStatus: t.intStatus, DevFeatSel: t.devFeatSel, DrvFeatSel: t.drvFeatSel,
 		DriverFeatures: t.driverFeatures, QueueSel: t.queueSel, ConfigGen: t.configGen,
 		Queues: append([]Queue(nil), t.queues...)}

@@ -32,6 +32,9 @@ const (
 	MaxVsockPayload = 64 << 10
 	// MaxVsockConns bounds the host connections of one device.
 	MaxVsockConns = 256
+	// MaxVsockGuestConns bounds the connections the guest has open to
+	// exposed host ports at once (Expose); a request beyond gets RST.
+	MaxVsockGuestConns = 64
 	// vsockBufAlloc is the receive buffer the host advertises per
 	// connection: the most guest data it holds for a slow host client.
 	vsockBufAlloc = 64 << 10
@@ -87,17 +90,21 @@ func (h VsockHeader) Append(b []byte) []byte {
 // Vsock is a virtio socket device (type 19) in userspace. Its host side is
 // one Unix socket: a host client connects, writes "CONNECT <port>\n",
 // and once the guest accepts reads "OK <host port>\n"; after that the
-// Unix connection carries the stream. Queue 0 is receive, 1 transmit, 2
-// events.
+// Unix connection carries the stream. The guest can connect to the host
+// (CID 2) only on the ports given to Expose. Queue 0 is receive, 1
+// transmit, 2 events.
 type Vsock struct {
 	// GuestCID is the guest's context id (3 or more).
 	GuestCID uint64
 
 	t         *Transport
 	ln        net.Listener
-	conns     map[uint32]*vconn // by host port
-	control   [][]byte          // encoded headers waiting for rx buffers
-	order     []*vconn          // connections with data waiting
+	conns     map[uint32]*vconn // host clients' connections, by host port
+	gconns    map[vkey]*vconn   // the guest's connections to exposed ports
+	emu       sync.Mutex
+	exposed   map[uint32]func() (net.Conn, error) // by host port, under emu
+	control   [][]byte                            // encoded headers waiting for rx buffers
+	order     []*vconn                            // connections with data waiting
 	nextPort  uint32
 	resetWait bool
 	txbuf     []byte
@@ -106,8 +113,9 @@ type Vsock struct {
 
 type vconn struct {
 	v                  *Vsock
-	c                  net.Conn
+	c                  net.Conn // nil while a guest's connection is dialed
 	host, guest        uint32
+	fromGuest          bool // the guest connected to an exposed port
 	established        bool
 	peerAlloc, peerFwd uint32 // guest's receive credit
 	txCnt              uint32 // bytes sent to the guest
@@ -141,9 +149,13 @@ func (v *Vsock) ReadConfig(off uint64, data []byte) {
 // WriteConfig implements Device.
 func (v *Vsock) WriteConfig(off uint64, data []byte) {}
 
-// Reset implements Device: every connection is dropped.
+// Reset implements Device: every connection is dropped, the guest's to
+// exposed ports too.
 func (v *Vsock) Reset() {
 	for _, c := range v.conns {
+		v.drop(c, false)
+	}
+	for _, c := range v.gconns {
 		v.drop(c, false)
 	}
 	v.control, v.order, v.resetWait = nil, nil, false
@@ -208,7 +220,7 @@ func (v *Vsock) handshake(c net.Conn) {
 	ok := false
 	v.t.mu.Lock()
 	if v.t.Ready() && !v.closed && len(v.conns) < MaxVsockConns {
-		for v.conns[v.nextPort] != nil || v.nextPort < 1024 {
+		for v.conns[v.nextPort] != nil || v.nextPort < 1024 || v.isExposed(v.nextPort) {
 			v.nextPort++
 			if v.nextPort == 0 {
 				v.nextPort = 1024
@@ -273,8 +285,10 @@ func (v *Vsock) end(vc *vconn, rst, flush bool) {
 		v.sendControl(vc, VsockOpRST, 0)
 	}
 	vc.gone = true
-	delete(v.conns, vc.host)
-	if uc, ok := vc.c.(*net.UnixConn); ok && flush && vc.established {
+	v.forget(vc)
+	if vc.c == nil {
+		// A guest's connection still being dialed: the dial sees gone.
+	} else if uc, ok := vc.c.(*net.UnixConn); ok && flush && vc.established {
 		uc.CloseRead()
 	} else {
 		vc.c.Close()
@@ -328,7 +342,10 @@ func (v *Vsock) sendEvents(t *Transport) error {
 
 // Notify implements Device.
 func (v *Vsock) Notify(t *Transport, q int) error {
-	v.t = t
+	if v.t != t {
+		// Written once: the connections' goroutines read v.t unlocked.
+		v.t = t
+	}
 	if v.conns == nil {
 		v.conns = map[uint32]*vconn{}
 	}
@@ -374,8 +391,11 @@ func (v *Vsock) packet(b []byte) error {
 	if h.DstCID != VsockHostCID || h.SrcCID != v.GuestCID || h.Type != VsockTypeStream {
 		return nil // not for the host: dropped, as the spec allows
 	}
-	vc := v.conns[h.DstPort]
-	if vc == nil || vc.guest != h.SrcPort {
+	vc := v.lookup(h.DstPort, h.SrcPort)
+	if vc == nil {
+		if h.Op == VsockOpRequest && v.acceptGuest(h) {
+			return nil
+		}
 		if h.Op != VsockOpRST && len(v.control) < maxVsockControl {
 			r := VsockHeader{SrcCID: VsockHostCID, DstCID: v.GuestCID, SrcPort: h.DstPort, DstPort: h.SrcPort,
 				Type: VsockTypeStream, Op: VsockOpRST}
@@ -386,6 +406,10 @@ func (v *Vsock) packet(b []byte) error {
 	vc.peerAlloc, vc.peerFwd = h.BufAlloc, h.FwdCnt
 	switch h.Op {
 	case VsockOpResponse:
+		if vc.fromGuest {
+			v.drop(vc, true) // the guest asked; only the host answers
+			return nil
+		}
 		if !vc.established {
 			vc.established = true
 			fmt.Fprintf(vc.c, "OK %d\n", vc.host)
@@ -507,7 +531,7 @@ func (vc *vconn) reader() {
 			} else {
 				v.sendControl(vc, VsockOpShutdown, 3)
 				vc.gone = true
-				delete(v.conns, vc.host)
+				v.forget(vc)
 				signal(vc.wsig)
 			}
 		}

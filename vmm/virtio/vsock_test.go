@@ -16,12 +16,18 @@ type guestVsock struct {
 	d        *testDriver
 	dev      *Vsock
 	lastData []byte
+	rxOut    int // receive buffers posted and not used yet
 }
 
 func (g *guestVsock) postRx(n int) {
+	// Under the transport's lock: the device's goroutines read the
+	// rings.
+	g.d.tr.mu.Lock()
 	for range n {
 		g.d.add(0, buf{writable: 4096 + VsockHeaderSize})
 	}
+	g.d.tr.mu.Unlock()
+	g.rxOut += n
 	g.d.notify(0)
 }
 
@@ -38,6 +44,7 @@ func (g *guestVsock) recv(t *testing.T) []VsockHeader {
 		}
 		h.Flags = uint32(len(b)) // keep the size for the data check
 		out = append(out, h)
+		g.rxOut--
 		g.lastData = append(g.lastData[:0], b[VsockHeaderSize:]...)
 	}
 	return out
@@ -45,7 +52,9 @@ func (g *guestVsock) recv(t *testing.T) []VsockHeader {
 
 func (g *guestVsock) send(h VsockHeader, data []byte) {
 	h.SrcCID, h.DstCID, h.Type, h.Len, h.BufAlloc = 3, VsockHostCID, VsockTypeStream, uint32(len(data)), 1<<20
+	g.d.tr.mu.Lock()
 	g.d.add(1, buf{data: h.Append(nil)}, buf{data: data})
+	g.d.tr.mu.Unlock()
 	g.d.notify(1)
 }
 
@@ -173,15 +182,29 @@ func FuzzVsockPacket(f *testing.F) {
 		}
 		dev := &Vsock{GuestCID: 3}
 		d := newTestDriver(t, dev, 2<<20)
+		// A request to port 1024 is taken and dialed.
+		dev.Expose(1024, func() (net.Conn, error) {
+			a, b := net.Pipe()
+			b.Close()
+			return a, nil
+		})
+		defer dev.Close()
+		d.tr.mu.Lock()
 		d.add(0, buf{writable: 128})
+		d.tr.mu.Unlock()
 		d.notify(0)
 		bufs := []buf{{data: hdr}}
 		if len(data) > 0 {
 			bufs = append(bufs, buf{data: data})
 		}
+		d.tr.mu.Lock()
 		d.add(1, bufs...)
+		d.tr.mu.Unlock()
 		d.notify(1)
-		if !d.failed() && len(d.used(1)) != 1 {
+		d.tr.mu.Lock()
+		used := len(d.used(1))
+		d.tr.mu.Unlock()
+		if !d.failed() && used != 1 {
 			t.Fatal("transmit chain neither used nor failed")
 		}
 	})

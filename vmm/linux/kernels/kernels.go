@@ -1,6 +1,7 @@
 // Package kernels locates the Linux kernel files that `make kernels` puts
 // in the repository's cache: Debian's cloud kernel as a bzImage, the
-// vmlinux cut out of it, and the KVM modules the nested harness loads.
+// vmlinux cut out of it, and the KVM and tun modules the nested harness
+// loads.
 package kernels
 
 import (
@@ -28,6 +29,10 @@ type Set struct {
 	Irqbypass string // irqbypass.ko
 	KVM       string // kvm.ko
 	KVMAMD    string // kvm-amd.ko
+	// Tun is tun.ko, for TAP devices in the nested harness's L1 (the vm
+	// runtime's networks); empty when the cache was filled before it was
+	// fetched, and L1 then has no /dev/net/tun.
+	Tun string
 }
 
 // ErrMissing is returned (wrapped) when the cache has not been filled.
@@ -57,6 +62,7 @@ func Find() (*Set, error) {
 		Irqbypass: filepath.Join(dir, "irqbypass.ko"),
 		KVM:       filepath.Join(dir, "kvm.ko"),
 		KVMAMD:    filepath.Join(dir, "kvm-amd.ko"),
+		Tun:       filepath.Join(dir, "tun.ko"),
 	}
 	pkg, err := os.ReadFile(filepath.Join(dir, "PACKAGE"))
 	if err != nil {
@@ -70,6 +76,9 @@ func Find() (*Set, error) {
 		if _, err := os.Stat(p); err != nil {
 			return nil, fmt.Errorf("%w: %s", ErrMissing, p)
 		}
+	}
+	if _, err := os.Stat(s.Tun); err != nil {
+		s.Tun = ""
 	}
 	return s, nil
 }
