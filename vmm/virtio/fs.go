@@ -305,6 +305,25 @@ func (f *FS) resume(t *Transport) error {
 	return nil
 }
 
+// fsReply writes the server's reply msg (at least a header) into the
+// chain of p under the guest's unique and returns the bytes written. A
+// reply whose header's length is not the message's, longer than
+// MaxFSReply or than the chain's room, is answered -EIO instead.
+func fsReply(p fsPending, msg []byte) uint32 {
+	c := &Chain{Head: p.head, Writable: p.w}
+	for _, w := range p.w {
+		c.WriteLen += uint64(len(w))
+	}
+	n := len(msg)
+	if n < fuseOutHeaderSize || n > MaxFSReply || uint64(n) > c.WriteLen || uint64(le.Uint32(msg)) != uint64(n) {
+		return fsAnswer(c, p.unique, unix.EIO)
+	}
+	le.PutUint64(msg[8:], p.unique)
+	w := c.NewWriter()
+	w.Write(msg)
+	return w.Written()
+}
+
 // reader takes the server's replies and completes their chains.
 func (f *FS) reader(t *Transport, s *fsSession) {
 	buf := make([]byte, MaxFSReply+1)
@@ -336,20 +355,7 @@ func (f *FS) reader(t *Transport, s *fsSession) {
 				return nil
 			}
 			delete(s.pending, unique)
-			c := &Chain{Head: p.head, Writable: p.w}
-			for _, w := range p.w {
-				c.WriteLen += uint64(len(w))
-			}
-			var written uint32
-			if n > MaxFSReply || uint64(n) > c.WriteLen || uint64(le.Uint32(msg)) != uint64(n) {
-				written = fsAnswer(c, p.unique, unix.EIO)
-			} else {
-				le.PutUint64(msg[8:], p.unique)
-				w := c.NewWriter()
-				w.Write(msg)
-				written = w.Written()
-			}
-			if err := t.Used(p.q, p.head, written); err != nil {
+			if err := t.Used(p.q, p.head, fsReply(p, msg)); err != nil {
 				return err
 			}
 			return f.resume(t)
