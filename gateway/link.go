@@ -90,32 +90,44 @@ func Attach(ctx context.Context, pid int, p *netpolicy.Policy, ports Ports) (*Li
 // freeNet returns the host address of a /30 in Subnet that no interface
 // of the host uses.
 func freeNet() (netip.Addr, error) {
+	a, err := FreeSlash30(Subnet, nil)
+	if err != nil {
+		return a, fmt.Errorf("%w for a sandbox network", err)
+	}
+	return a.Next(), nil
+}
+
+// FreeSlash30 returns the network address of a /30 in subnet that no
+// interface of the host has an address in and taken (when given) does
+// not claim, trying them from a random start.
+func FreeSlash30(subnet netip.Prefix, taken func(netip.Addr) bool) (netip.Addr, error) {
+	subnet = subnet.Masked()
 	used := map[netip.Addr]bool{}
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("list host addresses: %w", err)
 	}
 	for _, a := range addrs {
-		if pf, err := netip.ParsePrefix(a.String()); err == nil && Subnet.Contains(pf.Addr()) {
+		if pf, err := netip.ParsePrefix(a.String()); err == nil && subnet.Contains(pf.Addr()) {
 			b := pf.Addr().As4()
 			b[3] &^= 3
 			used[netip.AddrFrom4(b)] = true
 		}
 	}
-	n := 1 << (32 - Subnet.Bits() - 2)
+	n := uint32(1) << (32 - subnet.Bits() - 2)
 	var r [4]byte
 	rand.Read(r[:])
-	start := int(binary.BigEndian.Uint32(r[:]) % uint32(n))
-	base := binary.BigEndian.Uint32(Subnet.Addr().AsSlice())
+	start := binary.BigEndian.Uint32(r[:]) % n
+	base := binary.BigEndian.Uint32(subnet.Addr().AsSlice())
 	for i := range n {
 		var b [4]byte
-		binary.BigEndian.PutUint32(b[:], base+uint32((start+i)%n)*4)
+		binary.BigEndian.PutUint32(b[:], base+(start+i)%n*4)
 		a := netip.AddrFrom4(b)
-		if !used[a] {
-			return a.Next(), nil
+		if !used[a] && (taken == nil || !taken(a)) {
+			return a, nil
 		}
 	}
-	return netip.Addr{}, fmt.Errorf("no free /30 left in %s for a sandbox network", Subnet)
+	return netip.Addr{}, fmt.Errorf("no free /30 left in %s", subnet)
 }
 
 // Close removes the veth pair (the sandbox's end goes with it).

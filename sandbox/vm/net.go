@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 
+	"tine/gateway"
 	"tine/guestagent/proto"
 	"tine/internal/rtnl"
 	"tine/vmm/virtio"
@@ -116,32 +117,11 @@ func configureTap(name string, addr netip.Prefix) error {
 // runtime did not give out and no host interface uses, from a random
 // start. r.netMu held.
 func (r *Runtime) freeNet() (netip.Addr, error) {
-	used := map[netip.Addr]bool{}
-	addrs, err := net.InterfaceAddrs()
+	a, err := gateway.FreeSlash30(NetSubnet, func(a netip.Addr) bool { return r.nets[a] })
 	if err != nil {
-		return netip.Addr{}, fmt.Errorf("vm runtime: list host addresses: %w", err)
+		return a, fmt.Errorf("vm runtime: %w for a machine's network (stop some vm sandboxes)", err)
 	}
-	for _, a := range addrs {
-		if pf, err := netip.ParsePrefix(a.String()); err == nil && NetSubnet.Contains(pf.Addr()) {
-			b := pf.Addr().As4()
-			b[3] &^= 3
-			used[netip.AddrFrom4(b)] = true
-		}
-	}
-	n := uint32(1) << (32 - NetSubnet.Bits() - 2)
-	var rnd [4]byte
-	rand.Read(rnd[:])
-	start := binary.BigEndian.Uint32(rnd[:]) % n
-	base := binary.BigEndian.Uint32(NetSubnet.Masked().Addr().AsSlice())
-	for i := range n {
-		var b [4]byte
-		binary.BigEndian.PutUint32(b[:], base+(start+i)%n*4)
-		a := netip.AddrFrom4(b)
-		if !used[a] && !r.nets[a] {
-			return a, nil
-		}
-	}
-	return netip.Addr{}, fmt.Errorf("vm runtime: no free /30 left in %s for a machine's network (stop some vm sandboxes)", NetSubnet)
+	return a, nil
 }
 
 // HostTable is the host's nftables table for vm networks (family inet).
