@@ -30,7 +30,8 @@ import (
 // Snapshot, later changes (project, guest memory, raw disk) and Rollback
 // bring back all three as they were; Fork into 2, each with the state
 // before the fork and its own change only, in its Diff too; Promote of
-// one fork writes its changes into the host directory; the parent stops
+// one fork writes its changes into the host directory; a fork with a
+// process in the project is refused, naming the path; the parent stops
 // while its forks run. It needs a real
 // KVM and FUSE: vmm/nested's TestVMRuntimeUnderKVM runs it in L1.
 func TestManagerGuest(t *testing.T) {
@@ -248,6 +249,23 @@ func TestManagerGuest(t *testing.T) {
 		} else if string(b) != want {
 			t.Errorf("host %s after the promotion: %q %v, want %q", name, b, err, want)
 		}
+	}
+	// A process with its working directory in the project at the fork
+	// (a plain exec's default) blocks the clone's remount of the share:
+	// the fork fails naming the path, leaves no sandbox, and the parent
+	// runs on.
+	run("p", "", "setsid sleep 999 </dev/null >/dev/null 2>&1 &")
+	if _, err := m.Fork(ctx, "p", sandbox.ForkOptions{N: 1, Names: []string{"q"}}); err == nil ||
+		!strings.Contains(err.Error(), "busy") || !strings.Contains(err.Error(), proj) {
+		t.Errorf("fork with a process in the project: %v, want it refused naming %s as busy", err, proj)
+	} else {
+		t.Logf("fork with a process in the project: %v", err)
+	}
+	if _, err := m.Get("q"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("the failed fork left sandbox q: %v", err)
+	}
+	if out := run("p", "", "cat base.txt"); out != "base\n" {
+		t.Errorf("the parent after the failed fork: %q", out)
 	}
 	// The parent stops while its forks run: the project's mount goes
 	// although the forks' share servers started after it.
