@@ -286,8 +286,9 @@ func scriptOutput(console string) (out string, code int, finished bool) {
 }
 
 // l1Init is L1's /init: mount the kernel filesystems, load the KVM
-// modules in dependency order and tun (for TAP devices) when it is
-// there, then run the caller's script.
+// modules in dependency order, and tun (for TAP devices) and fuse (for
+// cowfs mounts, /dev/fuse) when they are there, then run the caller's
+// script.
 const l1Init = `#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin:/sbin
@@ -301,6 +302,12 @@ done
 # TAP devices for the vm runtime's networks, where the kernel cache has tun.
 if [ -e /lib/modules/tun.ko ]; then
 	insmod /lib/modules/tun.ko || echo "TINE-NESTED: insmod tun failed"
+fi
+# FUSE for cowfs mounts (the Manager's project branches), where the
+# kernel cache has fuse: loading it makes /dev/fuse.
+if [ -e /lib/modules/fuse.ko ]; then
+	insmod /lib/modules/fuse.ko || echo "TINE-NESTED: insmod fuse failed"
+	[ -e /dev/fuse ] || mknod /dev/fuse c 10 229
 fi
 if [ -e /dev/kvm ]; then
 	echo "` + markerKVMReady + `"
@@ -339,6 +346,9 @@ func l1Initramfs(p *prereq, tineBin string, opts Options) ([]byte, error) {
 	if p.k.Tun != "" {
 		mods = append(mods, struct{ name, host string }{"tun", p.k.Tun})
 	}
+	if fuse := filepath.Join(p.k.Dir, "fuse.ko"); fileExists(fuse) {
+		mods = append(mods, struct{ name, host string }{"fuse", fuse})
+	}
 	for _, m := range mods {
 		if err := add("lib/modules/"+m.name+".ko", 0o644, m.host); err != nil {
 			return nil, err
@@ -362,6 +372,12 @@ func l1Initramfs(p *prereq, tineBin string, opts Options) ([]byte, error) {
 		}
 	}
 	return a.Gzip()
+}
+
+// fileExists reports whether path names a file that can be read.
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // EnvEnable names the environment variable that turns nested runs on in

@@ -23,7 +23,11 @@ import (
 // saved on disk (TestRuntimeCloneInNewProcess). Each guest has a project
 // directory mounted at its own path over virtio-fs: the parent reads the
 // host's file and writes one that lands on the host, and each clone sees
-// it in its own copy of the branch.
+// it in its own copy of the branch. Then TestManagerGuest drives a vm
+// sandbox through sandbox.Manager over a cowfs FUSE mount in L1 (fuse
+// loaded there): exec, ps, ports, diff, snapshot and rollback of the
+// project, memory and disk, a fork into 2, and a promotion to L1's
+// directory.
 func TestVMRuntimeUnderKVM(t *testing.T) {
 	if os.Getenv(EnvEnable) == "" {
 		t.Skipf("nested QEMU runs take minutes: set %s=1 (make nested-test) to run them", EnvEnable)
@@ -59,10 +63,12 @@ func TestVMRuntimeUnderKVM(t *testing.T) {
 		}
 		files = append(files, File{Path: "l2/" + m + ".ko", HostPath: src})
 	}
-	script := "TINE_VM_KERNEL=/work/l2/vmlinux TINE_VM_MODULES=/work/l2 TINE_VM_AGENT=/work/l2/tine-agent TINE_VM_BUSYBOX=/bin/busybox TINE_VM_UNIXCAT=/work/l2/unixcat ./vm.test -test.run '^TestRuntimeGuest$' -test.v -test.timeout 14m"
-	out := RunTest(context.Background(), t, Options{Script: script, Files: files, Timeout: 16 * time.Minute})
-	if !strings.Contains(out, "--- PASS: TestRuntimeGuest ") {
-		t.Errorf("TestRuntimeGuest did not pass in L1")
+	script := "TINE_VM_KERNEL=/work/l2/vmlinux TINE_VM_MODULES=/work/l2 TINE_VM_AGENT=/work/l2/tine-agent TINE_VM_BUSYBOX=/bin/busybox TINE_VM_UNIXCAT=/work/l2/unixcat ./vm.test -test.run '^(TestRuntimeGuest|TestManagerGuest)$' -test.v -test.timeout 16m"
+	out := RunTest(context.Background(), t, Options{Script: script, Files: files, Timeout: 18 * time.Minute})
+	for _, name := range []string{"TestRuntimeGuest", "TestManagerGuest"} {
+		if !strings.Contains(out, "--- PASS: "+name+" ") {
+			t.Errorf("%s did not pass in L1", name)
+		}
 	}
 	if t.Failed() {
 		t.Logf("L1 output:\n%s", out)

@@ -6,6 +6,9 @@ import (
 	"log"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -122,8 +125,13 @@ func exitOnHangup(fd int) {
 // serveLoopback chroots into dir and serves it on fd until the other end
 // closes. It runs in a mount namespace of its own, where dir is bound
 // onto itself nodev and nosuid: a device node the guest makes (or finds)
-// in dir is never a host device to the server.
+// in dir is never a host device to the server. That namespace starts as
+// a copy of the host's, and every mount in it that dir does not need is
+// detached (detachOthers).
 func serveLoopback(dir string, fd int) error {
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real
+	}
 	if err := unix.Mount("", "/", "", unix.MS_PRIVATE|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("private mounts: %w", err)
 	}
@@ -133,14 +141,27 @@ func serveLoopback(dir string, fd int) error {
 	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil {
 		return fmt.Errorf("remount %s nodev: %w", dir, err)
 	}
-	if err := unix.Chroot(dir); err != nil {
+	// The bound directory is held open across the detaching, so that
+	// the chroot reaches it whatever was detached.
+	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", dir, err)
+	}
+	if err := detachOthers(dir); err != nil {
+		return err
+	}
+	if err := unix.Fchdir(root); err != nil {
+		return fmt.Errorf("enter %s: %w", dir, err)
+	}
+	unix.Close(root)
+	if err := unix.Chroot("."); err != nil {
 		return fmt.Errorf("chroot: %w", err)
 	}
 	if err := unix.Chdir("/"); err != nil {
 		return err
 	}
 	go exitOnHangup(fd)
-	root, err := fs.NewLoopbackRoot("/")
+	lroot, err := fs.NewLoopbackRoot("/")
 	if err != nil {
 		return err
 	}
@@ -152,10 +173,62 @@ func serveLoopback(dir string, fd int) error {
 		Logger:               log.New(io.Discard, "", 0),
 		PanicHandler:         func(any) fuse.Status { return fuse.EIO },
 	}}
-	srv, err := fuse.NewServer(fs.NewNodeFS(root, opts), fmt.Sprintf("/dev/fd/%d", fd), &opts.MountOptions)
+	srv, err := fuse.NewServer(fs.NewNodeFS(lroot, opts), fmt.Sprintf("/dev/fd/%d", fd), &opts.MountOptions)
 	if err != nil {
 		return err
 	}
 	srv.Serve()
 	return nil
+}
+
+// detachOthers lazily unmounts, in the server's mount namespace, every
+// mount that is neither dir, nor above it, nor below it. The namespace is
+// a private copy of the host's made when the server started, and each
+// mount in it keeps its file system alive as long as the server runs: a
+// FUSE mount the host unmounts (another sandbox's project branch, whose
+// server waits until its last mount is gone) would otherwise wait for
+// this server to end.
+func detachOthers(dir string) error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("list mounts: %w", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	// Children come after their parents in mountinfo: detach the last
+	// first. A mount detached with its parent already answers EINVAL.
+	for i := len(lines) - 1; i >= 0; i-- {
+		mp, ok := mountPoint(lines[i])
+		if !ok || mp == "/" || within(dir, mp) || within(mp, dir) {
+			continue
+		}
+		unix.Unmount(mp, unix.MNT_DETACH)
+	}
+	return nil
+}
+
+// mountPoint returns the mount point of a mountinfo line
+// (ID PARENT MAJ:MIN ROOT MOUNTPOINT ...), its octal escapes undone.
+func mountPoint(line string) (string, bool) {
+	f := strings.Split(line, " ")
+	if len(f) < 5 {
+		return "", false
+	}
+	s := f[4]
+	var out strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				out.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		out.WriteByte(s[i])
+	}
+	return out.String(), true
+}
+
+// within says whether path p is dir or below it.
+func within(dir, p string) bool {
+	return p == dir || strings.HasPrefix(p, strings.TrimSuffix(dir, "/")+"/")
 }
