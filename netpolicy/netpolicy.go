@@ -173,6 +173,11 @@ func ParseRule(e string) (Rule, error) {
 	if err != nil {
 		return bad(err.Error())
 	}
+	if a, err := netip.ParseAddr(n); err == nil && !wild {
+		// An address written as a name ("1.2.3.4.") is that address.
+		r.Prefix = netip.PrefixFrom(a, 32)
+		return r, nil
+	}
 	if wild {
 		if !strings.Contains(n, ".") {
 			return bad("a wildcard needs at least two labels after it (*.example.com, not *.com)")

@@ -113,3 +113,19 @@ func FuzzParseRule(f *testing.F) {
 		}
 	})
 }
+
+// TestAddressWrittenAsName: an IPv4 address with a trailing dot is that
+// address, as a rule and when written back (the fuzzer found it parsed as
+// a name that wrote back as an address).
+func TestAddressWrittenAsName(t *testing.T) {
+	r, err := ParseRule("1.2.3.4.:443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Name != "" || r.Prefix != netip.MustParsePrefix("1.2.3.4/32") || r.Lo != 443 || r.Hi != 443 {
+		t.Fatalf("1.2.3.4.:443 parsed as %+v, want the address 1.2.3.4/32 port 443", r)
+	}
+	if r2, err := ParseRule(r.String()); err != nil || r2 != r {
+		t.Fatalf("written back as %q: %+v %v", r.String(), r2, err)
+	}
+}
