@@ -115,12 +115,13 @@ const OSRelease = "ID=tine-test\nNAME=\"tine test image\"\n"
 // /bin/busybox with sh, cat, ls, id, env, echo and pwd linked to it,
 // /etc/os-release (OSRelease), /etc/passwd with root and app (1000),
 // /only-in-image, and in the second layer a whiteout of /etc/gone.
-// It skips the test where there is no static busybox.
+// It fails the test where there is no static busybox (make deps installs
+// busybox-static).
 func BusyboxImage(t testing.TB) v1.Image {
 	t.Helper()
 	bb, err := os.ReadFile(Busybox)
 	if err != nil {
-		t.Skipf("no static busybox at %s: %v", Busybox, err)
+		t.Fatalf("no static busybox at %s (apt-get install busybox-static, or make deps): %v", Busybox, err)
 	}
 	ents := []Entry{Dir("bin", 0o755), Dir("etc", 0o755), Dir("tmp", 0o1777), Dir("home/app", 0o755),
 		File("bin/busybox", string(bb), 0o755)}
