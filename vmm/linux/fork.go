@@ -34,11 +34,10 @@ func (m *Machine) Fork(ctx context.Context, n int, fc ForkConfig) ([]*Machine, e
 	defer m.VM.Resume()
 	uart := m.UART.State()
 	// Transports are held until memory is sealed (see Seal).
-	states := make([]virtio.State, len(m.Virtio))
-	for i, t := range m.Virtio {
-		s, release := t.Hold()
-		defer release()
-		states[i] = s
+	ds, release, err := m.holdDevices()
+	defer release()
+	if err != nil {
+		return nil, fmt.Errorf("linux machine fork: %w", err)
 	}
 	if fc.Prepare != nil {
 		if err := fc.Prepare(); err != nil {
@@ -88,16 +87,10 @@ func (m *Machine) Fork(ctx context.Context, n int, fc ForkConfig) ([]*Machine, e
 				k.Close()
 				return fail(fmt.Errorf("clone %d device %d is type %d, the parent's type %d", i+1, j, t.Device().Type(), m.Virtio[j].Device().Type()))
 			}
-			if err := t.SetState(states[j]); err != nil {
-				k.Close()
-				return fail(err)
-			}
-			if v, ok := t.Device().(*virtio.Vsock); ok {
-				if err := v.ResetTransport(t); err != nil {
-					k.Close()
-					return fail(err)
-				}
-			}
+		}
+		if err := k.setDevices(ds); err != nil {
+			k.Close()
+			return fail(err)
 		}
 		kids = append(kids, k)
 	}

@@ -19,6 +19,15 @@ type MachineImage struct {
 	uart   serial.State
 	states []virtio.State
 	types  []uint32
+	dev    [][]byte // each device's own state (virtio.StatefulDevice); nil for none
+}
+
+// devState is device i's own state, or nil.
+func (mi *MachineImage) devState(i int) []byte {
+	if i < len(mi.dev) {
+		return mi.dev[i]
+	}
+	return nil
 }
 
 // Seal takes the machine's state and seals its memory; the machine goes
@@ -31,10 +40,13 @@ func (m *Machine) Seal() (*MachineImage, error) {
 	// Hold every transport until memory is sealed: a device's host-side
 	// work (a received frame) must not change memory the state was
 	// taken before.
+	ds, release, err := m.holdDevices()
+	defer release()
+	if err != nil {
+		return nil, fmt.Errorf("linux machine: seal: %w", err)
+	}
+	mi.states, mi.dev = ds.states, ds.own
 	for _, t := range m.Virtio {
-		s, release := t.Hold()
-		defer release()
-		mi.states = append(mi.states, s)
 		mi.types = append(mi.types, t.Device().Type())
 	}
 	mi.uart = m.UART.State()
@@ -73,17 +85,9 @@ func (mi *MachineImage) Clone(ctx context.Context, cfg MachineConfig) (*Machine,
 		k.Close()
 		return nil, fmt.Errorf("linux machine clone: %w", err)
 	}
-	for j, t := range k.Virtio {
-		if err := t.SetState(mi.states[j]); err != nil {
-			k.Close()
-			return nil, fmt.Errorf("linux machine clone: %w", err)
-		}
-		if v, ok := t.Device().(*virtio.Vsock); ok {
-			if err := v.ResetTransport(t); err != nil {
-				k.Close()
-				return nil, fmt.Errorf("linux machine clone: %w", err)
-			}
-		}
+	if err := k.setDevices(deviceState{states: mi.states, own: mi.dev}); err != nil {
+		k.Close()
+		return nil, fmt.Errorf("linux machine clone: %w", err)
 	}
 	return k, nil
 }
@@ -94,3 +98,66 @@ func (mi *MachineImage) DeviceTypes() []uint32 { return append([]uint32(nil), mi
 
 // Close releases the image; clones made from it keep what they map.
 func (mi *MachineImage) Close() error { return mi.img.Close() }
+
+// deviceState is the state of a machine's virtio devices at one instant:
+// each transport's, and each device's own (nil for none).
+type deviceState struct {
+	states []virtio.State
+	own    [][]byte
+}
+
+// holdDevices locks every transport (until release is called, which it
+// must be, error or not) and takes their state and the own state of each
+// virtio.StatefulDevice. Call it with the VM paused.
+func (m *Machine) holdDevices() (deviceState, func(), error) {
+	var ds deviceState
+	var releases []func()
+	release := func() {
+		for _, r := range releases {
+			r()
+		}
+	}
+	for i, t := range m.Virtio {
+		s, r := t.Hold()
+		releases = append(releases, r)
+		var own []byte
+		if sd, ok := t.Device().(virtio.StatefulDevice); ok {
+			b, err := sd.SaveState()
+			if err != nil {
+				return ds, release, fmt.Errorf("device %d (type %d): %w", i, sd.Type(), err)
+			}
+			if len(b) > virtio.MaxDeviceState {
+				return ds, release, fmt.Errorf("device %d (type %d) has %d bytes of state, at most %d", i, sd.Type(), len(b), virtio.MaxDeviceState)
+			}
+			own = b
+		}
+		ds.states = append(ds.states, s)
+		ds.own = append(ds.own, own)
+	}
+	return ds, release, nil
+}
+
+// setDevices loads ds into the transports and devices of a new clone,
+// before it runs, and has its vsock device send TRANSPORT_RESET.
+func (k *Machine) setDevices(ds deviceState) error {
+	for j, t := range k.Virtio {
+		if err := t.SetState(ds.states[j]); err != nil {
+			return err
+		}
+		if j < len(ds.own) && len(ds.own[j]) > 0 {
+			sd, ok := t.Device().(virtio.StatefulDevice)
+			if !ok {
+				return fmt.Errorf("device %d (type %d) has saved state and cannot take it", j, t.Device().Type())
+			}
+			if err := sd.RestoreState(t, ds.own[j]); err != nil {
+				return fmt.Errorf("device %d (type %d): %w", j, t.Device().Type(), err)
+			}
+		}
+		if v, ok := t.Device().(*virtio.Vsock); ok {
+			if err := v.ResetTransport(t); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

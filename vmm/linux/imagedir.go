@@ -15,15 +15,20 @@ import (
 // A MachineImage on disk is a vmm image directory (docs/vmm.md) whose
 // device state holds what the machine adds to the VM:
 //
-//	"TINELNX1" | boot: u8 n, n bytes of protocol, bootWire
+//	"TINELNX2" | boot: u8 n, n bytes of protocol, bootWire
 //	| UART: uartWire, u16 n, n bytes of pending input (at most serial.MaxRX)
 //	| u8 devices (at most MaxVirtio), each: u32 type, transportWire,
-//	  u8 queues (at most maxQueues), each queueWire
+//	  u8 queues (at most maxQueues), each queueWire,
+//	  u32 n, n bytes of the device's own state (virtio.StatefulDevice,
+//	  at most virtio.MaxDeviceState)
 //
-// Little-endian, fixed-size records; every count is bounded.
+// Little-endian, fixed-size records; every count is bounded. An image
+// written before devices had state of their own ("TINELNX1": no state
+// field) still opens.
 const (
-	devMagic  = "TINELNX1"
-	maxQueues = 16
+	devMagic   = "TINELNX2"
+	devMagicV1 = "TINELNX1"
+	maxQueues  = 16
 )
 
 var errDevState = errors.New("bad machine device state")
@@ -88,6 +93,12 @@ func (mi *MachineImage) encodeDevices() ([]byte, error) {
 		for _, q := range s.Queues {
 			w(queueWire{q.Size, q.Max, q.Desc, q.Avail, q.Used, q.Ready, q.LastAvail, q.UsedIdx})
 		}
+		ds := mi.devState(i)
+		if len(ds) > virtio.MaxDeviceState {
+			return nil, fmt.Errorf("linux machine image: device %d has %d bytes of state, at most %d", i, len(ds), virtio.MaxDeviceState)
+		}
+		w(uint32(len(ds)))
+		b.Write(ds)
 	}
 	return b.Bytes(), nil
 }
@@ -105,9 +116,10 @@ func (mi *MachineImage) decodeDevices(name string, data []byte) error {
 	}
 	rd := func(v any) error { return binary.Read(r, binary.LittleEndian, v) }
 	magic := make([]byte, len(devMagic))
-	if _, err := io.ReadFull(r, magic); err != nil || string(magic) != devMagic {
+	if _, err := io.ReadFull(r, magic); err != nil || string(magic) != devMagic && string(magic) != devMagicV1 {
 		return fail("magic", errors.New("not a Linux machine's device state"))
 	}
+	v1 := string(magic) == devMagicV1
 	var n8 uint8
 	if err := rd(&n8); err != nil {
 		return fail("boot protocol", err)
@@ -145,7 +157,7 @@ func (mi *MachineImage) decodeDevices(name string, data []byte) error {
 	if n8 > MaxVirtio {
 		return fail("device count", fmt.Errorf("%d devices, at most %d", n8, MaxVirtio))
 	}
-	mi.types, mi.states = nil, nil
+	mi.types, mi.states, mi.dev = nil, nil, nil
 	for i := range int(n8) {
 		what := func(s string) string { return fmt.Sprintf("device %d %s", i, s) }
 		var typ uint32
@@ -173,8 +185,23 @@ func (mi *MachineImage) decodeDevices(name string, data []byte) error {
 			s.Queues = append(s.Queues, virtio.Queue{Size: qw.Size, Max: qw.Max, Desc: qw.Desc, Avail: qw.Avail, Used: qw.Used,
 				Ready: qw.Ready, LastAvail: qw.LastAvail, UsedIdx: qw.UsedIdx})
 		}
+		var ds []byte
+		if !v1 {
+			var n32 uint32
+			if err := rd(&n32); err != nil {
+				return fail(what("state size"), err)
+			}
+			if uint64(n32) > uint64(min(r.Len(), virtio.MaxDeviceState)) {
+				return fail(what("state size"), fmt.Errorf("%d bytes, %d left (at most %d)", n32, r.Len(), virtio.MaxDeviceState))
+			}
+			if n32 > 0 {
+				ds = make([]byte, n32)
+				io.ReadFull(r, ds)
+			}
+		}
 		mi.types = append(mi.types, typ)
 		mi.states = append(mi.states, s)
+		mi.dev = append(mi.dev, ds)
 	}
 	if r.Len() != 0 {
 		return fail("trailer", fmt.Errorf("%d bytes after the last device", r.Len()))

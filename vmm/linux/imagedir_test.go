@@ -2,6 +2,7 @@ package linux
 
 import (
 	"bytes"
+	"encoding/binary"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -25,8 +26,48 @@ func sampleMachineImage(t testing.TB) *MachineImage {
 	for range mi.types {
 		mi.states = append(mi.states, virtio.State{Status: 0xf, DriverFeatures: 1 << 32, ConfigGen: 2,
 			Queues: []virtio.Queue{{Size: 256, Max: 256, Desc: 0x1000, Avail: 0x2000, Used: 0x3000, Ready: true, LastAvail: 7, UsedIdx: 7}}})
+		mi.dev = append(mi.dev, nil)
 	}
+	mi.dev[3] = []byte("the device's own state")
 	return mi
+}
+
+// encodeV1 writes mi in the format of images saved before devices had
+// state of their own (TINELNX1: no state field after the queues).
+func encodeV1(t testing.TB, mi *MachineImage) []byte {
+	own := mi.dev
+	mi.dev = nil
+	defer func() { mi.dev = own }()
+	b, err := mi.encodeDevices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each device's record ends in a 4-byte zero state size: cut them,
+	// last first.
+	end := len(b)
+	for i := len(mi.types) - 1; i >= 0; i-- {
+		b = append(b[:end-4], b[end:]...)
+		end -= 4 + 4 + binary.Size(transportWire{}) + 1 + len(mi.states[i].Queues)*binary.Size(queueWire{})
+	}
+	return append([]byte(devMagicV1), b[len(devMagic):]...)
+}
+
+// TestDeviceStateV1: an image written before devices had state of their
+// own opens, with none.
+func TestDeviceStateV1(t *testing.T) {
+	mi := sampleMachineImage(t)
+	var got MachineImage
+	if err := got.decodeDevices("v1", encodeV1(t, mi)); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got.states, mi.states) || !reflect.DeepEqual(got.types, mi.types) {
+		t.Fatalf("v1 image decoded to %+v", got)
+	}
+	for i := range got.types {
+		if got.devState(i) != nil {
+			t.Fatalf("v1 image: device %d has state %q", i, got.devState(i))
+		}
+	}
 }
 
 // TestDeviceStateRoundTrip: boot, UART and virtio state come back equal;
@@ -45,7 +86,11 @@ func TestDeviceStateRoundTrip(t *testing.T) {
 		!reflect.DeepEqual(got.types, mi.types) || !reflect.DeepEqual(got.states, mi.states) {
 		t.Fatalf("device state changed in a round trip:\n%+v\n%+v", got, mi)
 	}
-	for _, bad := range [][]byte{b[:len(b)-1], b[:20], append(bytes.Clone(b), 0)} {
+	// A state size past the end of the input is refused before it is
+	// allocated.
+	huge := bytes.Clone(b)
+	binary.LittleEndian.PutUint32(huge[len(huge)-len(mi.dev[3])-4:], virtio.MaxDeviceState)
+	for _, bad := range [][]byte{b[:len(b)-1], b[:20], append(bytes.Clone(b), 0), huge} {
 		var x MachineImage
 		if err := x.decodeDevices("test", bad); err == nil || !strings.Contains(err.Error(), "offset") {
 			t.Errorf("damaged device state of %d bytes: %v", len(bad), err)
@@ -102,6 +147,7 @@ func FuzzDecodeDeviceState(f *testing.F) {
 	b, _ := sampleMachineImage(f).encodeDevices()
 	f.Add(b)
 	f.Add([]byte(devMagic))
+	f.Add(encodeV1(f, sampleMachineImage(f)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var mi MachineImage
 		if err := mi.decodeDevices("fuzz", data); err != nil {
