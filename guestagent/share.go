@@ -12,14 +12,14 @@ import (
 )
 
 // MountShare mounts the virtio-fs device tagged tag at dir (made when
-// missing), replacing what is mounted there: in a VM clone the mount
-// left from before the fork spoke to its parent's file server, which
-// the clone's device does not reach, so it is unmounted and mounted
-// again, which opens a session with the clone's own server. A mount
-// still in use (a process has a file open or its working directory in
-// it since before the fork) cannot be replaced: Linux would join the new
-// mount to the old connection. That is an error naming the path
-// (docs/fork-hygiene.md).
+// missing). A mount already there is kept when it answers: in a VM clone
+// the device carried its parent's session over (its server took over the
+// parent's node ids and open files), so the processes using the project
+// go on. One that does not answer (a clone of an image saved without the
+// share's state) is unmounted and mounted again, which opens a session
+// with the clone's own server; that is impossible while a process has a
+// file open or its working directory in it, which is an error naming the
+// path (docs/fork-hygiene.md).
 func MountShare(tag, dir string) error { return mountShare(tag, dir, "virtiofs") }
 
 func mountShare(tag, dir, fstype string) error {
@@ -28,6 +28,10 @@ func mountShare(tag, dir, fstype string) error {
 	mounted, err := isMountPoint(dir)
 	if err != nil {
 		return fmt.Errorf("guestagent: project share: %w", err)
+	}
+	var st unix.Statfs_t
+	if mounted && unix.Statfs(dir, &st) == nil {
+		return nil
 	}
 	if mounted {
 		if err := unix.Unmount(dir, 0); err != nil {
