@@ -63,8 +63,8 @@ func TestVMRuntimeUnderKVM(t *testing.T) {
 		}
 		files = append(files, File{Path: "l2/" + m + ".ko", HostPath: src})
 	}
-	script := "TINE_VM_KERNEL=/work/l2/vmlinux TINE_VM_MODULES=/work/l2 TINE_VM_AGENT=/work/l2/tine-agent TINE_VM_BUSYBOX=/bin/busybox TINE_VM_UNIXCAT=/work/l2/unixcat ./vm.test -test.run '^(TestRuntimeGuest|TestManagerGuest)$' -test.v -test.timeout 16m"
-	out := RunTest(context.Background(), t, Options{Script: script, Files: files, Timeout: 18 * time.Minute})
+	script := "TINE_VM_KERNEL=/work/l2/vmlinux TINE_VM_MODULES=/work/l2 TINE_VM_AGENT=/work/l2/tine-agent TINE_VM_BUSYBOX=/bin/busybox TINE_VM_UNIXCAT=/work/l2/unixcat ./vm.test -test.run '^(TestRuntimeGuest|TestManagerGuest)$' -test.v -test.timeout 9m"
+	out := RunTest(context.Background(), t, Options{Script: script, Files: files, Timeout: 10 * time.Minute})
 	for _, name := range []string{"TestRuntimeGuest", "TestManagerGuest"} {
 		if !strings.Contains(out, "--- PASS: "+name+" ") {
 			t.Errorf("%s did not pass in L1", name)
