@@ -192,3 +192,90 @@ func TestBigDirRaw(t *testing.T) {
 		s.ReleaseDir(&fuse.ReleaseIn{Fh: oo.Fh})
 	}
 }
+
+// TestRenameFlags checks RENAME_NOREPLACE and that RENAME_EXCHANGE swaps the
+// two nodes in the table.
+func TestRenameFlags(t *testing.T) {
+	dir := t.TempDir()
+	s := newServer(t, dir)
+	a := mkdir(t, s, rootID, "a")
+	fa, fha := create(t, s, a, "x", unix.O_RDWR)
+	fb, fhb := create(t, s, rootID, "y", unix.O_RDWR)
+	write(t, s, fha, 0, "in a")
+	write(t, s, fhb, 0, "at root")
+	if code := s.Rename(never, &fuse.RenameIn{InHeader: hdr(a), Newdir: rootID, Flags: unix.RENAME_NOREPLACE}, "x", "y"); code.Ok() {
+		t.Fatal("RENAME_NOREPLACE over an existing name succeeded")
+	}
+	if code := s.Rename(never, &fuse.RenameIn{InHeader: hdr(a), Newdir: rootID, Flags: unix.RENAME_EXCHANGE}, "x", "y"); !code.Ok() {
+		t.Fatal(code)
+	}
+	if got := lookup(t, s, rootID, "y"); got != fa {
+		t.Fatalf("root/y is node %d, want %d", got, fa)
+	}
+	if got := lookup(t, s, a, "x"); got != fb {
+		t.Fatalf("a/x is node %d, want %d", got, fb)
+	}
+	if got := readFile(t, filepath.Join(dir, "y")); got != "in a" {
+		t.Fatalf("root/y holds %q", got)
+	}
+	// A plain rename over an existing name detaches the node that was there.
+	if code := s.Rename(never, &fuse.RenameIn{InHeader: hdr(rootID), Newdir: a}, "y", "x"); !code.Ok() {
+		t.Fatal(code)
+	}
+	if s.nodes[fb].parent != nil {
+		t.Fatal("replaced node is still in the tree")
+	}
+	var ao fuse.AttrOut
+	if code := s.GetAttr(never, &fuse.GetAttrIn{InHeader: hdr(fb)}, &ao); !code.Ok() || ao.Size != 7 {
+		t.Fatalf("getattr of the replaced, still open node: %v size %d", code, ao.Size)
+	}
+	release(s, fha)
+	release(s, fhb)
+}
+
+// TestConcurrent runs lookups, creates, forgets, renames and exports at once.
+func TestConcurrent(t *testing.T) {
+	s := newServer(t, t.TempDir())
+	d := mkdir(t, s, rootID, "d")
+	done := make(chan struct{})
+	for g := range 8 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range 200 {
+				name := "f" + strconv.Itoa(g) + "-" + strconv.Itoa(i%10)
+				var co fuse.CreateOut
+				in := fuse.CreateIn{InHeader: hdr(d), Flags: unix.O_RDWR, Mode: 0o644}
+				if code := s.Create(never, &in, name, &co); !code.Ok() {
+					t.Error(code)
+					return
+				}
+				s.Write(never, &fuse.WriteIn{Fh: co.Fh, Size: 1}, []byte("x"))
+				var eo fuse.EntryOut
+				h := hdr(d)
+				s.Lookup(never, &h, name, &eo)
+				s.Rename(never, &fuse.RenameIn{InHeader: hdr(d), Newdir: rootID}, name, name)
+				if _, err := s.Export(); err != nil {
+					t.Error(err)
+				}
+				release(s, co.Fh)
+				s.Forget(co.NodeId, 1)
+				s.Forget(eo.NodeId, 1)
+				h = hdr(rootID)
+				s.Unlink(never, &h, name)
+			}
+		}()
+	}
+	for range 8 {
+		<-done
+	}
+	state, err := s.Export()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bare().Import(state); err != nil {
+		t.Fatal(err)
+	}
+	if len(s.nodes) != 2 || len(s.handles) != 0 {
+		t.Fatalf("left %d nodes and %d handles, want 2 and 0", len(s.nodes), len(s.handles))
+	}
+}
