@@ -281,13 +281,15 @@ func (s *Server) Writev(cancel <-chan struct{}, in *fuse.WriteIn, data [][]byte)
 	return uint32(n), fuse.OK
 }
 
-// Flush checks the handle; data is already with the host kernel.
+// Flush checks that the handle exists; data is already with the host
+// kernel, and an imported handle is not reopened for it.
 func (s *Server) Flush(cancel <-chan struct{}, in *fuse.FlushIn) fuse.Status {
-	h, _, code := s.useHandle(in.Fh, false)
-	if !code.Ok() {
-		return code
+	s.mu.Lock()
+	h := s.handles[in.Fh]
+	s.mu.Unlock()
+	if h == nil || h.dir {
+		return fuse.EBADF
 	}
-	h.mu.RUnlock()
 	return fuse.OK
 }
 

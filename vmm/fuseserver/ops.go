@@ -422,6 +422,8 @@ func (s *Server) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newN
 			s.maybeRemove(src)
 		}
 	}
+	s.maybeRemove(op)
+	s.maybeRemove(np)
 	return fuse.OK
 }
 

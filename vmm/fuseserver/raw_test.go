@@ -279,3 +279,30 @@ func TestConcurrent(t *testing.T) {
 		t.Fatalf("left %d nodes and %d handles, want 2 and 0", len(s.nodes), len(s.handles))
 	}
 }
+
+// TestForgetKeepsParents keeps a forgotten directory while its child is
+// known, and drops it once the child moves away.
+func TestForgetKeepsParents(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "p", "c"), "c")
+	s := newServer(t, dir)
+	p := lookup(t, s, rootID, "p")
+	c := lookup(t, s, p, "c")
+	s.Forget(p, 1)
+	if s.nodes[p] == nil {
+		t.Fatal("parent of a known child was dropped")
+	}
+	if code := s.Rename(never, &fuse.RenameIn{InHeader: hdr(p), Newdir: rootID}, "c", "c2"); !code.Ok() {
+		t.Fatal(code)
+	}
+	if s.nodes[p] != nil {
+		t.Fatal("forgotten parent without children stays")
+	}
+	if got := lookup(t, s, rootID, "c2"); got != c {
+		t.Fatalf("moved child is node %d, want %d", got, c)
+	}
+	s.Forget(c, 2)
+	if len(s.nodes) != 1 {
+		t.Fatalf("%d nodes left", len(s.nodes))
+	}
+}

@@ -122,7 +122,7 @@ func (s *Server) openDir(rel string) (int, fuse.Status) {
 		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
 	})
 	if err != nil {
-		if err == unix.ELOOP || err == unix.EXDEV || err == unix.ENOTDIR {
+		if err == unix.ELOOP || err == unix.EXDEV {
 			return -1, fuse.ENOENT
 		}
 		return -1, fuse.ToStatus(err)
