@@ -306,3 +306,23 @@ func TestForgetKeepsParents(t *testing.T) {
 		t.Fatalf("%d nodes left", len(s.nodes))
 	}
 }
+
+func TestCopyFileRange(t *testing.T) {
+	dir := t.TempDir()
+	s := newServer(t, dir)
+	_, a := create(t, s, rootID, "a", unix.O_RDWR)
+	_, b := create(t, s, rootID, "b", unix.O_RDWR)
+	write(t, s, a, 0, "0123456789")
+	n, code := s.CopyFileRange(never, &fuse.CopyFileRangeIn{FhIn: a, OffIn: 2, FhOut: b, OffOut: 1, Len: 5})
+	if !code.Ok() || n != 5 {
+		t.Fatalf("copy_file_range: %d %v", n, code)
+	}
+	if got := readFile(t, filepath.Join(dir, "b")); got != "\x0023456" {
+		t.Fatalf("b holds %q", got)
+	}
+	if _, code := s.CopyFileRange(never, &fuse.CopyFileRangeIn{FhIn: a, FhOut: 999, Len: 1}); code != fuse.EBADF {
+		t.Fatalf("copy to an unknown fh: %v", code)
+	}
+	release(s, a)
+	release(s, b)
+}
