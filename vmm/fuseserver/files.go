@@ -20,7 +20,7 @@ type handle struct {
 	fd     int
 	closed bool
 
-	listMu  sync.Mutex       // guards entries
+	listMu  sync.Mutex      // guards entries
 	entries []fuse.DirEntry // directory listing, read at the first READDIR
 }
 
