@@ -310,8 +310,10 @@ func TestMountGit(t *testing.T) {
 			{"fsck", "--strict"},
 			{"log", "--oneline"},
 		} {
-			cmd := exec.Command("git", args...)
-			cmd.Dir = m.mnt
+			// git -C, not cmd.Dir: a child that chdirs into the mount
+			// between fork and exec can stall this process's own server
+			// (the Go runtime cannot start threads while the vfork lasts).
+			cmd := exec.Command("git", append([]string{"-C", m.mnt}, args...)...)
 			cmd.Env = append(os.Environ(), "HOME="+home, "GIT_CONFIG_NOSYSTEM=1")
 			if out, err := cmd.CombinedOutput(); err != nil {
 				return fmt.Errorf("git %v: %v: %s", args, err, out)
