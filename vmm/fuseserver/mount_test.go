@@ -20,6 +20,7 @@ import (
 // mounted is a Server of a temporary directory mounted by the kernel.
 type mounted struct {
 	dir, mnt string
+	srv      *Server
 	dev      uint32 // the connection's number under /sys/fs/fuse/connections
 }
 
@@ -29,6 +30,7 @@ func mount(t *testing.T, opts fuse.MountOptions) *mounted {
 	t.Helper()
 	m := &mounted{dir: t.TempDir(), mnt: t.TempDir()}
 	s := newServer(t, m.dir)
+	m.srv = s
 	opts.DirectMount = true
 	opts.FsName = "fuseserver-test"
 	opts.Name = "fuseserver"
@@ -321,4 +323,56 @@ func TestMountGit(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestMountExport exports the tables of a server the kernel is using, with a
+// file open, and imports them into a server of a copy of the tree.
+func TestMountExport(t *testing.T) {
+	m := mount(t, fuse.MountOptions{})
+	var state []byte
+	m.within(t, func() error {
+		if err := os.MkdirAll(filepath.Join(m.mnt, "w", "x"), 0o755); err != nil {
+			return err
+		}
+		f, err := os.OpenFile(filepath.Join(m.mnt, "w", "x", "keep"), os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if _, err := f.WriteString("parent data"); err != nil {
+			return err
+		}
+		if state, err = m.srv.Export(); err != nil {
+			return err
+		}
+		return f.Close()
+	})
+	copyDir := filepath.Join(t.TempDir(), "copy")
+	if out, err := exec.Command("cp", "-a", m.dir, copyDir).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	writeFile(t, filepath.Join(copyDir, "w", "x", "keep"), "clone data")
+	s2 := newServer(t, copyDir)
+	if err := s2.Import(state); err != nil {
+		t.Fatal(err)
+	}
+	var files int
+	for fh, h := range s2.handles {
+		if h.dir {
+			continue
+		}
+		files++
+		if got, code := read(s2, fh, 0, 100); !code.Ok() || got != "clone data" {
+			t.Errorf("read of imported kernel handle %d: %q %v", fh, got, code)
+		}
+		w := lookup(t, s2, rootID, "w")
+		x := lookup(t, s2, w, "x")
+		if got := lookup(t, s2, x, "keep"); got != h.node {
+			t.Errorf("w/x/keep in the copy is node %d, the handle's node is %d", got, h.node)
+		}
+		release(s2, fh)
+	}
+	if files != 1 {
+		t.Errorf("%d open files exported, want 1", files)
+	}
 }
