@@ -366,8 +366,14 @@ func (in *Instance) TapName() string {
 	return in.net.tap
 }
 
-// Freeze pauses every vCPU.
-func (in *Instance) Freeze(ctx context.Context) error { in.m.VM.Pause(); return nil }
+// Freeze pauses every vCPU and waits for the project share's server to
+// answer the requests in flight, so that a snapshot of the branch taken
+// now holds every write the guest made.
+func (in *Instance) Freeze(ctx context.Context) error {
+	in.m.VM.Pause()
+	in.quiesceShare()
+	return nil
+}
 
 // Thaw resumes the vCPUs.
 func (in *Instance) Thaw(ctx context.Context) error { in.m.VM.Resume(); return nil }

@@ -56,8 +56,10 @@ func (in *Instance) shareTransport() *virtio.Transport {
 }
 
 // quiesceShare waits (vCPUs paused) for the share's server to answer the
-// requests in flight, so that the memory a fork takes has no request
-// that the clone's device would never answer.
+// requests in flight: the memory a fork takes then has no request that
+// the clone's device would never answer (a request still unanswered
+// keeps the device from carrying its session into the clone), and a
+// snapshot of the branch holds every write the guest made.
 func (in *Instance) quiesceShare() {
 	if t := in.shareTransport(); t != nil {
 		in.share.WaitIdle(t, shareQuiesce)
@@ -66,8 +68,9 @@ func (in *Instance) quiesceShare() {
 
 // kickShare processes the share's queues once: in a clone, requests the
 // guest queued before the fork, which no notification will announce
-// again, get their answer (EIO: the clone's device has no session until
-// the guest mounts again), so that the remount does not wait for them.
+// again, get their answer: from the clone's server when the device
+// carried its parent's session over, else EIO (until the guest mounts
+// again), so that the remount does not wait for them.
 func (in *Instance) kickShare() {
 	if t := in.shareTransport(); t != nil {
 		for q := range in.share.QueueMax() {

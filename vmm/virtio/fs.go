@@ -84,16 +84,28 @@ type FS struct {
 	// is written as one message, each reply read as one (matched by
 	// unique, in any order). The device closes it when the session
 	// ends; Close must interrupt a Read in progress (an *os.File of a
-	// non-blocking socket does).
-	Connect func() (io.ReadWriteCloser, error)
+	// non-blocking socket does). tables is nil for a new session (a
+	// mount in the guest); in a clone it is what FSConn.Export of the
+	// parent's server returned, for the new server to take over.
+	Connect func(tables []byte) (FSConn, error)
 
 	sess      *fsSession
 	throttled [2]bool
 	buf       []byte
 }
 
+// FSConn is the device's end of a connection to a FUSE server.
+type FSConn interface {
+	io.ReadWriteCloser
+	// Export returns the server's tables (its node ids and open
+	// handles), for a server of a copy of the tree to take over in a
+	// clone (Connect). The requests sent must have been answered.
+	Export() ([]byte, error)
+}
+
 type fsSession struct {
-	c       io.ReadWriteCloser
+	c       FSConn
+	init    []byte // the guest's FUSE_INIT, replayed to a clone's server; nil: too long to keep
 	out     chan []byte
 	queued  atomic.Int64
 	pending map[uint64]fsPending // by the server's unique; transport lock
@@ -106,6 +118,7 @@ type fsPending struct {
 	head   uint16
 	unique uint64 // the guest's
 	w      []Seg
+	drop   bool // a replayed INIT: its answer goes nowhere
 }
 
 // Type implements Device.
@@ -222,13 +235,14 @@ func (f *FS) handle(t *Transport, q int, c *Chain) (n uint32, answered bool, err
 		if f.Connect == nil {
 			return fsAnswer(c, req.Unique, unix.ENODEV), true, nil
 		}
-		conn, err := f.Connect()
+		conn, err := f.Connect(nil)
 		if err != nil {
 			return fsAnswer(c, req.Unique, unix.EIO), true, nil
 		}
-		f.sess = &fsSession{c: conn, out: make(chan []byte, 2*maxFSInflight), pending: map[uint64]fsPending{}}
-		go f.writer(t, f.sess)
-		go f.reader(t, f.sess)
+		f.startSession(t, conn)
+		if len(msg) <= maxFSInit {
+			f.sess.init = append([]byte(nil), msg...)
+		}
 	}
 	s := f.sess
 	if s == nil {
@@ -244,6 +258,14 @@ func (f *FS) handle(t *Transport, q int, c *Chain) (n uint32, answered bool, err
 	s.pending[s.next] = fsPending{q: q, head: c.Head, unique: req.Unique, w: c.Writable}
 	f.send(s, msg)
 	return 0, false, nil
+}
+
+// startSession makes conn the device's session and starts its writer and
+// reader. Transport lock.
+func (f *FS) startSession(t *Transport, conn FSConn) {
+	f.sess = &fsSession{c: conn, out: make(chan []byte, 2*maxFSInflight), pending: map[uint64]fsPending{}}
+	go f.writer(t, f.sess)
+	go f.reader(t, f.sess)
 }
 
 // send queues a copy of msg for the server; a full queue (only FORGETs
@@ -355,6 +377,9 @@ func (f *FS) reader(t *Transport, s *fsSession) {
 				return nil
 			}
 			delete(s.pending, unique)
+			if p.drop {
+				return nil
+			}
 			if err := t.Used(p.q, p.head, fsReply(p, msg)); err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package virtio
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -22,6 +23,11 @@ const (
 	opWrite   = 16
 	opCreate  = 35
 )
+
+// noExport is a connection to a server that has no tables to export.
+type noExport struct{ io.ReadWriteCloser }
+
+func (noExport) Export() ([]byte, error) { return nil, errors.New("no tables") }
 
 type fsDriver struct {
 	*testDriver
@@ -232,7 +238,7 @@ func TestFSOutOfOrder(t *testing.T) {
 	srv := os.NewFile(uintptr(fds[1]), "server")
 	defer srv.Close()
 	syscall.SetNonblock(fds[0], true)
-	dev := &FS{Tag: "t", Connect: func() (io.ReadWriteCloser, error) { return os.NewFile(uintptr(fds[0]), "device"), nil }}
+	dev := &FS{Tag: "t", Connect: func([]byte) (FSConn, error) { return noExport{os.NewFile(uintptr(fds[0]), "device")}, nil }}
 	d := &fsDriver{testDriver: newTestDriver(t, dev, 8<<20)}
 	defer dev.Close(d.tr)
 	heads := make([]uint16, 3)

@@ -12,22 +12,31 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"tine/vmm/fuseserver"
 )
 
-// envFSRoot, set in a process's environment, makes it a loopback FUSE
-// server of that directory on fd 3 instead of what it was going to be
-// (see LoopbackServer); the package's init does it before main.
-const envFSRoot = "TINE_VIRTIOFS_ROOT"
+// envFSRoot, set in a process's environment, makes it a FUSE server of
+// that directory on fd 3, with its control socket on fd 4, instead of
+// what it was going to be (see LoopbackServer); the package's init does
+// it before main. envFSState says that fd 5 holds tables to import.
+const (
+	envFSRoot  = "TINE_VIRTIOFS_ROOT"
+	envFSState = "TINE_VIRTIOFS_STATE"
+)
 
 func init() {
 	if dir := os.Getenv(envFSRoot); dir != "" {
 		// go-fuse logs through the standard logger (an end of the
 		// connection is a "short read"): this process is only its server.
 		log.SetOutput(io.Discard)
-		if err := serveLoopback(dir, 3); err != nil {
+		var state *os.File
+		if os.Getenv(envFSState) != "" {
+			state = os.NewFile(5, "tables")
+		}
+		if err := serveShare(dir, 3, 4, state); err != nil {
 			fmt.Fprintf(os.Stderr, "virtio-fs server of %s: %v\n", dir, err)
 			os.Exit(1)
 		}
@@ -37,30 +46,28 @@ func init() {
 
 // LoopbackServer returns an FS.Connect that serves dir on the host, read
 // and write, for each session: a new process (this program, run again)
-// chroots into dir and runs go-fuse's loopback file system on its end of
-// a SOCK_SEQPACKET pair. The chroot keeps the guest's requests inside dir
-// whatever symlinks it makes or renames it races (the loopback works on
-// paths); a separate process keeps a server that fails apart from the
-// host's. The process ends when the device closes its end (Close waits
-// for that, so nothing holds dir afterwards), or with its parent.
-func LoopbackServer(dir string) func() (io.ReadWriteCloser, error) {
-	return func() (io.ReadWriteCloser, error) {
+// chroots into dir and runs a fuseserver.Server on its end of a
+// SOCK_SEQPACKET pair, taking over the tables Connect is given. The
+// chroot keeps the guest's requests inside dir whatever symlinks it makes
+// or renames it races; a separate process keeps a server that fails apart
+// from the host's. The process ends when the device closes its end (Close
+// waits for that, so nothing holds dir afterwards), or with its parent.
+func LoopbackServer(dir string) func(tables []byte) (FSConn, error) {
+	return func(tables []byte) (FSConn, error) {
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 			return nil, fmt.Errorf("virtio-fs: %s is not a directory (%v)", dir, err)
 		}
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		dev, srv, err := socketPair(unix.SOCK_SEQPACKET, "virtio-fs")
 		if err != nil {
-			return nil, fmt.Errorf("virtio-fs: socketpair: %w", err)
+			return nil, err
 		}
-		// The device's end is non-blocking, so that its Close interrupts
-		// a Read (the runtime's poller waits instead).
-		if err := unix.SetNonblock(fds[0], true); err != nil {
-			unix.Close(fds[0])
-			unix.Close(fds[1])
-			return nil, fmt.Errorf("virtio-fs: %w", err)
-		}
-		dev, srv := os.NewFile(uintptr(fds[0]), "virtio-fs device"), os.NewFile(uintptr(fds[1]), "virtio-fs server")
 		defer srv.Close()
+		ctl, ctlSrv, err := socketPair(unix.SOCK_STREAM, "virtio-fs control")
+		if err != nil {
+			dev.Close()
+			return nil, err
+		}
+		defer ctlSrv.Close()
 		for _, f := range []*os.File{dev, srv} {
 			if rc, err := f.SyscallConn(); err == nil {
 				rc.Control(func(fd uintptr) {
@@ -70,14 +77,26 @@ func LoopbackServer(dir string) func() (io.ReadWriteCloser, error) {
 		}
 		cmd := exec.Command("/proc/self/exe")
 		cmd.Env = []string{envFSRoot + "=" + dir}
-		cmd.ExtraFiles = []*os.File{srv}
+		cmd.ExtraFiles = []*os.File{srv, ctlSrv}
+		if tables != nil {
+			state, err := memFile("virtio-fs tables", tables)
+			if err != nil {
+				dev.Close()
+				ctl.Close()
+				return nil, err
+			}
+			defer state.Close()
+			cmd.Env = append(cmd.Env, envFSState+"=1")
+			cmd.ExtraFiles = append(cmd.ExtraFiles, state)
+		}
 		cmd.Stderr = os.Stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Cloneflags: syscall.CLONE_NEWNS}
 		if err := cmd.Start(); err != nil {
 			dev.Close()
+			ctl.Close()
 			return nil, fmt.Errorf("virtio-fs: start the server of %s: %w", dir, err)
 		}
-		c := &serverConn{File: dev, cmd: cmd, done: make(chan struct{})}
+		c := &serverConn{File: dev, ctl: ctl, cmd: cmd, done: make(chan struct{})}
 		go func() {
 			cmd.Wait()
 			close(c.done)
@@ -86,17 +105,85 @@ func LoopbackServer(dir string) func() (io.ReadWriteCloser, error) {
 	}
 }
 
+// socketPair returns the two ends of a socket pair of typ; the first
+// (the device's) is non-blocking, so that its Close interrupts a Read
+// and its deadlines work (the runtime's poller waits instead).
+func socketPair(typ int, name string) (*os.File, *os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, typ|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: socketpair: %w", name, err)
+	}
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return os.NewFile(uintptr(fds[0]), name+" device"), os.NewFile(uintptr(fds[1]), name+" server"), nil
+}
+
+// memFile returns a memory file holding b, at offset 0.
+func memFile(name string, b []byte) (*os.File, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return f, nil
+}
+
 // serverConn is the device's end of a loopback server's connection.
 type serverConn struct {
 	*os.File
+	ctl  *os.File // the control socket (Export)
 	cmd  *exec.Cmd
 	done chan struct{}
+}
+
+// exportTimeout bounds an Export: the server answers it between
+// requests, from tables it holds in memory.
+const exportTimeout = 10 * time.Second
+
+// Export implements FSConn: it asks the server for its tables over the
+// control socket. The control protocol is one byte 'E', answered by a
+// u32 status (0: tables follow; else an error message follows) and a
+// u32 length, little-endian, then that many bytes (at most
+// MaxDeviceState).
+func (c *serverConn) Export() ([]byte, error) {
+	c.ctl.SetDeadline(time.Now().Add(exportTimeout))
+	if _, err := c.ctl.Write([]byte{'E'}); err != nil {
+		return nil, fmt.Errorf("virtio-fs: export: %w", err)
+	}
+	var h [8]byte
+	if _, err := io.ReadFull(c.ctl, h[:]); err != nil {
+		return nil, fmt.Errorf("virtio-fs: export: %w", err)
+	}
+	status, n := le.Uint32(h[:]), le.Uint32(h[4:])
+	if n > MaxDeviceState {
+		return nil, fmt.Errorf("virtio-fs: export: the server sent %d bytes, at most %d", n, MaxDeviceState)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(c.ctl, b); err != nil {
+		return nil, fmt.Errorf("virtio-fs: export: %w", err)
+	}
+	if status != 0 {
+		return nil, fmt.Errorf("virtio-fs: export: %s", b)
+	}
+	return b, nil
 }
 
 // Close closes the connection and waits for the server process to end
 // (it ends on the hangup; after 5 s it is killed).
 func (c *serverConn) Close() error {
 	err := c.File.Close()
+	c.ctl.Close()
 	select {
 	case <-c.done:
 	case <-time.After(5 * time.Second):
@@ -104,6 +191,30 @@ func (c *serverConn) Close() error {
 		<-c.done
 	}
 	return err
+}
+
+// serveControl answers Export requests on the control socket fd until
+// it closes.
+func serveControl(fd int, srv *fuseserver.Server) {
+	f := os.NewFile(uintptr(fd), "control")
+	var req [1]byte
+	for {
+		if _, err := io.ReadFull(f, req[:]); err != nil {
+			return
+		}
+		status, b := uint32(0), []byte(nil)
+		if req[0] != 'E' {
+			status, b = 1, []byte(fmt.Sprintf("unknown request %q", req[0]))
+		} else if tables, err := srv.Export(); err != nil {
+			status, b = 1, []byte(err.Error())
+		} else {
+			b = tables
+		}
+		h := le.AppendUint32(le.AppendUint32(nil, status), uint32(len(b)))
+		if _, err := f.Write(append(h, b...)); err != nil {
+			return
+		}
+	}
 }
 
 // exitOnHangup ends the process once the device's end of the connection
@@ -122,13 +233,23 @@ func exitOnHangup(fd int) {
 	}
 }
 
-// serveLoopback chroots into dir and serves it on fd until the other end
-// closes. It runs in a mount namespace of its own, where dir is bound
-// onto itself nodev and nosuid: a device node the guest makes (or finds)
-// in dir is never a host device to the server. That namespace starts as
-// a copy of the host's, and every mount in it that dir does not need is
-// detached (detachOthers).
-func serveLoopback(dir string, fd int) error {
+// serveShare chroots into dir and serves it on fd until the other end
+// closes, answering Export on the control socket ctl; it first imports
+// the tables in state, when given. It runs in a mount namespace of its
+// own, where dir is bound onto itself nodev and nosuid: a device node the
+// guest makes (or finds) in dir is never a host device to the server.
+// That namespace starts as a copy of the host's, and every mount in it
+// that dir does not need is detached (detachOthers).
+func serveShare(dir string, fd, ctl int, state *os.File) error {
+	var tables []byte
+	if state != nil {
+		b, err := io.ReadAll(io.LimitReader(state, fuseserver.MaxState+1))
+		state.Close()
+		if err != nil {
+			return fmt.Errorf("read the tables to import: %w", err)
+		}
+		tables = b
+	}
 	if real, err := filepath.EvalSymlinks(dir); err == nil {
 		dir = real
 	}
@@ -160,24 +281,35 @@ func serveLoopback(dir string, fd int) error {
 	if err := unix.Chdir("/"); err != nil {
 		return err
 	}
+	// A descriptor per open file of the guest's: take the hard limit.
+	var lim unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && lim.Cur < lim.Max {
+		lim.Cur = lim.Max
+		unix.Setrlimit(unix.RLIMIT_NOFILE, &lim)
+	}
 	go exitOnHangup(fd)
-	lroot, err := fs.NewLoopbackRoot("/")
+	srv, err := fuseserver.New("/")
 	if err != nil {
 		return err
 	}
-	sec := time.Second
-	opts := &fs.Options{EntryTimeout: &sec, AttrTimeout: &sec, MountOptions: fuse.MountOptions{
+	if tables != nil {
+		if err := srv.Import(tables); err != nil {
+			return fmt.Errorf("import the parent's tables: %w", err)
+		}
+	}
+	go serveControl(ctl, srv)
+	opts := fuse.MountOptions{
 		MaxWrite:             1 << 20,
 		DisableSplice:        true,
 		DisabledCapabilities: fuse.CAP_PASSTHROUGH,
 		Logger:               log.New(io.Discard, "", 0),
 		PanicHandler:         func(any) fuse.Status { return fuse.EIO },
-	}}
-	srv, err := fuse.NewServer(fs.NewNodeFS(lroot, opts), fmt.Sprintf("/dev/fd/%d", fd), &opts.MountOptions)
+	}
+	fsrv, err := fuse.NewServer(srv, fmt.Sprintf("/dev/fd/%d", fd), &opts)
 	if err != nil {
 		return err
 	}
-	srv.Serve()
+	fsrv.Serve()
 	return nil
 }
 
