@@ -202,10 +202,7 @@ func (s *Server) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut
 
 // Create makes and opens a regular file, owned by the caller when new.
 func (s *Server) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, out *fuse.CreateOut) fuse.Status {
-	if code := validName(name); !code.Ok() {
-		return code
-	}
-	p, dfd, code := s.dirOf(in.NodeId)
+	p, dfd, code := s.dirFor(in.NodeId, name)
 	if !code.Ok() {
 		return code
 	}

@@ -231,10 +231,7 @@ func (s *Server) made(p *node, dfd int, name string, caller *fuse.Caller, mode u
 
 // Mkdir makes a directory.
 func (s *Server) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
-	if st := validName(name); !st.Ok() {
-		return st
-	}
-	p, dfd, code := s.dirOf(in.NodeId)
+	p, dfd, code := s.dirFor(in.NodeId, name)
 	if !code.Ok() {
 		return code
 	}
@@ -247,15 +244,12 @@ func (s *Server) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, ou
 
 // Mknod makes a regular file, FIFO or socket; device nodes are refused.
 func (s *Server) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
-	if st := validName(name); !st.Ok() {
-		return st
-	}
 	switch in.Mode & unix.S_IFMT {
 	case unix.S_IFREG, unix.S_IFIFO, unix.S_IFSOCK:
 	default:
 		return fuse.EPERM
 	}
-	p, dfd, code := s.dirOf(in.NodeId)
+	p, dfd, code := s.dirFor(in.NodeId, name)
 	if !code.Ok() {
 		return code
 	}
@@ -268,13 +262,10 @@ func (s *Server) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, ou
 
 // Symlink makes linkName pointing to pointedTo; the server never follows it.
 func (s *Server) Symlink(cancel <-chan struct{}, header *fuse.InHeader, pointedTo, linkName string, out *fuse.EntryOut) fuse.Status {
-	if st := validName(linkName); !st.Ok() {
-		return st
-	}
 	if pointedTo == "" || len(pointedTo) >= unix.PathMax {
 		return fuse.EINVAL
 	}
-	p, dfd, code := s.dirOf(header.NodeId)
+	p, dfd, code := s.dirFor(header.NodeId, linkName)
 	if !code.Ok() {
 		return code
 	}
@@ -326,10 +317,7 @@ func (s *Server) Readlink(cancel <-chan struct{}, header *fuse.InHeader) ([]byte
 
 // remove unlinks name in in.NodeId and detaches its node.
 func (s *Server) remove(header *fuse.InHeader, name string, flags int) fuse.Status {
-	if st := validName(name); !st.Ok() {
-		return st
-	}
-	_, dfd, code := s.dirOf(header.NodeId)
+	_, dfd, code := s.dirFor(header.NodeId, name)
 	if !code.Ok() {
 		return code
 	}

@@ -153,6 +153,15 @@ func (s *Server) dirOf(id uint64) (*node, int, fuse.Status) {
 	return n, fd, st
 }
 
+// dirFor checks name as one path component and opens the directory node
+// id that it is to be found or made in.
+func (s *Server) dirFor(id uint64, name string) (*node, int, fuse.Status) {
+	if st := validName(name); !st.Ok() {
+		return nil, -1, st
+	}
+	return s.dirOf(id)
+}
+
 // locate returns the directory holding node id and its name there; the root
 // is (s.rootFd, "."). Close the fd with s.closeDir.
 func (s *Server) locate(id uint64) (int, string, fuse.Status) {
@@ -286,10 +295,7 @@ func fillAttr(a *fuse.Attr, st *unix.Stat_t) {
 
 // Lookup finds name in the directory header.NodeId.
 func (s *Server) Lookup(cancel <-chan struct{}, header *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
-	if st := validName(name); !st.Ok() {
-		return st
-	}
-	p, dfd, code := s.dirOf(header.NodeId)
+	p, dfd, code := s.dirFor(header.NodeId, name)
 	if !code.Ok() {
 		return code
 	}
