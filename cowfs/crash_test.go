@@ -24,6 +24,10 @@ func TestMain(m *testing.M) {
 		crashChild(splitArgs(v))
 		os.Exit(1) // crashChild serves until killed
 	}
+	if v, ok := os.LookupEnv(mapEnv); ok {
+		mapChild(v)
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
 }
 

@@ -2,9 +2,16 @@ package cowfs
 
 import (
 	"context"
+	"encoding/hex"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // needFUSE skips the test when the machine cannot mount FUSE filesystems.
@@ -81,4 +88,71 @@ func mountNew(t testing.TB, f *FS, name string, files map[string]string) (*Mount
 	}
 	t.Cleanup(func() { m.Unmount() })
 	return m, snap
+}
+
+// mapEnv makes the test binary a mapChild: "FLAGS SIZE OFF HEX".
+const mapEnv = "TINE_COWFS_MAP_CHILD"
+
+// mapWrite maps fd (PROT_READ|PROT_WRITE, flags MAP_SHARED or
+// MAP_PRIVATE), copies b in at off and, for a shared mapping, syncs it.
+// It does so in a child process (this test binary, run again): a page
+// fault on a file this process's own FUSE server serves waits for one of
+// its goroutines, while a garbage collection that starts meanwhile waits
+// for the faulting thread, which the Go runtime cannot stop inside a
+// fault; the test binary then hangs past its timeout. A failed call comes
+// back as its errno.
+func mapWrite(fd, flags, size, off int, b []byte) error {
+	dup, err := unix.Dup(fd)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(dup), "mapped")
+	defer f.Close()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d %d %d %x", mapEnv, flags, size, off, b))
+	cmd.ExtraFiles = []*os.File{f}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("map child: %v: %s", err, out)
+	}
+	var errno int
+	var stage string
+	if n, _ := fmt.Sscanf(string(out), "errno %d %s", &errno, &stage); n == 2 {
+		return fmt.Errorf("%s: %w", stage, syscall.Errno(errno))
+	}
+	if strings.TrimSpace(string(out)) != "ok" {
+		return fmt.Errorf("map child: %q", out)
+	}
+	return nil
+}
+
+// mapChild does mapWrite's work on fd 3 and prints "ok" or "errno N STAGE".
+func mapChild(args string) {
+	var flags, size, off int
+	var hexb string
+	if _, err := fmt.Sscanf(args, "%d %d %d %s", &flags, &size, &off, &hexb); err != nil {
+		fmt.Println("bad arguments:", err)
+		return
+	}
+	b, _ := hex.DecodeString(hexb)
+	fail := func(stage string, err error) {
+		if errno, ok := err.(syscall.Errno); ok {
+			fmt.Printf("errno %d %s\n", int(errno), stage)
+		} else {
+			fmt.Println(stage, err)
+		}
+	}
+	mem, err := unix.Mmap(3, 0, size, unix.PROT_READ|unix.PROT_WRITE, flags)
+	if err != nil {
+		fail("mmap", err)
+		return
+	}
+	copy(mem[off:], b)
+	if flags&unix.MAP_SHARED != 0 {
+		if err := unix.Msync(mem, unix.MS_SYNC); err != nil {
+			fail("msync", err)
+			return
+		}
+	}
+	fmt.Println("ok")
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"syscall"
 	"testing"
 
@@ -79,26 +78,10 @@ func openPassthrough(t *testing.T, f *FS, m *Mount) (*os.File, string) {
 	return rd, cached[0]
 }
 
-// mmapWrite maps fd shared and writable, copies b in at off and syncs. A
-// fault on the mapping is returned as an error, not a crash.
-func mmapWrite(fd int, size int, off int, b []byte) (err error) {
-	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return fmt.Errorf("mmap: %w", err)
-	}
-	defer unix.Munmap(mem)
-	old := debug.SetPanicOnFault(true)
-	defer debug.SetPanicOnFault(old)
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("fault writing the mapping: %v", r)
-		}
-	}()
-	copy(mem[off:], b)
-	if err := unix.Msync(mem, unix.MS_SYNC); err != nil {
-		return fmt.Errorf("msync: %w", err)
-	}
-	return nil
+// mmapWrite maps fd shared and writable, copies b in at off and syncs,
+// in a child process (mapWrite).
+func mmapWrite(fd int, size int, off int, b []byte) error {
+	return mapWrite(fd, unix.MAP_SHARED, size, off, b)
 }
 
 // TestPassthroughWriterMmapStaysPrivate: while branch a has the file open
@@ -245,13 +228,10 @@ func TestPassthroughReaderCannotWrite(t *testing.T) {
 		}
 		checkShared(t, cache, b, data, c.name)
 	}
-	// A private writable mapping copies pages for this process only.
-	mem, err := unix.Mmap(fd, 0, len(data), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
-	if err != nil {
+	// A private writable mapping copies pages for its process only.
+	if err := mapWrite(fd, unix.MAP_PRIVATE, len(data), 0, mark); err != nil {
 		t.Fatalf("private writable mapping of a read-only open: %v", err)
 	}
-	copy(mem, mark)
-	unix.Munmap(mem)
 	checkShared(t, cache, b, data, "private writable mapping")
 	// O_RDONLY|O_TRUNC truncates on Linux; whatever cowfs does with it,
 	// the cache and the other branch keep their bytes.
