@@ -67,8 +67,9 @@ func DecodeFSRequest(c *Chain, buf []byte) (FSRequest, []byte, error) {
 // a FUSE server on the host. Each FUSE_INIT (a mount in the guest) opens
 // a new session with Connect; DESTROY, a second INIT, a driver reset and
 // Close end it. Requests outside a session are answered EIO by the
-// device: a clone's guest still holding its parent's mount reaches
-// nothing until it mounts again (docs/fork-hygiene.md).
+// device. A fork carries the session into each clone (fsstate.go): the
+// clone's server takes over the parent's tables, so the guest's mount
+// goes on (docs/fork-hygiene.md).
 //
 // The server sees every request the guest's kernel makes, as that kernel
 // wrote it: it must treat them as hostile. The device bounds sizes and
