@@ -254,8 +254,11 @@ func TestForkBombHeld(t *testing.T) {
 	e.create("calm", sandbox.Limits{Pids: 50})
 	e.create("bomb", sandbox.Limits{Pids: 50})
 	start := time.Now()
-	// Background the bomb so the command returns; it keeps trying to fork.
-	e.mustSh("bomb", "b() { b | b & }; (b) >/dev/null 2>&1 & sleep 1; true")
+	// Background the bomb so the command returns; it keeps trying to
+	// fork. The wait is the host's: a sleep in the sandbox would be one
+	// more process the bomb may have left no room for.
+	e.mustSh("bomb", "b() { b | b & }; (b) >/dev/null 2>&1 &")
+	time.Sleep(time.Second)
 	cur, _ := filepath.Glob("/sys/fs/cgroup/*/tine/tine-*-bomb/pids.current")
 	cur2, _ := filepath.Glob("/sys/fs/cgroup/tine/tine-*-bomb/pids.current")
 	cur = append(cur, cur2...)
