@@ -32,8 +32,8 @@ import (
 // before the fork and its own change only, in its Diff too; Promote of
 // one fork writes its changes into the host directory; a fork taken
 // while a process holds a file open in the project goes on in the fork,
-// writing into the fork's branch only; the parent stops while its forks
-// run. It needs a real
+// writing into the fork's branch only, and in the parent across a
+// rollback; the parent stops while its forks run. It needs a real
 // KVM and FUSE: vmm/nested's TestVMRuntimeUnderKVM runs it in L1.
 func TestManagerGuest(t *testing.T) {
 	if os.Getenv(EnvKernel) == "" {
@@ -272,6 +272,27 @@ func TestManagerGuest(t *testing.T) {
 	}
 	if out := run("p", "", "cat held.log; ls go 2>&1 >/dev/null | wc -l"); out != "start\n1\n" {
 		t.Errorf("the parent after its fork's process wrote: %q", out)
+	}
+	// A rollback with that process in the project: the parent's own
+	// process writes, the parent rolls back to before it did, and the
+	// process, waiting again, writes again.
+	if _, err := m.Snapshot(ctx, "p", sandbox.SnapshotOptions{Name: "held"}); err != nil {
+		t.Fatalf("snapshot with a process in the project: %v", err)
+	}
+	wake := "touch go; for i in $(seq 50); do grep -q written held.log && break; sleep 0.2; done; cat held.log"
+	if out := run("p", "", wake); out != "start\nwritten\n" {
+		t.Errorf("the parent's held process wrote %q", out)
+	}
+	t1 = time.Now()
+	if err := m.Rollback(ctx, "p", "held"); err != nil {
+		t.Fatalf("rollback with a process in the project: %v", err)
+	}
+	t.Logf("rolled back with a process in the project in %v", time.Since(t1))
+	if out := run("p", "", "cat held.log; ls go 2>&1 >/dev/null | wc -l"); out != "start\n1\n" {
+		t.Errorf("the parent after the rollback: %q", out)
+	}
+	if out := run("p", "", wake); out != "start\nwritten\n" {
+		t.Errorf("the held process after the rollback wrote %q", out)
 	}
 	// The parent stops while its forks run: the project's mount goes
 	// although the forks' share servers started after it.
