@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -213,6 +214,10 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	)
 	cmd.Stdin = nil
 	cmd.WaitDelay = 5 * time.Second
+	// QEMU ends with this process, even when the test binary ends
+	// without cancelling ctx (its -timeout panics): an L1 left running
+	// takes both cores from every later test.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return res, fmt.Errorf("nested: qemu stdout: %w", err)
