@@ -3,6 +3,7 @@ package fuseserver
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -190,7 +191,7 @@ func TestHostile(t *testing.T) {
 		names = append(names, ent.Name())
 	}
 	sort.Strings(names)
-	if want := []string{secret, "root"}; !equal(names, want) {
+	if want := []string{secret, "root"}; !slices.Equal(names, want) {
 		t.Errorf("outside the root: %v, want %v", names, want)
 	}
 	for _, suffix := range []string{"", "2", "3", "4", "5", "6", "7"} {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"syscall"
@@ -278,7 +279,7 @@ func TestMountBigDir(t *testing.T) {
 					got[i] = e.Name()
 				}
 				sort.Strings(got)
-				if !equal(got, want) {
+				if !slices.Equal(got, want) {
 					return fmt.Errorf("listed %d entries, want %d", len(got), len(want))
 				}
 				return nil

@@ -40,13 +40,8 @@ func (t target) stat(st *unix.Stat_t) error {
 	return unix.Fstatat(t.dfd, t.name, st, unix.AT_SYMLINK_NOFOLLOW)
 }
 
-// GetAttr returns a node's attributes.
-func (s *Server) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
-	t, done, code := s.targetOf(in.NodeId, in.Fh(), in.Flags()&fuse.FUSE_GETATTR_FH != 0)
-	if !code.Ok() {
-		return code
-	}
-	defer done()
+// attr fills out with the target's attributes.
+func (t target) attr(out *fuse.AttrOut) fuse.Status {
 	var st unix.Stat_t
 	if err := t.stat(&st); err != nil {
 		return fuse.ToStatus(err)
@@ -54,6 +49,16 @@ func (s *Server) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.A
 	out.SetTimeout(timeout)
 	fillAttr(&out.Attr, &st)
 	return fuse.OK
+}
+
+// GetAttr returns a node's attributes.
+func (s *Server) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
+	t, done, code := s.targetOf(in.NodeId, in.Fh(), in.Flags()&fuse.FUSE_GETATTR_FH != 0)
+	if !code.Ok() {
+		return code
+	}
+	defer done()
+	return t.attr(out)
 }
 
 // SetAttr changes mode, owner, size and times, then returns the attributes.
@@ -121,13 +126,7 @@ func (s *Server) SetAttr(cancel <-chan struct{}, in *fuse.SetAttrIn, out *fuse.A
 			return fuse.ToStatus(err)
 		}
 	}
-	var st unix.Stat_t
-	if err := t.stat(&st); err != nil {
-		return fuse.ToStatus(err)
-	}
-	out.SetTimeout(timeout)
-	fillAttr(&out.Attr, &st)
-	return fuse.OK
+	return t.attr(out)
 }
 
 func timespec(sec uint64, nsec uint32, now bool) unix.Timespec {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"testing"
@@ -108,7 +109,7 @@ func TestExportImport(t *testing.T) {
 		names = append(names, e.Name)
 	}
 	sort.Strings(names)
-	if want := []string{".", "..", "g", "sub"}; !equal(names, want) {
+	if want := []string{".", "..", "g", "sub"}; !slices.Equal(names, want) {
 		t.Fatalf("imported dir handle lists %v, want %v", names, want)
 	}
 	s2.ReleaseDir(&fuse.ReleaseIn{Fh: dirFh})
@@ -124,18 +125,6 @@ func TestExportImport(t *testing.T) {
 	release(s2, nfh)
 	release(s, fh)
 	release(s, goneFh)
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // TestUnlinkedOpenFile keeps using an open handle after its name is gone.

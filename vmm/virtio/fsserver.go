@@ -211,7 +211,10 @@ func serveControl(fd int, srv *fuseserver.Server) {
 			b = tables
 		}
 		h := le.AppendUint32(le.AppendUint32(nil, status), uint32(len(b)))
-		if _, err := f.Write(append(h, b...)); err != nil {
+		if _, err := f.Write(h); err != nil {
+			return
+		}
+		if _, err := f.Write(b); err != nil {
 			return
 		}
 	}
