@@ -133,6 +133,9 @@ type Info struct {
 	Version  string        `json:"version"`
 	Root     string        `json:"root"`
 	Runtimes []RuntimeInfo `json:"runtimes"`
+	// FUSE is how project mounts reach their server: "io_uring", or
+	// "/dev/fuse" with the reason (docs/cowfs.md).
+	FUSE string `json:"fuse,omitempty"`
 }
 
 // RuntimeInfo says whether a runtime and mode can run here, and why not.

@@ -15,6 +15,8 @@ import (
 	gofs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"tine/cowfs/internal/fuseuring"
 )
 
 // Mount is a branch served over FUSE at a directory.
@@ -23,7 +25,8 @@ type Mount struct {
 	b      *branch
 	dir    string
 	server *fuse.Server
-	served chan struct{} // closed when the server has stopped
+	ring   *fuseuring.Conn // nil when served over /dev/fuse alone
+	served chan struct{}   // closed when the server has stopped
 	once   sync.Once
 	err    error
 }
@@ -84,13 +87,20 @@ func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, e
 	b.keepCache = !opts.NoKeepCache
 	root := &node{b: b, in: b.root}
 	b.rootNode = root
-	srv, err := mountFUSE(dir, root, fuseOptions(fsName+"@"+f.tag, opts))
+	srv, conn, err := mountFUSE(dir, root, fuseOptions(fsName+"@"+f.tag, opts), !opts.NoURing)
 	if err != nil {
 		return nil, err
 	}
-	m := &Mount{fs: f, b: b, dir: dir, server: srv, served: make(chan struct{})}
+	m := &Mount{fs: f, b: b, dir: dir, server: srv, ring: conn, served: make(chan struct{})}
 	go func() {
 		srv.Wait()
+		if conn != nil {
+			// Requests on the rings end with the connection.
+			select {
+			case <-conn.Ended():
+			case <-time.After(ringEndTimeout):
+			}
+		}
 		close(m.served)
 	}()
 	return m, nil
@@ -116,15 +126,16 @@ func checkMountpoint(dir string) (string, error) {
 	return filepath.EvalSymlinks(abs)
 }
 
-// mountFUSE mounts root at dir. If the mount is made but the server then
-// fails to start (dir swapped for a file meanwhile, or the kernel refused
-// the handshake), the mount is detached again: a failed mount leaves
-// nothing behind.
-func mountFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options) (*fuse.Server, error) {
-	srv, err := gofs.Mount(dir, root, fo)
+// mountFUSE mounts root at dir, its requests served over io_uring
+// when the kernel offers it and ring is set (ADR 0181). If the mount is
+// made but the server then fails to start (dir swapped for a file
+// meanwhile, or the kernel refused the handshake), the mount is detached
+// again: a failed mount leaves nothing behind.
+func mountFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options, ring bool) (*fuse.Server, *fuseuring.Conn, error) {
+	srv, conn, err := startFUSE(dir, root, fo, ring)
 	if err == nil {
 		cloexecFUSE() // cloexec.go
-		return srv, nil
+		return srv, conn, nil
 	}
 	// The top mount at dir with our exact source is the one just made: an
 	// earlier mount with that source would be of the same branch (refused
@@ -133,15 +144,65 @@ func mountFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options) (*fuse.Ser
 	for {
 		ms, lerr := mountsAt(dir)
 		if lerr != nil {
-			return nil, errors.Join(err, lerr)
+			return nil, nil, errors.Join(err, lerr)
 		}
 		if len(ms) == 0 || ms[len(ms)-1].fsType != fuseType || ms[len(ms)-1].source != fo.FsName {
-			return nil, err
+			return nil, nil, err
 		}
 		if uerr := unix.Unmount(dir, unix.MNT_DETACH); uerr != nil {
-			return nil, errors.Join(err, fmt.Errorf("detach failed mount: %w; run: fusermount3 -u %s", uerr, dir))
+			return nil, nil, errors.Join(err, fmt.Errorf("detach failed mount: %w; run: fusermount3 -u %s", uerr, dir))
 		}
 	}
+}
+
+// initTimeout bounds the wait for the kernel's INIT of a new mount.
+const initTimeout = 30 * time.Second
+
+// startFUSE mounts and starts serving, over io_uring when ring is set
+// and the kernel offers it. The connection is nil when it is served over
+// /dev/fuse alone.
+func startFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options, ring bool) (*fuse.Server, *fuseuring.Conn, error) {
+	raw := gofs.NewNodeFS(root, fo)
+	mo := fo.MountOptions
+	var fs fuse.RawFileSystem = raw
+	var hook *fuseuring.InitHook
+	if ring && fuseuring.Enabled() && fuseuring.Prepare() == nil {
+		mo.ExtraCapabilities |= fuse.CAP_OVER_IO_URING
+		hook = fuseuring.NewInitHook(raw)
+		fs = hook
+	}
+	srv, err := fuse.NewServer(fs, dir, &mo)
+	if err != nil {
+		return nil, nil, err
+	}
+	go srv.Serve()
+	var conn *fuseuring.Conn
+	if hook != nil {
+		select {
+		case <-hook.Inited():
+		case <-time.After(initTimeout):
+			return nil, nil, fmt.Errorf("mount %s: no FUSE INIT from the kernel in %v", dir, initTimeout)
+		}
+		// On error the kernel goes on over /dev/fuse.
+		conn, _ = fuseuring.Attach(srv, raw, &mo)
+	}
+	if err := srv.WaitMount(); err != nil {
+		return nil, nil, err
+	}
+	return srv, conn, nil
+}
+
+// ringEndTimeout bounds the wait, after an unmount, for the kernel to
+// give back a connection's ring entries.
+const ringEndTimeout = 10 * time.Second
+
+// Transport names how the mount's requests reach its server: "io_uring"
+// or "/dev/fuse".
+func (m *Mount) Transport() string {
+	if m.ring != nil && m.ring.Live() {
+		return "io_uring"
+	}
+	return "/dev/fuse"
 }
 
 // Dir returns the mount point.

@@ -32,6 +32,10 @@ type MountOptions struct {
 	// sent in large pieces. The kernel then turns passthrough off, so
 	// it is off by default (ADR 0161).
 	Writeback bool
+	// NoURing serves the mount over /dev/fuse even where the kernel
+	// offers FUSE over io_uring (ADR 0181); it exists to measure that
+	// choice.
+	NoURing bool
 	// Debug logs every FUSE request.
 	Debug bool
 	// AllowOther lets users other than the mounting one into the mount

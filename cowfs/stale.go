@@ -15,7 +15,8 @@ import (
 )
 
 // A FUSE mount outlives the process that serves it: once that process is
-// gone, the mount point answers every access with ENOTCONN until someone
+// gone, the mount point answers every access with ENOTCONN (or
+// ECONNABORTED, see deadErr) until someone
 // unmounts it. So that tine can clean up after a serving process that was
 // killed, every mount carries its state root in its source name
 // ("tine:BRANCH@TAG", TAG a hash of the root's path), which the kernel
@@ -38,7 +39,7 @@ func rootTag(root string) string {
 }
 
 // CleanStaleMounts lazily unmounts the mounts made from this state root
-// whose server has exited (they answer ENOTCONN) and returns their mount
+// whose server has exited (deadFUSE) and returns their mount
 // points. Mounts that answer are left alone. Open calls it.
 func (f *FS) CleanStaleMounts() ([]string, error) {
 	all, err := readMountinfo()
@@ -78,7 +79,14 @@ func covered(later []mountEntry, dir string) bool {
 // gone. It asks statfs, which the kernel never answers from its caches.
 func deadFUSE(dir string) bool {
 	var st unix.Statfs_t
-	return errors.Is(unix.Statfs(dir, &st), unix.ENOTCONN)
+	return deadErr(unix.Statfs(dir, &st))
+}
+
+// deadErr reports whether err is how a FUSE mount answers once its server
+// is gone: ENOTCONN, or ECONNABORTED from a connection served over
+// io_uring, whose rings end their requests that way.
+func deadErr(err error) bool {
+	return errors.Is(err, unix.ENOTCONN) || errors.Is(err, unix.ECONNABORTED)
 }
 
 // mountEntry is one line of /proc/self/mountinfo.

@@ -44,6 +44,7 @@ func run() error {
 	timeout := flag.Duration("timeout", 0, "kernel cache timeout (cowfs.MountOptions.Timeout; 0: the default)")
 	noKeep := flag.Bool("no-keep-cache", false, "cowfs.MountOptions.NoKeepCache")
 	writeback := flag.Bool("writeback", false, "cowfs.MountOptions.Writeback")
+	noURing := flag.Bool("no-uring", false, "cowfs.MountOptions.NoURing")
 	setup := flag.String("setup", "", "shell command run in the mount before the measured one (untimed, not traced)")
 	dir := flag.String("dir", "/var/tmp", "where the state and the mount go")
 	flag.Parse()
@@ -78,7 +79,7 @@ func run() error {
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		return err
 	}
-	m, err := f.Mount(ctx, "prof", mnt, &cowfs.MountOptions{Timeout: *timeout, NoKeepCache: *noKeep, Writeback: *writeback})
+	m, err := f.Mount(ctx, "prof", mnt, &cowfs.MountOptions{Timeout: *timeout, NoKeepCache: *noKeep, Writeback: *writeback, NoURing: *noURing})
 	if err != nil {
 		return err
 	}
@@ -119,7 +120,7 @@ func run() error {
 		pprof.StopCPUProfile()
 	}
 	stats, terr := stopTrace()
-	fmt.Printf("command took %s (exit: %v)\n", el.Round(time.Microsecond), cerr)
+	fmt.Printf("command took %s over %s (exit: %v)\n", el.Round(time.Microsecond), m.Transport(), cerr)
 	if terr != nil {
 		return terr
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"tine/api"
+	"tine/cowfs"
 	"tine/oci"
 	"tine/sandbox"
 	"tine/sandbox/ns"
@@ -26,7 +27,7 @@ var version = "dev"
 
 func (a *app) serveCommand() *cobra.Command {
 	var group string
-	var stop bool
+	var stop, uring bool
 	var warm, pool int
 	var dash string
 	var vs vmServe      // serve_vm.go
@@ -51,6 +52,12 @@ func (a *app) serveCommand() *cobra.Command {
 			if err := ns.EnterRootless(); err != nil {
 				return err
 			}
+			if uring && os.Geteuid() == 0 && !cowfs.URingOffered() {
+				// Project mounts then answer on the CPU of their caller.
+				if err := cowfs.OfferURing(); err != nil {
+					fmt.Fprintf(a.stderr, "tine serve: FUSE over io_uring stays off: %v\n", err)
+				}
+			}
 			opts := sandbox.Options{Warm: warm, MountPool: pool, Runtimes: vs.runtimes(a.root, a.stderr)}
 			return a.serve(c.Context(), group, opts, inside, dash)
 		},
@@ -59,6 +66,7 @@ func (a *app) serveCommand() *cobra.Command {
 	c.Flags().BoolVar(&stop, "stop", false, "stop the daemon that serves the state root (its sandboxes stop, their files stay)")
 	c.Flags().IntVar(&warm, "warm", 2, "sandboxes kept started ahead of time, so that create answers at once")
 	c.Flags().IntVar(&pool, "mount-pool", 2, "project mounts kept made ahead of time")
+	c.Flags().BoolVar(&uring, "fuse-uring", true, "serve project mounts over FUSE io_uring where the kernel has it (as root, turns on the fuse module's enable_uring)")
 	vs.flags(c.Flags())
 	c.Flags().StringVar(&inf.grant, "inside-grant", "", insideHelp[0])
 	c.Flags().StringVar(&inf.max, "inside-max", "", insideHelp[1])
@@ -203,10 +211,21 @@ func staticCheck(p string) error {
 	return nil
 }
 
+// fuseTransport says how new project mounts reach their server.
+func fuseTransport() string {
+	if cowfs.URingOffered() {
+		return "io_uring"
+	}
+	if _, err := os.Stat("/sys/module/fuse/parameters/enable_uring"); err != nil {
+		return "/dev/fuse (this kernel has no FUSE over io_uring: Linux 6.14+ with CONFIG_FUSE_IO_URING)"
+	}
+	return "/dev/fuse (the fuse module's enable_uring is off; tine serve turns it on as root unless --fuse-uring=false)"
+}
+
 // hostInfo says what this host can run, and why not: the runtime probe
 // (ns.Probe), plus whether the guest agent the ns runtime runs is found.
 func hostInfo(root string) *api.Info {
-	info := &api.Info{Version: version, Root: root}
+	info := &api.Info{Version: version, Root: root, FUSE: fuseTransport()}
 	_, agentErr := findAgent()
 	for _, r := range ns.Probe() {
 		ri := api.RuntimeInfo{Name: r.Runtime, Mode: r.Mode, Available: r.OK, Reason: strings.Join(r.Why, "; ")}
@@ -262,6 +281,9 @@ func (a *app) infoCommand() *cobra.Command {
 				fmt.Fprintf(w, "daemon     answering on %s\n", a.socket())
 			} else {
 				fmt.Fprintf(w, "daemon     not running (sandbox commands start it; or run \"tine serve\")\n")
+			}
+			if info.FUSE != "" {
+				fmt.Fprintf(w, "%-10s %s\n", "fuse", info.FUSE)
 			}
 			for _, r := range info.Runtimes {
 				state := "yes"

@@ -1,0 +1,233 @@
+package fuseuring
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// loop is one thread of the process bound to one CPU with one ring. It
+// serves the ring entries of every connection's queue for that CPU, so a
+// request made on a CPU is answered on it: the kernel puts a request on
+// the queue of the CPU its caller runs on, and hands it to the thread
+// that registered the entry.
+type loop struct {
+	cpu int // -1 for the loop that holds the queues of CPUs not online
+	r   *ring
+
+	efd    int
+	efdBuf [8]byte
+
+	mu   sync.Mutex
+	work []func() // run on the loop's thread
+
+	ents map[uint64]*entry // by user data
+	next uint64
+}
+
+// efdTag is the user data of the eventfd read that wakes a loop.
+const efdTag = ^uint64(0)
+
+var loops struct {
+	once    sync.Once
+	byQueue []*loop // index: queue id (CPU number)
+	err     error
+}
+
+// startLoops starts one loop per online CPU, and one more for the
+// queues of the CPUs that are possible but not online.
+func startLoops() ([]*loop, error) {
+	loops.once.Do(func() {
+		possible, err := cpuList("/sys/devices/system/cpu/possible")
+		if err != nil {
+			loops.err = err
+			return
+		}
+		online, err := cpuList("/sys/devices/system/cpu/online")
+		if err != nil {
+			loops.err = err
+			return
+		}
+		isOnline := map[int]bool{}
+		for _, c := range online {
+			isOnline[c] = true
+		}
+		n := 0
+		for _, c := range possible {
+			n = max(n, c+1)
+		}
+		byQueue := make([]*loop, n)
+		var spare *loop
+		for q := range n {
+			cpu := q
+			if !isOnline[q] {
+				if spare != nil {
+					byQueue[q] = spare
+					continue
+				}
+				cpu = -1
+			}
+			l, err := newLoop(cpu)
+			if err != nil {
+				loops.err = err
+				return
+			}
+			if cpu < 0 {
+				spare = l
+			}
+			byQueue[q] = l
+		}
+		loops.byQueue = byQueue
+	})
+	return loops.byQueue, loops.err
+}
+
+// cpuList parses a kernel CPU list such as "0-3,8".
+func cpuList(path string) ([]int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var cpus []int
+	for _, part := range strings.Split(strings.TrimSpace(string(b)), ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", path, b, err)
+		}
+		z := a
+		if isRange {
+			if z, err = strconv.Atoi(hi); err != nil {
+				return nil, fmt.Errorf("%s: %q: %w", path, b, err)
+			}
+		}
+		if z < a || z-a > 1<<16 {
+			return nil, fmt.Errorf("%s: bad range %q", path, part)
+		}
+		for c := a; c <= z; c++ {
+			cpus = append(cpus, c)
+		}
+	}
+	return cpus, nil
+}
+
+// newLoop starts a loop's thread and waits until its ring is made.
+func newLoop(cpu int) (*loop, error) {
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	l := &loop{cpu: cpu, efd: efd, ents: map[uint64]*entry{}}
+	started := make(chan error, 1)
+	go l.run(started)
+	if err := <-started; err != nil {
+		unix.Close(efd)
+		return nil, err
+	}
+	return l, nil
+}
+
+// run is the loop's thread. It never returns once the ring is made:
+// loops serve the whole process.
+func (l *loop) run(started chan<- error) {
+	runtime.LockOSThread()
+	if l.cpu >= 0 {
+		var set unix.CPUSet
+		set.Set(l.cpu)
+		// A CPU outside this process's cpuset is served unbound.
+		_ = unix.SchedSetaffinity(0, &set)
+	}
+	r, err := newRing(256)
+	if err != nil {
+		started <- err
+		return
+	}
+	l.r = r
+	if err := l.armWake(); err != nil {
+		r.close()
+		started <- err
+		return
+	}
+	if err := r.enter(0); err != nil {
+		r.close()
+		started <- fmt.Errorf("io_uring_enter: %w", err)
+		return
+	}
+	started <- nil
+	for {
+		if err := r.enter(1); err != nil {
+			// Only a broken ring fails here; nothing can be served.
+			panic(fmt.Sprintf("fuseuring: io_uring_enter on cpu %d: %v", l.cpu, err))
+		}
+		r.reap(l.complete)
+	}
+}
+
+// armWake queues a read of the eventfd that post writes.
+func (l *loop) armWake() error {
+	s, err := l.r.next()
+	if err != nil {
+		return err
+	}
+	s.opcode = opRead
+	s.fd = int32(l.efd)
+	s.addr = uint64(uintptr(unsafe.Pointer(&l.efdBuf[0])))
+	s.len = 8
+	s.userData = efdTag
+	return nil
+}
+
+// post runs f on the loop's thread.
+func (l *loop) post(f func()) {
+	l.mu.Lock()
+	l.work = append(l.work, f)
+	l.mu.Unlock()
+	one := [8]byte{1}
+	unix.Write(l.efd, one[:])
+}
+
+// complete handles one completion on the loop's thread.
+func (l *loop) complete(c cqe) {
+	if c.userData == efdTag {
+		l.mu.Lock()
+		work := l.work
+		l.work = nil
+		l.mu.Unlock()
+		for _, f := range work {
+			f()
+		}
+		if err := l.armWake(); err != nil {
+			panic(fmt.Sprintf("fuseuring: rearm wake-up on cpu %d: %v", l.cpu, err))
+		}
+		return
+	}
+	e := l.ents[c.userData]
+	if e == nil {
+		return
+	}
+	if c.res < 0 {
+		// The connection ended (ENOTCONN, ECANCELED), or the kernel
+		// refused the entry.
+		delete(l.ents, c.userData)
+		e.c.entryDone(e, unix.Errno(-c.res))
+		return
+	}
+	e.serve()
+}
+
+// add registers e with the kernel from the loop's thread.
+func (l *loop) add(e *entry) {
+	l.next++
+	e.id = l.next
+	l.ents[e.id] = e
+	if err := e.submit(cmdRegister, 0); err != nil {
+		delete(l.ents, e.id)
+		e.c.entryDone(e, err)
+	}
+}
