@@ -11,7 +11,7 @@ DEBS := fuse3 restic casync fuse-overlayfs btrfs-progs qemu-system-x86 \
 	busybox-static cpio kmod zstd xz-utils lz4 git gcc iproute2 bubblewrap \
 	nftables util-linux curl chromium chromium-driver nodejs acl
 
-.PHONY: all build binaries deps demo test test-full vet fuzz unit unit-full bench bench-chunkstore bench-cowfs bench-vmm bench-sandbox bench-staleness bench-report bench-quick kernels nested-test
+.PHONY: all build binaries deps demo test test-full fuse-uring vet fuzz unit unit-full bench bench-chunkstore bench-cowfs bench-vmm bench-sandbox bench-staleness bench-report bench-quick kernels nested-test
 
 all: build
 
@@ -79,10 +79,18 @@ unit: kernels
 unit-full: kernels
 	export TINE_NESTED=1; ($(GO) test -json -count=1 -timeout 3h ./... || true) | $(GO) run ./internal/testsum -- $(GO) test -json -count=1 -timeout 3h
 
-test: deps kernels vet fuzz unit bench-quick
+test: deps kernels fuse-uring vet fuzz unit bench-quick
 
 # test-full is test with every long suite run whole (hours, not minutes).
-test-full: deps kernels vet fuzz unit-full
+test-full: deps kernels fuse-uring vet fuzz unit-full
+
+# fuse-uring makes the kernel offer FUSE over io_uring to new mounts, as
+# tine serve does (ADR 0181), so that the tests run the mounts the way the
+# daemon serves them; a kernel without it (before 6.14) is left as it is.
+URING_PARAM := /sys/module/fuse/parameters/enable_uring
+fuse-uring:
+	@if [ -w $(URING_PARAM) ]; then echo Y > $(URING_PARAM); echo "fuse: io_uring offered to new mounts"; \
+	else echo "fuse: no io_uring offer here ($(URING_PARAM) is not writable); mounts use /dev/fuse"; fi
 
 # bench runs every benchmark beside its peers, keeps each one's output in
 # BENCH_OUT and writes docs/bench/REPORT.md with its plots from them.

@@ -26,10 +26,9 @@ import (
 // Tools of the agent section.
 const (
 	toolExt4 = "ext4"
-	// toolTineShort is tine with the kernel caches as before ADR 0160:
-	// one-second entry and attribute timeouts, page and directory caches
-	// dropped at each open. It measures that lever in the same run.
-	toolTineShort = "tine, 1 s caches"
+	// toolTineDevFUSE is tine served over /dev/fuse, as before ADR 0181
+	// (FUSE over io_uring). It measures that lever in the same run.
+	toolTineDevFUSE = "tine, /dev/fuse"
 )
 
 // agentFS is one filesystem under test in the agent section.
@@ -54,7 +53,7 @@ func (a *agentRows) all() []*row {
 }
 
 // agentTools are the columns of the agent section, in table order.
-var agentTools = []string{toolTine, toolTineShort, toolExt4, toolBtrfs, toolOverlay, toolFuseOverlay}
+var agentTools = []string{toolTine, toolTineDevFUSE, toolExt4, toolBtrfs, toolOverlay, toolFuseOverlay}
 
 func agentSection(ctx context.Context, e *env) (*section, error) {
 	cfg := e.cfg
@@ -143,8 +142,8 @@ func agentSection(ctx context.Context, e *env) (*section, error) {
 		switch tool {
 		case toolTine:
 			a = &tineAgent{cl: e.cl, base: work}
-		case toolTineShort:
-			a = &tineAgent{cl: e.cl, base: work, opts: &cowfs.MountOptions{Timeout: time.Second, NoKeepCache: true}}
+		case toolTineDevFUSE:
+			a = &tineAgent{cl: e.cl, base: work, opts: &cowfs.MountOptions{NoURing: true}}
 		case toolExt4:
 			a = &ext4Agent{cl: e.cl, work: work}
 		case toolBtrfs:

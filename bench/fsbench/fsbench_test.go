@@ -42,7 +42,7 @@ func TestTinyRun(t *testing.T) {
 		"Snapshot and fork latency": {toolTine, toolTinePool, toolBtrfs, toolOverlay, toolCp, toolGit},
 		"Diff latency":              {toolTine, toolBtrfs, toolGit},
 		"Data and metadata":         {toolTine, toolNative, toolOverlay, toolFuseOverlay},
-		"Agent workloads":           {toolTine, toolTineShort, toolExt4, toolBtrfs, toolOverlay, toolFuseOverlay},
+		"Agent workloads":           {toolTine, toolTineDevFUSE, toolExt4, toolBtrfs, toolOverlay, toolFuseOverlay},
 	}
 	if len(rep.Sections) != 4 {
 		t.Fatalf("got %d sections, want 4", len(rep.Sections))

@@ -33,7 +33,7 @@ const (
 )
 
 // allTools is the column order of the tables.
-var allTools = []string{toolTine, toolTinePool, toolTineShort, toolExt4, toolNative, toolBtrfs, toolOverlay, toolFuseOverlay, toolCp, toolGit}
+var allTools = []string{toolTine, toolTinePool, toolTineDevFUSE, toolExt4, toolNative, toolBtrfs, toolOverlay, toolFuseOverlay, toolCp, toolGit}
 
 // Section names for --only.
 const (

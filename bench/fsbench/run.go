@@ -15,6 +15,7 @@ import (
 
 	"tine/bench/internal/peer"
 	"tine/bench/internal/treegen"
+	"tine/cowfs"
 )
 
 // env is what every section shares: the configuration, the cleanup stack,
@@ -50,6 +51,12 @@ func (e *env) goBuild(ctx context.Context) (*goBuild, error) {
 func run(ctx context.Context, cfg config, command string) (rep *report, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("needs root: it mounts filesystems, attaches loop devices and drops caches")
+	}
+	if !cowfs.URingOffered() {
+		// As tine serve does: tine's mounts then answer over io_uring.
+		if err := cowfs.OfferURing(); err != nil {
+			cfg.logf("FUSE over io_uring stays off: %v", err)
+		}
 	}
 	start := time.Now()
 	rep = &report{Command: command, Mode: cfg.Mode, Started: start.UTC()}

@@ -21,16 +21,16 @@ type plotRef struct {
 
 // palette gives each tool the same colour in every figure.
 var palette = map[string]color.Color{
-	"tine":             color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
-	"tine pool":        color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
-	"tine, 1 s caches": color.RGBA{R: 0xf7, G: 0xa6, B: 0xa6, A: 0xff},
-	"ext4":             color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
-	"native":           color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
-	"btrfs":            color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
-	"overlayfs":        color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
-	"fuse-overlayfs":   color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff},
-	"cp -a":            color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff},
-	"git":              color.RGBA{R: 0xbc, G: 0xbd, B: 0x22, A: 0xff},
+	"tine":            color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+	"tine pool":       color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+	"tine, /dev/fuse": color.RGBA{R: 0xf7, G: 0xa6, B: 0xa6, A: 0xff},
+	"ext4":            color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+	"native":          color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+	"btrfs":           color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	"overlayfs":       color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
+	"fuse-overlayfs":  color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff},
+	"cp -a":           color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff},
+	"git":             color.RGBA{R: 0xbc, G: 0xbd, B: 0x22, A: 0xff},
 }
 
 func toolColor(t string) color.Color {
@@ -103,7 +103,7 @@ func plotAgentRatios(s *section, path string) (string, error) {
 	if s == nil {
 		return "not drawn: the agent section did not run", nil
 	}
-	peers := []string{"tine", "tine, 1 s caches", "btrfs", "overlayfs", "fuse-overlayfs"}
+	peers := []string{"tine", "tine, /dev/fuse", "btrfs", "overlayfs", "fuse-overlayfs"}
 	var names []string
 	var rows []*row
 	for _, r := range s.Rows {
@@ -174,7 +174,7 @@ func plotCDF(r *row, path string) (string, error) {
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	drawn := 0
-	for _, tool := range []string{"tine", "tine, 1 s caches", "ext4", "btrfs", "overlayfs", "fuse-overlayfs"} {
+	for _, tool := range []string{"tine", "tine, /dev/fuse", "ext4", "btrfs", "overlayfs", "fuse-overlayfs"} {
 		res := r.Results[tool]
 		if !res.ok() || len(res.Quantiles) < 2 {
 			continue

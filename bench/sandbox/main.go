@@ -57,6 +57,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench/sandbox: needs root (namespaces, mounts, cgroups)")
 		os.Exit(2)
 	}
+	if !cowfs.URingOffered() {
+		// As tine serve does: project mounts then answer over io_uring.
+		if err := cowfs.OfferURing(); err != nil {
+			fmt.Fprintf(os.Stderr, "bench/sandbox: FUSE over io_uring stays off: %v\n", err)
+		}
+	}
 	r, err := run(context.Background(), o)
 	if r != nil {
 		r.print(os.Stdout)
