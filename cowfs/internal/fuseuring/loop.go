@@ -161,8 +161,10 @@ func (l *loop) run(started chan<- error) {
 	}
 	started <- nil
 	for {
-		if err := r.enter(1); err != nil {
-			// Only a broken ring fails here; nothing can be served.
+		// EBUSY: completions wait in the kernel's overflow list until
+		// these are reaped. Any other error is a broken ring, on which no
+		// mount of the process could be served.
+		if err := r.enter(1); err != nil && err != unix.EBUSY {
 			panic(fmt.Sprintf("fuseuring: io_uring_enter on cpu %d: %v", l.cpu, err))
 		}
 		r.reap(l.complete)
