@@ -8,11 +8,11 @@ import "tine/cowfs/internal/fuseuring"
 // MountOptions.NoURing is set (ADR 0181).
 func URingOffered() bool { return fuseuring.Enabled() }
 
-// OfferURing turns the kernel's offer of FUSE over io_uring on for new
-// mounts of every FUSE server of the host (it writes the fuse module's
-// enable_uring parameter; root only). Servers that do not ask for
-// io_uring are not affected.
-func OfferURing() error {
-	_, err := fuseuring.SetEnabled(true)
+// OfferURing turns the kernel's offer of FUSE over io_uring on or off
+// for new mounts of every FUSE server of the host (it writes the fuse
+// module's enable_uring parameter; root only). Servers that do not ask
+// for io_uring are not affected.
+func OfferURing(on bool) error {
+	_, err := fuseuring.SetEnabled(on)
 	return err
 }

@@ -54,7 +54,7 @@ func run(ctx context.Context, cfg config, command string) (rep *report, err erro
 	}
 	if !cowfs.URingOffered() {
 		// As tine serve does: tine's mounts then answer over io_uring.
-		if err := cowfs.OfferURing(); err != nil {
+		if err := cowfs.OfferURing(true); err != nil {
 			cfg.logf("FUSE over io_uring stays off: %v", err)
 		}
 	}

@@ -48,6 +48,7 @@ func main() {
 	quick := flag.Bool("quick", false, "fewer samples, fork fan-out up to 10, 20 alive")
 	md := flag.String("md", "", "also write the results as Markdown to this file")
 	dir := flag.String("dir", "/var/tmp", "directory for the state, the project and the agent binary")
+	uring := flag.Bool("fuse-uring", true, "serve project mounts over FUSE io_uring, as tine serve does (false: over /dev/fuse, to measure ADR 0181)")
 	flag.Parse()
 	o := options{reps: 30, execs: 300, fanouts: []int{1, 10, 100}, forkRep: map[int]int{1: 10, 10: 5, 100: 1}, alive: 100, dir: *dir}
 	if *quick {
@@ -57,10 +58,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench/sandbox: needs root (namespaces, mounts, cgroups)")
 		os.Exit(2)
 	}
-	if !cowfs.URingOffered() {
-		// As tine serve does: project mounts then answer over io_uring.
-		if err := cowfs.OfferURing(); err != nil {
-			fmt.Fprintf(os.Stderr, "bench/sandbox: FUSE over io_uring stays off: %v\n", err)
+	if cowfs.URingOffered() != *uring {
+		// On, as tine serve does: project mounts then answer over
+		// io_uring. Off measures them over /dev/fuse (ADR 0181).
+		if err := cowfs.OfferURing(*uring); err != nil {
+			fmt.Fprintf(os.Stderr, "bench/sandbox: FUSE over io_uring left as it is: %v\n", err)
 		}
 	}
 	r, err := run(context.Background(), o)
@@ -201,7 +203,7 @@ type bench struct {
 
 func run(ctx context.Context, o options) (*report, error) {
 	host, _ := os.Hostname()
-	rep := &report{date: time.Now(), host: fmt.Sprintf("%s, %d CPUs, %s", host, runtime.NumCPU(), kernel())}
+	rep := &report{date: time.Now(), host: fmt.Sprintf("%s, %d CPUs, %s, FUSE over %s", host, runtime.NumCPU(), kernel(), fuseTransport())}
 	base, err := os.MkdirTemp(o.dir, "tine-bench-sandbox-")
 	if err != nil {
 		return nil, err
@@ -772,4 +774,12 @@ func metOr(ok bool) string {
 		return ": met"
 	}
 	return ": not met"
+}
+
+// fuseTransport names how new project mounts reach their server.
+func fuseTransport() string {
+	if cowfs.URingOffered() {
+		return "io_uring"
+	}
+	return "/dev/fuse"
 }

@@ -54,7 +54,7 @@ func (a *app) serveCommand() *cobra.Command {
 			}
 			if uring && os.Geteuid() == 0 && !cowfs.URingOffered() {
 				// Project mounts then answer on the CPU of their caller.
-				if err := cowfs.OfferURing(); err != nil {
+				if err := cowfs.OfferURing(true); err != nil {
 					fmt.Fprintf(a.stderr, "tine serve: FUSE over io_uring stays off: %v\n", err)
 				}
 			}
