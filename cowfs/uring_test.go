@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -172,4 +173,50 @@ func fileWork(t *testing.T, mnt string) {
 	if err != nil || !strings.Contains(string(out), "beta\nalpha\n") {
 		t.Fatalf("sh: %q %v", out, err)
 	}
+}
+
+// TestURingMountsDoNotWaitForEachOther holds one mount's request in its
+// server (its branch lock taken, as a long commit takes it) and checks
+// that a request to another mount, made from the same CPU, is answered
+// meanwhile: each mount has its own ring threads.
+func TestURingMountsDoNotWaitForEachOther(t *testing.T) {
+	needURing(t)
+	f := openTestFS(t)
+	a, _ := mountNew(t, f, "a", map[string]string{"x": "1"})
+	b, _ := mountNew(t, f, "b", map[string]string{"x": "1"})
+	if a.Transport() != "io_uring" || b.Transport() != "io_uring" {
+		t.Fatalf("transports %s, %s; want io_uring", a.Transport(), b.Transport())
+	}
+	onCPU0 := func(f func()) chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			var set unix.CPUSet
+			set.Set(0)
+			if err := unix.SchedSetaffinity(0, &set); err != nil {
+				t.Error(err)
+				return
+			}
+			f()
+		}()
+		return done
+	}
+	a.b.mu.Lock()
+	held := onCPU0(func() { os.Stat(filepath.Join(a.Dir(), "held-up")) })
+	time.Sleep(200 * time.Millisecond) // the lookup reaches a's server and waits for the lock
+	other := onCPU0(func() {
+		if _, err := os.Stat(filepath.Join(b.Dir(), "other")); !os.IsNotExist(err) {
+			t.Errorf("stat in the other mount: %v, want ENOENT", err)
+		}
+	})
+	select {
+	case <-other:
+	case <-time.After(10 * time.Second):
+		t.Error("a request to one mount waited for another mount's request")
+	}
+	a.b.mu.Unlock()
+	<-held
+	<-other
 }

@@ -3,11 +3,11 @@
 // parameter set).
 //
 // The kernel puts each request on the queue of the CPU its caller runs
-// on. This package keeps one thread per CPU, bound to that CPU, with one
-// io_uring that holds the ring entries of every connection of the
-// process for that CPU's queue. A request is then answered on the CPU
-// that made it: no wake-up of another CPU on the way in or out, which on
-// a virtual machine is most of a FUSE round trip (ADR 0181).
+// on. For each connection this package keeps one thread per CPU, bound
+// to that CPU, with one io_uring holding the connection's ring entries
+// for that CPU's queue. A request is then answered on the CPU that made
+// it: no wake-up of another CPU on the way in or out, which on a virtual
+// machine is most of a FUSE round trip (ADR 0181).
 //
 // go-fuse's own server keeps the connection's /dev/fuse descriptor: it
 // answers INIT, the requests the kernel sends there before the rings are
@@ -17,10 +17,12 @@
 package fuseuring
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
 	"unsafe"
@@ -50,13 +52,31 @@ func SetEnabled(on bool) (was bool, err error) {
 	return was, os.WriteFile(enableParam, []byte(v), 0)
 }
 
-// Prepare starts the process's per-CPU threads and rings. A mount offers
-// io_uring (fuse.CAP_OVER_IO_URING) only when Prepare succeeded: once
-// the kernel agrees to it, no request of the mount is answered until
-// Attach registered the rings.
+var probe struct {
+	once sync.Once
+	err  error
+}
+
+// Prepare checks that this process can make rings (a seccomp filter or
+// a sysctl may forbid io_uring) and may start one more connection's
+// threads. A mount offers io_uring (fuse.CAP_OVER_IO_URING) only when
+// Prepare succeeded: once the kernel agrees to it, no request of the
+// mount is answered until Attach registered the rings.
 func Prepare() error {
-	_, err := startLoops()
-	return err
+	probe.once.Do(func() {
+		r, err := newRing(1)
+		if err == nil {
+			r.close()
+		}
+		probe.err = err
+	})
+	if probe.err != nil {
+		return probe.err
+	}
+	if threads.Load()+int64(runtime.NumCPU()) > maxThreads {
+		return fmt.Errorf("more than %d FUSE ring threads", maxThreads)
+	}
+	return nil
 }
 
 // InitHook wraps a file system so that Inited tells when go-fuse has
@@ -95,7 +115,7 @@ func Attach(srv *fuse.Server, fs fuse.RawFileSystem, opts *fuse.MountOptions) (*
 	if settings.Flags64()&fuse.CAP_OVER_IO_URING == 0 {
 		return nil, ErrNotOffered
 	}
-	byQueue, err := startLoops()
+	qs, err := queues()
 	if err != nil {
 		return nil, err
 	}
@@ -106,30 +126,41 @@ func Attach(srv *fuse.Server, fs fuse.RawFileSystem, opts *fuse.MountOptions) (*
 	c := &Conn{fd: fd, payload: payloadSize(opts), ended: make(chan struct{})}
 	c.ps = fuse.NewProtocolServer(fs, opts)
 	if err := c.init(settings); err != nil {
-		disable(byQueue[0], fd)
+		disable(fd)
 		return nil, err
 	}
-	perLoop := map[*loop][]*entry{}
+	// One loop per online CPU, and one for the queues of the others.
+	byCPU := map[int]*loop{}
 	var order []*loop
-	for q, l := range byQueue {
+	perLoop := map[*loop][]*entry{}
+	fail := func(err error) (*Conn, error) {
+		for _, l := range order {
+			for _, e := range perLoop[l] {
+				unix.Munmap(e.mem)
+			}
+			l.stop()
+		}
+		disable(fd)
+		return nil, err
+	}
+	for q, cpu := range qs {
+		l := byCPU[cpu]
+		if l == nil {
+			if l, err = newLoop(cpu); err != nil {
+				return fail(err)
+			}
+			byCPU[cpu] = l
+			order = append(order, l)
+		}
 		for range depth {
 			e, err := c.newEntry(l, q)
 			if err != nil {
-				for _, es := range perLoop {
-					for _, e := range es {
-						unix.Munmap(e.mem)
-					}
-				}
-				disable(byQueue[0], fd)
-				return nil, err
-			}
-			if perLoop[l] == nil {
-				order = append(order, l)
+				return fail(err)
 			}
 			perLoop[l] = append(perLoop[l], e)
 		}
 	}
-	c.live = len(byQueue) * depth
+	c.live = len(qs) * depth
 	var wg sync.WaitGroup
 	for _, l := range order {
 		es := perLoop[l]
@@ -216,20 +247,24 @@ func deviceFD(srv *fuse.Server) (int, error) {
 
 // disable makes the kernel give up io_uring for the connection, so that
 // it goes on over /dev/fuse: a registration the kernel refuses (an
-// unknown queue) does that.
-func disable(l *loop, fd int) {
-	c := &Conn{fd: fd, live: 1, ended: make(chan struct{})}
-	mem, err := unix.Mmap(-1, 0, pageSize+8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+// unknown queue) does that. It closes fd.
+func disable(fd int) {
+	defer unix.Close(fd)
+	r, err := newRing(1)
 	if err != nil {
-		unix.Close(fd)
 		return
 	}
-	e := &entry{c: c, l: l, qid: 0xffff, mem: mem, hdr: mem[:headerSize], payload: mem[pageSize:]}
-	done := make(chan struct{})
-	l.post(func() {
-		l.add(e)
-		l.r.enter(0)
-		l.post(func() { close(done) })
-	})
-	<-done
+	defer r.close()
+	s, err := r.next()
+	if err != nil {
+		return
+	}
+	var hdr [pageSize]byte
+	s.opcode = opURingCmd
+	s.fd = int32(fd)
+	s.off = cmdRegister
+	s.addr = uint64(uintptr(unsafe.Pointer(&hdr[0]))) // never read: the queue is checked first
+	s.len = 2
+	binary.LittleEndian.PutUint16(s.cmd[16:], 0xffff)
+	r.enter(1)
 }

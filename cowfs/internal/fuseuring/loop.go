@@ -7,16 +7,19 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
-// loop is one thread of the process bound to one CPU with one ring. It
-// serves the ring entries of every connection's queue for that CPU, so a
-// request made on a CPU is answered on it: the kernel puts a request on
-// the queue of the CPU its caller runs on, and hands it to the thread
-// that registered the entry.
+// loop is one thread bound to one CPU with one ring, serving the ring
+// entries of one connection's queue for that CPU: the kernel puts a
+// request on the queue of the CPU its caller runs on and hands it to the
+// thread that registered the entry, so the request is answered on the
+// CPU that made it. Each connection has loops of its own, so that a
+// request that waits long (on a lock held by a commit, say) holds up only
+// its own mount's requests from that CPU, never another mount's.
 type loop struct {
 	cpu int // -1 for the loop that holds the queues of CPUs not online
 	r   *ring
@@ -27,65 +30,45 @@ type loop struct {
 	mu   sync.Mutex
 	work []func() // run on the loop's thread
 
-	ents map[uint64]*entry // by user data
-	next uint64
+	ents  map[uint64]*entry // by user data
+	next  uint64
+	added bool // entries were registered; the loop ends when none is left
 }
 
 // efdTag is the user data of the eventfd read that wakes a loop.
 const efdTag = ^uint64(0)
 
-var loops struct {
-	once    sync.Once
-	byQueue []*loop // index: queue id (CPU number)
-	err     error
-}
+// maxThreads bounds the loop threads of the process (one per CPU per
+// mount); a mount past it is served over /dev/fuse.
+const maxThreads = 4096
 
-// startLoops starts one loop per online CPU, and one more for the
-// queues of the CPUs that are possible but not online.
-func startLoops() ([]*loop, error) {
-	loops.once.Do(func() {
-		possible, err := cpuList("/sys/devices/system/cpu/possible")
-		if err != nil {
-			loops.err = err
-			return
+var threads atomic.Int64
+
+// queues lists, for each queue id (CPU number), the CPU its loop is bound
+// to, or -1 for a CPU that is possible but not online.
+func queues() ([]int, error) {
+	possible, err := cpuList("/sys/devices/system/cpu/possible")
+	if err != nil {
+		return nil, err
+	}
+	online, err := cpuList("/sys/devices/system/cpu/online")
+	if err != nil {
+		return nil, err
+	}
+	n := 0
+	for _, c := range possible {
+		n = max(n, c+1)
+	}
+	q := make([]int, n)
+	for i := range q {
+		q[i] = -1
+	}
+	for _, c := range online {
+		if c < n {
+			q[c] = c
 		}
-		online, err := cpuList("/sys/devices/system/cpu/online")
-		if err != nil {
-			loops.err = err
-			return
-		}
-		isOnline := map[int]bool{}
-		for _, c := range online {
-			isOnline[c] = true
-		}
-		n := 0
-		for _, c := range possible {
-			n = max(n, c+1)
-		}
-		byQueue := make([]*loop, n)
-		var spare *loop
-		for q := range n {
-			cpu := q
-			if !isOnline[q] {
-				if spare != nil {
-					byQueue[q] = spare
-					continue
-				}
-				cpu = -1
-			}
-			l, err := newLoop(cpu)
-			if err != nil {
-				loops.err = err
-				return
-			}
-			if cpu < 0 {
-				spare = l
-			}
-			byQueue[q] = l
-		}
-		loops.byQueue = byQueue
-	})
-	return loops.byQueue, loops.err
+	}
+	return q, nil
 }
 
 // cpuList parses a kernel CPU list such as "0-3,8".
@@ -119,24 +102,31 @@ func cpuList(path string) ([]int, error) {
 
 // newLoop starts a loop's thread and waits until its ring is made.
 func newLoop(cpu int) (*loop, error) {
+	if threads.Add(1) > maxThreads {
+		threads.Add(-1)
+		return nil, fmt.Errorf("more than %d FUSE ring threads", maxThreads)
+	}
 	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
 	if err != nil {
+		threads.Add(-1)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
 	l := &loop{cpu: cpu, efd: efd, ents: map[uint64]*entry{}}
 	started := make(chan error, 1)
 	go l.run(started)
 	if err := <-started; err != nil {
-		unix.Close(efd)
 		return nil, err
 	}
 	return l, nil
 }
 
-// run is the loop's thread. It never returns once the ring is made:
-// loops serve the whole process.
+// run is the loop's thread. It returns once the kernel gave back every
+// entry registered on it (the connection ended), or when stop is posted
+// before any was; the thread then exits with it.
 func (l *loop) run(started chan<- error) {
-	runtime.LockOSThread()
+	runtime.LockOSThread() // never unlocked: the thread ends with the loop
+	defer threads.Add(-1)
+	defer unix.Close(l.efd)
 	if l.cpu >= 0 {
 		var set unix.CPUSet
 		set.Set(l.cpu)
@@ -148,27 +138,30 @@ func (l *loop) run(started chan<- error) {
 		started <- err
 		return
 	}
+	defer r.close()
 	l.r = r
-	if err := l.armWake(); err != nil {
-		r.close()
-		started <- err
-		return
+	if err := l.armWake(); err == nil {
+		err = r.enter(0)
 	}
-	if err := r.enter(0); err != nil {
-		r.close()
-		started <- fmt.Errorf("io_uring_enter: %w", err)
+	if err != nil {
+		started <- fmt.Errorf("io_uring: %w", err)
 		return
 	}
 	started <- nil
-	for {
+	for !l.added || len(l.ents) > 0 {
 		// EBUSY: completions wait in the kernel's overflow list until
-		// these are reaped. Any other error is a broken ring, on which no
-		// mount of the process could be served.
+		// these are reaped. Any other error is a broken ring, on which the
+		// mount could not be served.
 		if err := r.enter(1); err != nil && err != unix.EBUSY {
 			panic(fmt.Sprintf("fuseuring: io_uring_enter on cpu %d: %v", l.cpu, err))
 		}
 		r.reap(l.complete)
 	}
+}
+
+// stop ends a loop that has no entries.
+func (l *loop) stop() {
+	l.post(func() { l.added = true })
 }
 
 // armWake queues a read of the eventfd that post writes.
@@ -225,6 +218,7 @@ func (l *loop) complete(c cqe) {
 
 // add registers e with the kernel from the loop's thread.
 func (l *loop) add(e *entry) {
+	l.added = true
 	l.next++
 	e.id = l.next
 	l.ents[e.id] = e
