@@ -124,14 +124,25 @@ func newLoop(cpu int) (*loop, error) {
 // entry registered on it (the connection ended), or when stop is posted
 // before any was; the thread then exits with it.
 func (l *loop) run(started chan<- error) {
-	runtime.LockOSThread() // never unlocked: the thread ends with the loop
+	runtime.LockOSThread()
 	defer threads.Add(-1)
 	defer unix.Close(l.efd)
 	if l.cpu >= 0 {
+		var was unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &was); err == nil {
+			// The thread goes back to the runtime unbound, not ended: a
+			// child that a goroutine started from this thread earlier
+			// with a parent-death signal (sandbox init steps are) would
+			// get it when the thread ended.
+			defer runtime.UnlockOSThread()
+			defer unix.SchedSetaffinity(0, &was)
+		}
 		var set unix.CPUSet
 		set.Set(l.cpu)
 		// A CPU outside this process's cpuset is served unbound.
 		_ = unix.SchedSetaffinity(0, &set)
+	} else {
+		defer runtime.UnlockOSThread()
 	}
 	r, err := newRing(256)
 	if err != nil {
