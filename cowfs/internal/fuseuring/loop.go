@@ -122,27 +122,23 @@ func newLoop(cpu int) (*loop, error) {
 
 // run is the loop's thread. It returns once the kernel gave back every
 // entry registered on it (the connection ended), or when stop is posted
-// before any was; the thread then exits with it.
+// before any was.
 func (l *loop) run(started chan<- error) {
 	runtime.LockOSThread()
+	// The thread goes back to the runtime with its old CPU mask, not
+	// ended: a child that a goroutine started from this thread earlier
+	// with a parent-death signal (sandbox init steps are) would get it
+	// when the thread ended.
+	defer runtime.UnlockOSThread()
 	defer threads.Add(-1)
 	defer unix.Close(l.efd)
 	if l.cpu >= 0 {
-		var was unix.CPUSet
-		if err := unix.SchedGetaffinity(0, &was); err == nil {
-			// The thread goes back to the runtime unbound, not ended: a
-			// child that a goroutine started from this thread earlier
-			// with a parent-death signal (sandbox init steps are) would
-			// get it when the thread ended.
-			defer runtime.UnlockOSThread()
-			defer unix.SchedSetaffinity(0, &was)
-		}
-		var set unix.CPUSet
+		var was, set unix.CPUSet
 		set.Set(l.cpu)
 		// A CPU outside this process's cpuset is served unbound.
-		_ = unix.SchedSetaffinity(0, &set)
-	} else {
-		defer runtime.UnlockOSThread()
+		if unix.SchedGetaffinity(0, &was) == nil && unix.SchedSetaffinity(0, &set) == nil {
+			defer unix.SchedSetaffinity(0, &was)
+		}
 	}
 	r, err := newRing(256)
 	if err != nil {
@@ -151,7 +147,7 @@ func (l *loop) run(started chan<- error) {
 	}
 	defer r.close()
 	l.r = r
-	if err := l.armWake(); err == nil {
+	if err = l.armWake(); err == nil {
 		err = r.enter(0)
 	}
 	if err != nil {
