@@ -48,15 +48,17 @@ func (a *app) serveCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			// Not root: serve in a user namespace of its own (rootless mode).
-			if err := ns.EnterRootless(); err != nil {
-				return err
-			}
 			if uring && os.Geteuid() == 0 && !cowfs.URingOffered() {
 				// Project mounts then answer on the CPU of their caller.
+				// Before the user namespace of rootless mode, where uid 0
+				// is not the host's.
 				if err := cowfs.OfferURing(true); err != nil {
 					fmt.Fprintf(a.stderr, "tine serve: FUSE over io_uring stays off: %v\n", err)
 				}
+			}
+			// Not root: serve in a user namespace of its own (rootless mode).
+			if err := ns.EnterRootless(); err != nil {
+				return err
 			}
 			opts := sandbox.Options{Warm: warm, MountPool: pool, Runtimes: vs.runtimes(a.root, a.stderr)}
 			return a.serve(c.Context(), group, opts, inside, dash)
