@@ -15,8 +15,8 @@ import (
 )
 
 // A FUSE mount outlives the process that serves it: once that process is
-// gone, the mount point answers every access with ENOTCONN (or
-// ECONNABORTED, see deadErr) until someone
+// gone, the mount point answers every access with ENOTCONN (or, served
+// over io_uring, ECONNABORTED or ECANCELED: see deadErr) until someone
 // unmounts it. So that tine can clean up after a serving process that was
 // killed, every mount carries its state root in its source name
 // ("tine:BRANCH@TAG", TAG a hash of the root's path), which the kernel
@@ -83,10 +83,12 @@ func deadFUSE(dir string) bool {
 }
 
 // deadErr reports whether err is how a FUSE mount answers once its server
-// is gone: ENOTCONN, or ECONNABORTED from a connection served over
-// io_uring, whose rings end their requests that way.
+// is gone: ENOTCONN; from a connection served over io_uring also
+// ECONNABORTED (its rings were torn down) or, until then, ECANCELED (the
+// request went to a ring thread that no longer exists). A live server
+// never answers either.
 func deadErr(err error) bool {
-	return errors.Is(err, unix.ENOTCONN) || errors.Is(err, unix.ECONNABORTED)
+	return errors.Is(err, unix.ENOTCONN) || errors.Is(err, unix.ECONNABORTED) || errors.Is(err, unix.ECANCELED)
 }
 
 // mountEntry is one line of /proc/self/mountinfo.
