@@ -64,6 +64,9 @@ type Options struct {
 	// BranchMemBytes bounds the same per branch; zero means
 	// DefaultBranchMemBytes, negative keeps none in memory.
 	BranchMemBytes int64
+	// NoImportWatch makes every Import walk its tree, even one that did
+	// not change since its last import (see the import watch).
+	NoImportWatch bool
 }
 
 // FS is tine's copy-on-write filesystem state under one root directory:
@@ -86,6 +89,8 @@ type FS struct {
 	memUsed                  atomic.Int64 // in-memory file bytes of every branch
 
 	dirs dirCache // decoded directory objects
+
+	watch *importWatcher // nil with Options.NoImportWatch
 
 	viewMu  sync.Mutex
 	view    *os.File // read-only view of the cache (see cacheView)
@@ -124,6 +129,9 @@ func Open(root string, opts *Options) (*FS, error) {
 		st.Close()
 		return nil, fmt.Errorf("cowfs: open %s: %w", root, err)
 	}
+	if !opts.NoImportWatch {
+		f.watch = newImportWatcher()
+	}
 	return f, nil
 }
 
@@ -143,6 +151,7 @@ func (f *FS) Close() error {
 		return fmt.Errorf("cowfs: close %s: %d branches still mounted", f.root, n)
 	}
 	f.closeView()
+	f.watch.close()
 	if err := f.store.Flush(); err != nil {
 		f.store.Close()
 		return fmt.Errorf("cowfs: flush store in %s: %w", f.root, err)

@@ -34,8 +34,37 @@ func (f *FS) Import(ctx context.Context, dir, name string) (SnapshotID, error) {
 			return SnapshotID{}, err
 		}
 	}
+	if id, ok := f.importUnchanged(dir); ok {
+		if name != "" {
+			return id, f.NameSnapshot(ctx, id, name)
+		}
+		return id, nil
+	}
 	im := &importer{f: f, ctx: ctx, links: map[[2]uint64]*linkGroup{}, slots: make(chan struct{}, importWalkers)}
 	im.reuse = f.loadImportReuse(dir, time.Now())
+	im.watch = f.watch.begin(dir)
+	id, err := im.run(dir, name)
+	f.watch.end(im.watch, id, err)
+	return id, err
+}
+
+// importUnchanged returns the snapshot of dir's last import when the
+// import watch saw no change under dir since, and that snapshot is still
+// kept.
+func (f *FS) importUnchanged(dir string) (SnapshotID, bool) {
+	id, ok := f.watch.unchanged(dir)
+	if !ok {
+		return id, false
+	}
+	if _, kept, err := f.getRef(refSnap + id.String()); err != nil || !kept {
+		return id, false
+	}
+	return id, true
+}
+
+// run walks and stores dir.
+func (im *importer) run(dir, name string) (SnapshotID, error) {
+	f, ctx := im.f, im.ctx
 	top, err := im.walk(unix.AT_FDCWD, dir, dir)
 	if err != nil {
 		return SnapshotID{}, err
@@ -79,6 +108,7 @@ type importer struct {
 	f     *FS
 	ctx   context.Context
 	reuse *importReuse  // the previous import of the same directory
+	watch *watchTree    // this import's tree in the import watch
 	slots chan struct{} // walks running on goroutines of their own
 	mu    sync.Mutex    // guards links and calls of importHook
 	links map[[2]uint64]*linkGroup
@@ -136,6 +166,7 @@ func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 	}
 	typ := st.Mode & unix.S_IFMT
 	if typ != unix.S_IFDIR && st.Nlink > 1 {
+		im.f.watch.notWatchable(im.watch) // it can change through a name elsewhere
 		im.mu.Lock()
 		g := im.links[n.devino]
 		if g != nil {
@@ -162,6 +193,7 @@ func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 			return nil, err
 		}
 		defer d.Close()
+		im.f.watch.add(im.watch, int(d.Fd()), &st, dirfd == unix.AT_FDCWD)
 		if n.e.Xattrs, err = readXattrs(d); err != nil {
 			return nil, err
 		}

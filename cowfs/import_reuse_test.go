@@ -42,7 +42,7 @@ func fresh(t *testing.T, dir string) SnapshotID {
 func settle() { time.Sleep(racyMargin + 20*time.Millisecond) }
 
 func TestImportReuseUnchanged(t *testing.T) {
-	f := openTestFS(t)
+	f := openTestFSWith(t, &Options{NoImportWatch: true}) // the index, not the watch
 	src := t.TempDir()
 	writeTree(t, src, map[string]string{"a": "alpha", "d/b": "beta", "d/e/c": "gamma"})
 	settle()
@@ -72,7 +72,7 @@ func TestImportReuseUnchanged(t *testing.T) {
 // other bytes of the same size and puts its mtime back (touch -r): only
 // its ctime tells, and the re-import must read it.
 func TestImportReuseCatchesCtimeOnlyChange(t *testing.T) {
-	f := openTestFS(t)
+	f := openTestFSWith(t, &Options{NoImportWatch: true}) // the index, not the watch
 	src := t.TempDir()
 	writeTree(t, src, map[string]string{"a": "old content", "b": "untouched"})
 	settle()
@@ -105,7 +105,7 @@ func TestImportReuseCatchesCtimeOnlyChange(t *testing.T) {
 // TestImportReuseCatchesSwap swaps two files of the same size and mtime
 // by renames: each path now names the other's inode.
 func TestImportReuseCatchesSwap(t *testing.T) {
-	f := openTestFS(t)
+	f := openTestFSWith(t, &Options{NoImportWatch: true}) // the index, not the watch
 	src := t.TempDir()
 	writeTree(t, src, map[string]string{"a": "AAAA", "b": "BBBB"})
 	stamp := time.Now().Add(-time.Hour).Truncate(time.Second)
@@ -138,7 +138,7 @@ func TestImportReuseCatchesSwap(t *testing.T) {
 // and mtime: its ctime may be stamped the same tick as before, which
 // only the racy rule catches.
 func TestImportReuseRacy(t *testing.T) {
-	f := openTestFS(t)
+	f := openTestFSWith(t, &Options{NoImportWatch: true}) // the index, not the watch
 	src := t.TempDir()
 	writeTree(t, src, map[string]string{"a": "one"})
 	p := filepath.Join(src, "a")
@@ -160,7 +160,7 @@ func TestImportReuseRacy(t *testing.T) {
 // TestImportReuseDamagedIndex damages the index in several ways: each
 // import reads every file and is right.
 func TestImportReuseDamagedIndex(t *testing.T) {
-	f := openTestFS(t)
+	f := openTestFSWith(t, &Options{NoImportWatch: true}) // the index, not the watch
 	src := t.TempDir()
 	writeTree(t, src, map[string]string{"a": "alpha", "b": "beta"})
 	settle()
@@ -192,7 +192,7 @@ func TestImportReuseDamagedIndex(t *testing.T) {
 // TestImportReuseIndexForOtherDir puts one directory's index where
 // another's belongs: it is not used.
 func TestImportReuseIndexForOtherDir(t *testing.T) {
-	f := openTestFS(t)
+	f := openTestFSWith(t, &Options{NoImportWatch: true}) // the index, not the watch
 	src1, src2 := t.TempDir(), t.TempDir()
 	writeTree(t, src1, map[string]string{"a": "alpha"})
 	writeTree(t, src2, map[string]string{"a": "other"})
