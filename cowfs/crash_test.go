@@ -20,6 +20,11 @@ const crashEnv = "TINE_COWFS_CRASH_CHILD" // "root mountpoint" or "kill scenario
 // TestMain runs the mounting process of TestCrash when started by it, and
 // the tests otherwise.
 func TestMain(m *testing.M) {
+	GuardMain() // StartGuard re-executes this binary
+	if v, ok := os.LookupEnv(guardChildEnv); ok {
+		guardChild(splitArgs(v))
+		os.Exit(1) // guardChild waits until killed
+	}
 	if v, ok := os.LookupEnv(crashEnv); ok {
 		crashChild(splitArgs(v))
 		os.Exit(1) // crashChild serves until killed

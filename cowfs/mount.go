@@ -87,7 +87,7 @@ func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, e
 	b.keepCache = !opts.NoKeepCache
 	root := &node{b: b, in: b.root}
 	b.rootNode = root
-	srv, conn, err := mountFUSE(dir, root, fuseOptions(fsName+"@"+f.tag, opts), !opts.NoURing)
+	srv, conn, id, err := mountFUSE(dir, root, fuseOptions(fsName+"@"+f.tag, opts), !opts.NoURing)
 	if err != nil {
 		return nil, err
 	}
@@ -101,6 +101,7 @@ func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, e
 			case <-time.After(ringEndTimeout):
 			}
 		}
+		guardRemove(id)
 		close(m.served)
 	}()
 	return m, nil
@@ -131,28 +132,42 @@ func checkMountpoint(dir string) (string, error) {
 // made but the server then fails to start (dir swapped for a file
 // meanwhile, or the kernel refused the handshake), the mount is detached
 // again: a failed mount leaves nothing behind.
-func mountFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options, ring bool) (*fuse.Server, *fuseuring.Conn, error) {
-	srv, conn, err := startFUSE(dir, root, fo, ring)
+func mountFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options, ring bool) (*fuse.Server, *fuseuring.Conn, uint32, error) {
+	srv, conn, id, err := startFUSE(dir, root, fo, ring)
 	if err == nil {
 		cloexecFUSE() // cloexec.go
-		return srv, conn, nil
+		return srv, conn, id, nil
 	}
+	guardRemove(id)
 	// The top mount at dir with our exact source is the one just made: an
 	// earlier mount with that source would be of the same branch (refused
 	// by its lock before we got here), a dead one (refused by
 	// checkMountpoint) or a pool placeholder (whose directory is new).
 	for {
-		ms, lerr := mountsAt(dir)
+		m, lerr := topMount(dir, fo.FsName)
 		if lerr != nil {
-			return nil, nil, errors.Join(err, lerr)
+			return nil, nil, 0, errors.Join(err, lerr)
 		}
-		if len(ms) == 0 || ms[len(ms)-1].fsType != fuseType || ms[len(ms)-1].source != fo.FsName {
-			return nil, nil, err
+		if m == nil {
+			return nil, nil, 0, err
 		}
 		if uerr := unix.Unmount(dir, unix.MNT_DETACH); uerr != nil {
-			return nil, nil, errors.Join(err, fmt.Errorf("detach failed mount: %w; run: fusermount3 -u %s", uerr, dir))
+			return nil, nil, 0, errors.Join(err, fmt.Errorf("detach failed mount: %w; run: fusermount3 -u %s", uerr, dir))
 		}
 	}
+}
+
+// topMount returns the top mount at dir when it is ours with source
+// fsName, nil otherwise.
+func topMount(dir, fsName string) (*mountEntry, error) {
+	ms, err := mountsAt(dir)
+	if err != nil || len(ms) == 0 {
+		return nil, err
+	}
+	if m := ms[len(ms)-1]; m.fsType == fuseType && m.source == fsName {
+		return &m, nil
+	}
+	return nil, nil
 }
 
 // initTimeout bounds the wait for the kernel's INIT of a new mount.
@@ -160,8 +175,9 @@ const initTimeout = 30 * time.Second
 
 // startFUSE mounts and starts serving, over io_uring when ring is set
 // and the kernel offers it. The connection is nil when it is served over
-// /dev/fuse alone.
-func startFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options, ring bool) (*fuse.Server, *fuseuring.Conn, error) {
+// /dev/fuse alone. id is the FUSE connection's number when the guard was
+// told of it (guard.go), 0 otherwise; it is set on error too.
+func startFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options, ring bool) (srv *fuse.Server, conn *fuseuring.Conn, id uint32, err error) {
 	raw := gofs.NewNodeFS(root, fo)
 	mo := fo.MountOptions
 	var fs fuse.RawFileSystem = raw
@@ -171,25 +187,30 @@ func startFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options, ring bool)
 		hook = fuseuring.NewInitHook(raw)
 		fs = hook
 	}
-	srv, err := fuse.NewServer(fs, dir, &mo)
-	if err != nil {
-		return nil, nil, err
+	if srv, err = fuse.NewServer(fs, dir, &mo); err != nil {
+		return nil, nil, 0, err
+	}
+	// Before anything of this process touches the mount (WaitMount does).
+	if guarded() {
+		if m, _ := topMount(dir, mo.FsName); m != nil {
+			id = m.minor
+			guardAdd(id, mo.FsName)
+		}
 	}
 	go srv.Serve()
-	var conn *fuseuring.Conn
 	if hook != nil {
 		select {
 		case <-hook.Inited():
 		case <-time.After(initTimeout):
-			return nil, nil, fmt.Errorf("mount %s: no FUSE INIT from the kernel in %v", dir, initTimeout)
+			return nil, nil, id, fmt.Errorf("mount %s: no FUSE INIT from the kernel in %v", dir, initTimeout)
 		}
 		// On error the kernel goes on over /dev/fuse.
 		conn, _ = fuseuring.Attach(srv, raw, &mo)
 	}
 	if err := srv.WaitMount(); err != nil {
-		return nil, nil, err
+		return nil, nil, id, err
 	}
-	return srv, conn, nil
+	return srv, conn, id, nil
 }
 
 // ringEndTimeout bounds the wait, after an unmount, for the kernel to
@@ -1120,7 +1141,13 @@ func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 	return uint32(w), 0
 }
 
+// fsyncTestHook, when set (by tests), runs as an fsync is served.
+var fsyncTestHook func()
+
 func (n *node) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) syscall.Errno {
+	if fsyncTestHook != nil {
+		fsyncTestHook()
+	}
 	n.b.mu.Lock()
 	bound := n.b.bound()
 	n.b.mu.Unlock()

@@ -94,6 +94,7 @@ func deadErr(err error) bool {
 // mountEntry is one line of /proc/self/mountinfo.
 type mountEntry struct {
 	dir, fsType, source string
+	minor               uint32 // of the file system's device: a FUSE mount's connection number
 }
 
 // readMountinfo lists this mount namespace's mounts, parents before
@@ -124,8 +125,10 @@ func parseMountinfo(line string) (mountEntry, bool) {
 	fs := strings.Split(line, " ") // the kernel escapes spaces in paths; other blanks are data
 	for i := 6; i+2 < len(fs); i++ {
 		if fs[i] == "-" {
+			_, min, _ := strings.Cut(fs[2], ":")
+			n, _ := strconv.ParseUint(min, 10, 32)
 			return mountEntry{dir: unescapeMountinfo(fs[4]),
-				fsType: fs[i+1], source: unescapeMountinfo(fs[i+2])}, true
+				fsType: fs[i+1], source: unescapeMountinfo(fs[i+2]), minor: uint32(n)}, true
 		}
 	}
 	return mountEntry{}, false

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"tine/cowfs"
 	"tine/sandbox/ns"
 )
 
@@ -48,7 +49,8 @@ type app struct {
 }
 
 func main() {
-	ns.Init() // a sandbox's init step re-executes this program
+	cowfs.GuardMain() // tine serve's FUSE guard re-executes this program
+	ns.Init()         // a sandbox's init step re-executes this program
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 

@@ -87,6 +87,11 @@ func (a *app) serve(ctx context.Context, group string, opts sandbox.Options, iop
 		return err
 	}
 	defer func() { err = errors.Join(err, f.Close()) }()
+	// A daemon killed while it reads one of its own mounts would never end
+	// without the guard (docs/cowfs.md).
+	if err := cowfs.StartGuard(); err != nil {
+		fmt.Fprintf(a.stderr, "tine serve: %v; a kill of the daemon at the wrong moment may leave it hung\n", err)
+	}
 	rt, rtErr := nsRuntime()
 	var runtime sandbox.Runtime = rt
 	if rtErr != nil {
