@@ -250,9 +250,14 @@ func (p *MountPool) wake() {
 	}
 }
 
-// refillDelay is how long the refill waits after a mount was taken while
-// others are still ready.
-const refillDelay = 10 * time.Millisecond
+// refillDelay is how long the refill waits after the last take, while
+// other mounts are still ready, before it mounts a replacement: a mount
+// (its FUSE server threads, INIT, first requests) competes for CPU and
+// locks with the sandbox just bound and its first command.
+const refillDelay = 50 * time.Millisecond
+
+// refillMax bounds that wait when mounts keep being taken.
+const refillMax = 250 * time.Millisecond
 
 // refill mounts placeholders whenever the pool is below its size. It is
 // the only sender on p.ready besides put, which never blocks.
@@ -264,13 +269,18 @@ func (p *MountPool) refill() {
 			return
 		case <-p.kick:
 		}
-		if len(p.ready) > 0 {
-			// Mounting competes for CPU and locks with the fork just made
-			// and its first requests: wait a little unless the pool is dry.
+		// Wait until no mount was taken for refillDelay, unless the pool
+		// is dry (the next take would mount on the spot).
+		limit := time.After(refillMax)
+		for quiet := false; !quiet && len(p.ready) > 0; {
 			select {
 			case <-p.stop:
 				return
+			case <-p.kick:
 			case <-time.After(refillDelay):
+				quiet = true
+			case <-limit:
+				quiet = true
 			}
 		}
 		for len(p.ready) < p.n {

@@ -118,14 +118,16 @@ func (t *tracker) startFailed() {
 	t.mu.Unlock()
 }
 
-// started reports a process the agent started, unless a scan already saw
-// it, and ends its starting.
-func (t *tracker) started(p proto.Process) {
+// started reports process pid, which the agent started, unless a scan
+// already saw it, and ends its starting. read reads the process; it is
+// called only while someone subscribes.
+func (t *tracker) started(pid int, read func() proto.Process) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.forking--
-	if _, known := t.procs[p.PID]; !known && len(t.subs) > 0 {
-		t.procs[p.PID] = p
+	if _, known := t.procs[pid]; !known && len(t.subs) > 0 {
+		p := read()
+		t.procs[pid] = p
 		t.publish(proto.Event{Type: proto.EventProcessStarted, Process: &p})
 	}
 	t.kick()

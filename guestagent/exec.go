@@ -111,14 +111,22 @@ func (e *execution) start(req proto.ExecRequest) (<-chan exitStatus, error) {
 	attr := &syscall.ProcAttr{Dir: dir, Env: env, Sys: sys,
 		Files: []uintptr{child[0].Fd(), child[1].Fd(), child[2].Fd()}}
 	e.a.events.starting()
-	pid, done, err := e.a.reaper.start(func() (int, error) {
+	_, done, err := e.a.reaper.start(func() (int, error) {
 		return syscall.ForkExec(path, req.Argv, attr)
 	}, func(pid int) {
-		p, err := e.a.proc.Process(pid)
-		if err != nil || len(p.Argv) == 0 {
-			p = proto.Process{PID: pid, PPID: os.Getpid(), Argv: req.Argv, Start: time.Now()}
-		}
-		e.a.events.started(p)
+		// The caller learns of the start before the process is read for
+		// the events stream: nothing of it can come before this frame (its
+		// output is copied once start returns, its exit reaped once this
+		// returns).
+		e.pid = pid
+		e.c.sendJSON(proto.KindStarted, e.id, proto.Started{PID: pid})
+		e.a.events.started(pid, func() proto.Process {
+			p, err := e.a.proc.Process(pid)
+			if err != nil || len(p.Argv) == 0 {
+				p = proto.Process{PID: pid, PPID: os.Getpid(), Argv: req.Argv, Start: time.Now()}
+			}
+			return p
+		})
 	})
 	if err != nil {
 		e.a.events.startFailed()
@@ -128,11 +136,9 @@ func (e *execution) start(req proto.ExecRequest) (<-chan exitStatus, error) {
 		}
 		return nil, fmt.Errorf("start %s in %s: %w", path, dir, err)
 	}
-	e.pid = pid
 	e.a.mu.Lock()
 	e.a.execs[e] = struct{}{}
 	e.a.mu.Unlock()
-	e.c.sendJSON(proto.KindStarted, e.id, proto.Started{PID: pid})
 	go e.feedStdin()
 	e.outDone = make(chan struct{}, len(e.outs))
 	kinds := []proto.Kind{proto.KindStdout, proto.KindStderr}

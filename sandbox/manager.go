@@ -221,8 +221,8 @@ type CreateOptions struct {
 }
 
 // Create makes a sandbox and starts it. Its metadata is written once,
-// when it runs: a crash before that leaves a directory without metadata,
-// which List skips.
+// as it starts: a crash before that leaves a directory without metadata,
+// which List skips, and one during the start a Stopped sandbox.
 func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 	done, err := m.ops.enter()
 	if err != nil {
@@ -414,16 +414,29 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		return fail(err)
 	}
 	l.apiSocket = spec.APISocket != "" && featuresOf(rt).APISocket
-	if l.inst, err = rt.Start(ctx, spec); err != nil {
+	// The metadata, saying Running, is written while the runtime starts:
+	// the synced write waits on the disk, the start on the sandbox's
+	// programs. A crash in between leaves it saying Running, which Open
+	// turns into Stopped; a failed start puts the state before back.
+	rec := *info
+	rec.State = Running
+	saved := make(chan error, 1)
+	go func() { saved <- m.save(&rec) }()
+	failSaved := func(err error) error {
+		if <-saved == nil {
+			err = errors.Join(err, m.save(info))
+		}
 		return fail(err)
+	}
+	if l.inst, err = rt.Start(ctx, spec); err != nil {
+		return failSaved(err)
 	}
 	if err = m.startNetwork(ctx, name, l.inst); err != nil {
-		return fail(err)
+		return failSaved(err)
 	}
-	info.State = Running
 	// The agent's shared connection (ps, ports, events: it must exist
 	// before a freeze) and one for the first command are made while the
-	// metadata is written; a failure here shows at their first use.
+	// metadata write ends; a failure here shows at their first use.
 	dialed := make(chan struct{})
 	go func() {
 		defer close(dialed)
@@ -434,11 +447,12 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 			l.putConn(c)
 		}
 	}()
-	err = m.save(info)
+	err = <-saved
 	<-dialed
 	if err != nil {
 		return fail(err)
 	}
+	info.State = Running
 	m.startServices(ctx, info, l)
 	return nil
 }
