@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -231,25 +232,48 @@ func FuzzDecodeImportIndex(f *testing.F) {
 	})
 }
 
-// BenchmarkImportUnchanged re-imports an unchanged tree of 200 files in
-// 10 directories.
+// BenchmarkImportUnchanged re-imports a tree of 200 files in 100
+// directories, unchanged or with one file changed before each import,
+// walked (the import index finds the unchanged files) or with the import
+// watch (no walk when unchanged; a walk that also watches every
+// directory again when changed).
 func BenchmarkImportUnchanged(b *testing.B) {
-	f := openTestFS(b)
-	src := b.TempDir()
-	files := map[string]string{}
-	for i := 0; i < 200; i++ {
-		files[filepath.Join("d"+string(rune('0'+i%10)), "f"+time.Duration(i).String())] = string(make([]byte, 2000+i))
-	}
-	writeTree(b, src, files)
-	settle()
-	ctx := context.Background()
-	if _, err := f.Import(ctx, src, ""); err != nil {
-		b.Fatal(err)
-	}
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		if _, err := f.Import(ctx, src, ""); err != nil {
-			b.Fatal(err)
-		}
+	for _, c := range []struct {
+		name    string
+		opts    *Options
+		changed bool
+	}{
+		{"walk", &Options{NoImportWatch: true}, false},
+		{"walk-changed", &Options{NoImportWatch: true}, true},
+		{"watched", nil, false},
+		{"watched-changed", nil, true},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			f := openTestFSWith(b, c.opts)
+			src := b.TempDir()
+			files := map[string]string{}
+			for i := 0; i < 200; i++ {
+				files[filepath.Join("d"+strconv.Itoa(i%100), "f"+strconv.Itoa(i))] = string(make([]byte, 2000+i))
+			}
+			writeTree(b, src, files)
+			settle()
+			ctx := context.Background()
+			if _, err := f.Import(ctx, src, ""); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if c.changed {
+					b.StopTimer()
+					if err := os.WriteFile(filepath.Join(src, "changed"), []byte(strconv.Itoa(i)), 0o644); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
+				if _, err := f.Import(ctx, src, ""); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -52,19 +52,24 @@ var localFS = map[int64]bool{
 type importWatcher struct {
 	mu    sync.Mutex
 	fd    int                           // inotify instance; -1 once closed or when none could be made
-	trees map[string]*watchTree         // armed trees, by the directory given to Import
+	trees map[string]*watchTree         // the last import's tree of each directory given to Import
+	walks map[*watchTree]bool           // trees of imports walking now
 	wds   map[int32]map[*watchTree]bool // watch descriptor -> trees using it
 	held  int                           // watches held, under maxImportWatches
 	buf   []byte
 }
 
-// watchTree is one import's tree: while armed, nothing under it changed
-// since its import began, and snap is what that import stored.
+// watchTree is one import's tree. While armed, nothing under it changed
+// since its import began, and snap is what that import stored. A tree
+// that saw a change keeps its watches until the next import of its
+// directory has watched that directory's tree again: giving a watch back
+// costs the kernel far more than adding one it holds already.
 type watchTree struct {
 	dir    string
 	top    [2]uint64 // device and inode of dir
 	snap   SnapshotID
 	wds    []int32
+	armed  bool
 	failed bool // not watchable: the tree must be walked next time
 }
 
@@ -73,7 +78,7 @@ func newImportWatcher() *importWatcher {
 	if err != nil {
 		fd = -1
 	}
-	return &importWatcher{fd: fd, trees: map[string]*watchTree{}, wds: map[int32]map[*watchTree]bool{}}
+	return &importWatcher{fd: fd, trees: map[string]*watchTree{}, walks: map[*watchTree]bool{}, wds: map[int32]map[*watchTree]bool{}}
 }
 
 // close drops every watch.
@@ -88,6 +93,9 @@ func (w *importWatcher) close() {
 		w.fd = -1
 	}
 	w.trees, w.wds, w.held = map[string]*watchTree{}, map[int32]map[*watchTree]bool{}, 0
+	for t := range w.walks {
+		t.failed, t.wds = true, nil
+	}
 }
 
 // unchanged returns the snapshot of dir's last import when nothing under
@@ -100,12 +108,12 @@ func (w *importWatcher) unchanged(dir string) (SnapshotID, bool) {
 	defer w.mu.Unlock()
 	w.drain()
 	t := w.trees[dir]
-	if t == nil {
+	if t == nil || !t.armed {
 		return SnapshotID{}, false
 	}
 	var st unix.Stat_t
 	if err := unix.Fstatat(unix.AT_FDCWD, dir, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil || [2]uint64{st.Dev, st.Ino} != t.top {
-		w.disarm(t) // the path names another directory now
+		t.armed = false // the path names another directory now
 		return SnapshotID{}, false
 	}
 	return t.snap, true
@@ -123,6 +131,7 @@ func (w *importWatcher) begin(dir string) *watchTree {
 	if w.fd < 0 {
 		t.failed = true
 	}
+	w.walks[t] = true
 	return t
 }
 
@@ -141,7 +150,14 @@ func (w *importWatcher) add(t *watchTree, d int, st *unix.Stat_t, top bool) {
 		t.top = [2]uint64{st.Dev, st.Ino}
 	}
 	var fs unix.Statfs_t
-	if err := unix.Fstatfs(d, &fs); err != nil || !localFS[int64(fs.Type)] || w.fd < 0 || w.held >= maxImportWatches {
+	if err := unix.Fstatfs(d, &fs); err != nil || !localFS[int64(fs.Type)] || w.fd < 0 {
+		w.fail(t)
+		return
+	}
+	if w.held >= maxImportWatches {
+		w.evict(t.dir)
+	}
+	if w.held >= maxImportWatches {
 		w.fail(t)
 		return
 	}
@@ -164,6 +180,17 @@ func (w *importWatcher) add(t *watchTree, d int, st *unix.Stat_t, top bool) {
 	}
 }
 
+// evict gives back the watches of trees that saw a change, but those of
+// directory dir, whose import is walking.
+func (w *importWatcher) evict(dir string) {
+	for d, t := range w.trees {
+		if !t.armed && d != dir {
+			delete(w.trees, d)
+			w.release(t)
+		}
+	}
+}
+
 // notWatchable marks t failed (a file with several hard links, say).
 func (w *importWatcher) notWatchable(t *watchTree) {
 	if t == nil {
@@ -174,17 +201,20 @@ func (w *importWatcher) notWatchable(t *watchTree) {
 	w.fail(t)
 }
 
-// end arms t with the snapshot its import stored, replacing the tree of
-// an earlier import of the same directory; a failed import (err) or an
-// unwatchable tree only gives its watches back.
+// end arms t with the snapshot its import stored, in place of the tree of
+// the last import of the same directory, whose watches are given back
+// unless t holds them too. A failed import (err) or an unwatchable tree
+// gives back both trees' watches.
 func (w *importWatcher) end(t *watchTree, snap SnapshotID, err error) {
 	if t == nil {
 		return
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if old := w.trees[t.dir]; old != nil && old != t {
-		w.disarm(old)
+	delete(w.walks, t)
+	if old := w.trees[t.dir]; old != nil {
+		delete(w.trees, t.dir)
+		defer w.release(old) // after t took its watches
 	}
 	if err != nil || t.failed || w.fd < 0 {
 		w.fail(t)
@@ -192,21 +222,13 @@ func (w *importWatcher) end(t *watchTree, snap SnapshotID, err error) {
 	}
 	// Events raised during the walk are still queued: the next unchanged
 	// drains them and disarms t if any concerns it.
-	t.snap = snap
+	t.snap, t.armed = snap, true
 	w.trees[t.dir] = t
 }
 
 // fail gives t's watches back and marks it failed.
 func (w *importWatcher) fail(t *watchTree) {
 	t.failed = true
-	w.release(t)
-}
-
-// disarm forgets armed tree t.
-func (w *importWatcher) disarm(t *watchTree) {
-	if w.trees[t.dir] == t {
-		delete(w.trees, t.dir)
-	}
 	w.release(t)
 }
 
@@ -248,15 +270,18 @@ func (w *importWatcher) drain() {
 			off += unix.SizeofInotifyEvent + int(ev.Len)
 			if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
 				for _, t := range w.trees {
-					w.disarm(t)
+					t.armed = false
+				}
+				for t := range w.walks {
+					t.failed = true // it may have missed an event
 				}
 				continue
 			}
 			for t := range w.wds[ev.Wd] {
-				if w.trees[t.dir] == t {
-					w.disarm(t)
+				if w.walks[t] {
+					t.failed = true // it must not arm
 				} else {
-					w.fail(t) // an import still walking: it must not arm
+					t.armed = false
 				}
 			}
 		}
