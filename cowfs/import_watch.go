@@ -32,6 +32,7 @@ import (
 // fs.inotify.max_user_watches). A variable for tests.
 var maxImportWatches = 16384
 
+// watchMask is the events that mean a change under a watched directory.
 const watchMask = unix.IN_MODIFY | unix.IN_ATTRIB | unix.IN_CLOSE_WRITE | unix.IN_CREATE | unix.IN_DELETE |
 	unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_MOVED_FROM | unix.IN_MOVED_TO | unix.IN_ONLYDIR
 
