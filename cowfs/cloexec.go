@@ -16,14 +16,17 @@ func cloexecFUSE() {
 		return
 	}
 	for _, e := range ents {
-		if t, err := os.Readlink("/proc/self/fd/" + e.Name()); err != nil || t != "/dev/fuse" {
-			continue
-		}
 		var fd int
 		for _, c := range e.Name() {
 			fd = fd*10 + int(c-'0')
 		}
-		if fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err == nil && fl&unix.FD_CLOEXEC == 0 {
+		// Most descriptors have the flag already (Go sets it): ask for it
+		// first, which costs far less than reading the link.
+		fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+		if err != nil || fl&unix.FD_CLOEXEC != 0 {
+			continue
+		}
+		if t, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil && t == "/dev/fuse" {
 			unix.FcntlInt(uintptr(fd), unix.F_SETFD, fl|unix.FD_CLOEXEC)
 		}
 	}
