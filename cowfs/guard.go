@@ -2,8 +2,8 @@ package cowfs
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -41,6 +41,12 @@ const guardEnv = "TINE_FUSE_GUARD"
 // action is to ignore it, so that one sent while the guard is still
 // starting does not end it (its poll of the parent then notices).
 const guardSignal = syscall.SIGCHLD
+
+// guardReady is what the guard says on fd 4 once it is set up.
+const guardReady = "tine-fuse-guard ready"
+
+// guardStartTimeout bounds the wait for it.
+const guardStartTimeout = 10 * time.Second
 
 // fusectl is where the FUSE control filesystem is mounted.
 const fusectl = "/sys/fs/fuse/connections"
@@ -104,15 +110,17 @@ func StartGuard() error {
 	}()
 	err = <-started
 	if err == nil {
-		// The guard closes its end once its signals are set up: a mount
-		// made after this is guarded.
-		var b [1]byte
-		if n, _ := readyR.Read(b[:]); n != 0 {
-			err = errors.New("unexpected output")
+		// The guard writes guardReady once its signals are set up: a mount
+		// made after this is guarded. A program that does not call
+		// GuardMain says nothing of the kind.
+		readyR.SetReadDeadline(time.Now().Add(guardStartTimeout))
+		b, rerr := io.ReadAll(io.LimitReader(readyR, int64(len(guardReady))+1))
+		if string(b) != guardReady {
+			err = fmt.Errorf("it did not say it was ready (%v): does this program call cowfs.GuardMain first in main?", rerr)
 		}
 	}
 	if err != nil {
-		w.Close()
+		w.Close() // a guard that did start sees the pipe end, and ends
 		return fmt.Errorf("start the FUSE guard: %w", err)
 	}
 	guard.w = w
@@ -150,10 +158,11 @@ func guarded() bool {
 	return guard.w != nil
 }
 
-// runGuard is the guard: it says it is ready by closing fd 4, keeps the
-// connections it is told of (fd 3) and aborts them once the process with pid parent is dead or dying. It
-// ends without aborting anything when the pipe ends first: the parent
-// exited and its connections ended with its descriptors.
+// runGuard is the guard: it says it is ready on fd 4, keeps the
+// connections it is told of (fd 3) and aborts them once the process with
+// pid parent is dying with the pipe still open. It ends without aborting
+// anything when the pipe ends: the parent's descriptors are closed, and
+// its connections ended with them.
 func runGuard(parent string) int {
 	ppid, err := strconv.Atoi(parent)
 	if err != nil {
@@ -162,7 +171,9 @@ func runGuard(parent string) int {
 	signal.Ignore(syscall.SIGINT, syscall.SIGHUP, syscall.SIGPIPE, syscall.SIGTERM)
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, guardSignal)
-	os.NewFile(4, "ready").Close()
+	ready := os.NewFile(4, "ready")
+	ready.WriteString(guardReady)
+	ready.Close()
 	var mu sync.Mutex
 	conns := map[uint32]string{}
 	eof := make(chan struct{})
@@ -201,10 +212,15 @@ func runGuard(parent string) int {
 		case <-time.After(wait):
 		}
 	}
-	// Let the reader take what the parent wrote last.
+	// The parent's descriptors are closed when its last thread ends: once
+	// the pipe ends, its connections have ended with them (and their
+	// numbers may serve other mounts already). A parent whose pipe stays
+	// open is stuck: abort what it served. (The wait also lets the reader
+	// take what the parent wrote last.)
 	select {
 	case <-eof:
-	case <-time.After(20 * time.Millisecond):
+		return 0
+	case <-time.After(100 * time.Millisecond):
 	}
 	mu.Lock()
 	defer mu.Unlock()

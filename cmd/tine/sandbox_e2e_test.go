@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"tine/api"
+	"tine/cowfs"
 	"tine/sandbox/ns"
 )
 
@@ -25,6 +26,7 @@ import (
 var tineBin string
 
 func TestMain(m *testing.M) {
+	cowfs.GuardMain() // the guard of a daemon served in this process
 	ns.Init()
 	if os.Getenv("TINE_TEST_DIAL") != "" {
 		os.Exit(m.Run()) // the other user's side of TestDaemonSocketPrivate
