@@ -100,6 +100,20 @@ func bind(b []byte, fds []int) error {
 		// be one of fds.)
 		unix.Close(hostRootFD)
 	}
+	api := -1
+	if c.API {
+		api = fds[want-1]
+	}
+	return attachProject(&c, fds[0], api)
+}
+
+// attachProject mounts the project (a detached mount) at its path in the
+// current root, covers the hidden paths, attaches the API socket when api
+// is not -1 and sets the host name: the part of a bind that every sandbox
+// needs. The bind step runs it for a fork, in the root it built; for any
+// other sandbox the host runs it from a thread in the sandbox's mount and
+// UTS namespaces (hostbind.go).
+func attachProject(c *bindConfig, project, api int) error {
 	rfd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -111,7 +125,7 @@ func bind(b []byte, fds []int) error {
 		return fmt.Errorf("project mount point: %w", err)
 	}
 	defer unix.Close(target)
-	if err := unix.MoveMount(fds[0], "", target, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+	if err := unix.MoveMount(project, "", target, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
 		return fmt.Errorf("mount the project at %s: %w", c.ProjectPath, err)
 	}
 	for _, h := range c.Hide {
@@ -119,8 +133,8 @@ func bind(b []byte, fds []int) error {
 			return err
 		}
 	}
-	if c.API {
-		if err := r.attachAPI(fds[want-1]); err != nil {
+	if api >= 0 {
+		if err := r.attachAPI(api); err != nil {
 			return err
 		}
 	}

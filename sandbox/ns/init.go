@@ -444,8 +444,32 @@ func (r root) hide(rel string) error {
 	if err != nil {
 		return fmt.Errorf("hide %s: %w", rel, err)
 	}
-	unix.Close(fd)
-	return r.mount("tmpfs", rel, "tmpfs", noexec|unix.MS_RDONLY, "mode=000,size=4k", false)
+	defer unix.Close(fd)
+	// Through the mount API's descriptors, not a /proc/self/fd path: the
+	// host runs this from outside the sandbox's pid namespace, where that
+	// path does not resolve (hostbind.go).
+	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("hide %s: %w", rel, err)
+	}
+	defer unix.Close(fs)
+	for _, o := range [][2]string{{"mode", "000"}, {"size", "4k"}} {
+		if err := unix.FsconfigSetString(fs, o[0], o[1]); err != nil {
+			return fmt.Errorf("hide %s: tmpfs %s=%s: %w", rel, o[0], o[1], err)
+		}
+	}
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return fmt.Errorf("hide %s: %w", rel, err)
+	}
+	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return fmt.Errorf("hide %s: %w", rel, err)
+	}
+	defer unix.Close(m)
+	if err := unix.MoveMount(m, "", fd, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("hide %s: %w", rel, err)
+	}
+	return nil
 }
 
 // devLinks adds the usual symlinks of /dev (a fresh tmpfs, so no one

@@ -189,6 +189,13 @@ func (in *instance) start(r *Runtime, cfg initConfig) (*net.UnixConn, error) {
 	child := os.NewFile(uintptr(fds[1]), "init control")
 	defer child.Close()
 	unix.SetNonblock(fds[0], true)
+	// A warm instance's bind step says it is ready on this socket; its
+	// credentials say which process it is (see warmPool.make).
+	if err := unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, fmt.Errorf("init control socket: %w", err)
+	}
 	cf := os.NewFile(uintptr(fds[0]), "init control")
 	c, err := net.FileConn(cf)
 	cf.Close()
@@ -273,12 +280,16 @@ type instance struct {
 	ids  *idMap // its user namespace's mapping; nil without one
 	cmd  *exec.Cmd
 	done chan struct{}
-	// bound, for a bound warm instance, is closed once its bind step is
-	// gone (or the sandbox was killed because it did not go).
+	// bound, for a warm instance bound by its bind step (a fork), is
+	// closed once the bind step is gone (or the sandbox was killed
+	// because it did not go).
 	bound chan struct{}
-	log   tail
-	once  sync.Once
-	err   error
+	// pid1 and bindStep are pidfds of a warm instance's pid 1 and of its
+	// bind step, until it is bound (see hostbind.go).
+	pid1, bindStep *os.File
+	log            tail
+	once           sync.Once
+	err            error
 }
 
 // AgentSocket returns the agent's socket path; for a sandbox bound to a

@@ -229,9 +229,22 @@ func (p *warmPool) make() (*instance, error) {
 	in.ctl = ctl
 	ctl.SetDeadline(time.Now().Add(warmTimeout))
 	buf := make([]byte, 512)
-	n, err := ctl.Read(buf)
+	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred))
+	n, oobn, _, _, err := ctl.ReadMsgUnix(buf, oob)
 	if err == nil && string(buf[:n]) != bindReady {
 		err = fmt.Errorf("bind step said %q", buf[:n])
+	}
+	if err == nil {
+		// The bind step waits for its message until it is killed, and pid
+		// 1 is this program's child, not reaped before done: both pids
+		// still name them here.
+		var pid int
+		if pid, err = bindStepPid(oob[:oobn]); err == nil {
+			in.bindStep, err = openPidfd(pid, "bind step")
+		}
+		if err == nil {
+			in.pid1, err = openPidfd(in.cmd.Process.Pid, "pid 1")
+		}
 	}
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
@@ -261,11 +274,33 @@ func warmUp(ctx context.Context, c *client.Client) {
 	}
 }
 
-// discard ends a warm instance that was not bound.
-func (in *instance) discard() error {
+// openPidfd returns a pidfd of pid.
+func openPidfd(pid int, what string) (*os.File, error) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pidfd of the %s (pid %d): %w", what, pid, err)
+	}
+	return os.NewFile(uintptr(fd), what), nil
+}
+
+// unwarm closes what a warm instance holds until it is bound: its control
+// socket and pidfds.
+func (in *instance) unwarm() {
+	for _, f := range []*os.File{in.pid1, in.bindStep} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	in.pid1, in.bindStep = nil, nil
 	if in.ctl != nil {
 		in.ctl.Close()
+		in.ctl = nil
 	}
+}
+
+// discard ends a warm instance that was not bound.
+func (in *instance) discard() error {
+	in.unwarm()
 	err := in.Stop(context.Background())
 	return errors.Join(err, os.RemoveAll(in.dir))
 }
@@ -282,7 +317,7 @@ func (r *Runtime) startWarm(ctx context.Context, spec sandbox.Spec) (sandbox.Ins
 		return nil, nil
 	}
 	if err := in.bind(ctx, spec); err != nil {
-		in.ctl.Close()
+		in.unwarm()
 		in.Stop(context.Background())
 		os.RemoveAll(in.dir)
 		return nil, fmt.Errorf("start sandbox %s: %w: %s", spec.ID, err, in.log.String())
@@ -355,7 +390,11 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		}
 		fds = append(fds, afd)
 	}
-	b, err := json.Marshal(bindConfig{Fork: fork, API: spec.APISocket != "", Userns: in.ids != nil, ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname})
+	c := bindConfig{Fork: fork, API: spec.APISocket != "", Userns: in.ids != nil, ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname}
+	if !fork {
+		return in.bindHere(&c, fds)
+	}
+	b, err := json.Marshal(c)
 	if err == nil && len(b) > maxMessage {
 		err = fmt.Errorf("bind message of %d bytes, more than %d", len(b), maxMessage)
 	}
@@ -379,10 +418,8 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	if string(buf[:n]) != "ok" {
 		return errors.New(string(buf[:n]))
 	}
-	if fork {
-		if err := swapForkLayer(spec.Dir); err != nil {
-			return err
-		}
+	if err := swapForkLayer(spec.Dir); err != nil {
+		return err
 	}
 	// The bind step closes its end as it exits, which takes a Go
 	// program a few milliseconds: the host's metadata write goes on
@@ -391,6 +428,7 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	// killed with the sandbox.
 	ctl := in.ctl
 	in.ctl = nil
+	in.unwarm()
 	in.bound = make(chan struct{})
 	go func() {
 		defer close(in.bound)
@@ -401,6 +439,30 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 			in.kill()
 		}
 	}()
+	return nil
+}
+
+// bindHere binds a warm instance that is not a fork from this process
+// (see hostbind.go): fds are the project and, when c.API, the API socket.
+// The bind step, which waits for its message in the sandbox with every
+// capability, is killed unused: blocked in recvmsg, it runs no code of
+// its own again, so there is nothing to wait for.
+func (in *instance) bindHere(c *bindConfig, fds []int) error {
+	api := -1
+	if c.API {
+		api = fds[1]
+	}
+	owner := -1
+	if in.ids != nil {
+		owner = int(in.ids.base)
+	}
+	if err := bindInNamespaces(int(in.pid1.Fd()), c, fds[0], api, owner); err != nil {
+		return err
+	}
+	if err := unix.PidfdSendSignal(int(in.bindStep.Fd()), unix.SIGKILL, nil, 0); err != nil {
+		return fmt.Errorf("end the bind step: %w", err)
+	}
+	in.unwarm()
 	return nil
 }
 

@@ -3,6 +3,7 @@ package ns
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,14 +14,25 @@ import (
 	"tine/sandbox"
 )
 
-// TestWarmBind binds a warm instance to a sandbox: the project, the host
-// name, the hidden path,
-// the renamed cgroup and its pids limit are the sandbox's; the bind step
-// is gone and every process in it has the reduced capabilities.
+// TestWarmBind binds a warm instance to a sandbox, with a user namespace
+// and without: the project, the host name, the hidden path (owned by the
+// sandbox's root), the renamed cgroup and its pids limit are the
+// sandbox's; the bind step is gone and every process in it has the
+// reduced capabilities.
 func TestWarmBind(t *testing.T) {
+	for _, userns := range []bool{true, false} {
+		t.Run(map[bool]string{true: "userns", false: "no-userns"}[userns], func(t *testing.T) { testWarmBind(t, userns) })
+	}
+}
+
+func testWarmBind(t *testing.T, userns bool) {
 	rt, err := New(buildAgent(t))
 	if err != nil {
 		t.Fatal(err)
+	}
+	rt.UseUserns(userns)
+	if _, err := rt.usernsSetup(); userns && err != nil {
+		t.Fatalf("this host runs sandboxes in user namespaces; here it cannot: %v", err)
 	}
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -47,6 +59,14 @@ func TestWarmBind(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer in.Stop(context.Background())
+	// The host bound it from a thread of this process, which went back:
+	// a thread left in the sandbox's namespaces would keep its mounts
+	// (the project's FUSE mount among them) after the sandbox ends.
+	for _, n := range []string{"mnt", "uts"} {
+		if err := sameNamespace(n); err != nil {
+			t.Error(err)
+		}
+	}
 	if _, err := os.Stat(filepath.Join(dir, "rt", upperDir)); err != nil {
 		t.Fatalf("the warm instance's state was not moved into place: %v", err)
 	}
@@ -56,19 +76,22 @@ func TestWarmBind(t *testing.T) {
 	}
 	defer c.Close()
 	out, code := run(t, c, "sh", "-c", "cat /srv/proj-nswarm/a; echo; hostname; ls "+hidden+" 2>&1 | wc -l; "+
-		"ps -e -o pid=,comm= | wc -l; grep -h CapEff /proc/[0-9]*/status | sort -u")
+		"ps -e -o stat= | grep -vc '^Z'; stat -c '%u:%g %a' "+hidden+"; grep -h CapEff /proc/[0-9]*/status | sort -u")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, out)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) < 5 || lines[0] != "A" || lines[1] != "warmhost" || strings.TrimSpace(lines[2]) != "0" {
+	if len(lines) < 6 || lines[0] != "A" || lines[1] != "warmhost" || strings.TrimSpace(lines[2]) != "0" {
 		t.Fatalf("inside the warm sandbox: %q", out)
 	}
-	// agent, sh, ps, wc: the bind step is gone.
+	// agent, sh, ps, grep: the bind step is gone (a zombie has ended).
 	if n := strings.TrimSpace(lines[3]); n != "4" {
 		t.Errorf("%s processes, want 4 (the bind step must be gone): %q", n, out)
 	}
-	for _, l := range lines[4:] {
+	if lines[4] != "0:0 0" {
+		t.Errorf("the hidden path's cover is %q inside, want owner 0:0 and mode 0", lines[4])
+	}
+	for _, l := range lines[5:] {
 		if !strings.HasPrefix(l, "CapEff:") || strings.HasSuffix(l, "1ffffffffff") || strings.HasSuffix(l, "3ffffffffff") {
 			t.Errorf("a process with every capability: %q", l)
 		}
@@ -101,7 +124,7 @@ func TestWarmBind(t *testing.T) {
 	}
 	defer c2.Close()
 	out, code = run(t, c2, "sh", "-c", "cat /etc/warm-seeded; echo; cat /srv/proj-nswarm/a; echo; hostname; ls "+hidden+
-		" 2>&1 | wc -l; ps -e -o pid=,comm= | wc -l; echo F > /etc/fork-wrote; grep -h CapEff /proc/[0-9]*/status | sort -u")
+		" 2>&1 | wc -l; ps -e -o stat= | grep -vc '^Z'; echo F > /etc/fork-wrote; grep -h CapEff /proc/[0-9]*/status | sort -u")
 	lines = strings.Split(strings.TrimSpace(out), "\n")
 	if code != 0 || len(lines) < 6 || lines[0] != "S" || lines[1] != "A" || lines[2] != "h2" || strings.TrimSpace(lines[3]) != "0" {
 		t.Fatalf("inside the warm fork: exit %d: %q", code, out)
@@ -131,4 +154,23 @@ func TestWarmBind(t *testing.T) {
 	if _, err := c2.GetFile(ctx, "/etc/warm-seeded", &got); err != nil || got.String() != "S" {
 		t.Errorf("GetFile in the warm fork: %q, %v", got.String(), err)
 	}
+}
+
+// sameNamespace checks that every thread of this process is in its
+// namespace of kind n ("mnt", "uts").
+func sameNamespace(n string) error {
+	want, err := os.Readlink("/proc/self/ns/" + n)
+	if err != nil {
+		return err
+	}
+	tasks, err := filepath.Glob("/proc/self/task/*/ns/" + n)
+	if err != nil {
+		return err
+	}
+	for _, p := range tasks {
+		if got, err := os.Readlink(p); err == nil && got != want {
+			return fmt.Errorf("thread %s is in %s, not this process's %s", strings.Split(p, "/")[4], got, want)
+		}
+	}
+	return nil
 }
