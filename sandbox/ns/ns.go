@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tine/sandbox"
+	"tine/sandbox/internal/cgroup"
 )
 
 // Runtime starts namespace sandboxes. The zero value is not usable: use New.
@@ -284,6 +285,8 @@ type instance struct {
 	// closed once the bind step is gone (or the sandbox was killed
 	// because it did not go).
 	bound chan struct{}
+	// limits are the cgroup limits applyLimits set last, if it did.
+	limits *cgroup.Limits
 	// pid1 and bindStep are pidfds of a warm instance's pid 1 and of its
 	// bind step, until it is bound (see hostbind.go).
 	pid1, bindStep *os.File

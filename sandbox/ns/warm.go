@@ -212,6 +212,13 @@ func (p *warmPool) make() (*instance, error) {
 		return nil, fmt.Errorf("warm sandbox: %w", err)
 	}
 	in := &instance{id: id, dir: dir, sock: filepath.Join(dir, runDir, agentSocket), cg: cg, done: make(chan struct{})}
+	// The default limits, which most sandboxes keep: bind then has
+	// nothing to write.
+	if err := in.applyLimits(sandbox.Limits{}, dir); err != nil {
+		cg.Remove(context.Background())
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("warm sandbox: %w", err)
+	}
 	ctl, err := in.start(p.r, initConfig{
 		Warm:     true,
 		Root:     filepath.Join(dir, rootDir),
