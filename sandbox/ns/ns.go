@@ -281,9 +281,8 @@ type instance struct {
 	ids  *idMap // its user namespace's mapping; nil without one
 	cmd  *exec.Cmd
 	done chan struct{}
-	// bound, for a warm instance bound by its bind step (a fork), is
-	// closed once the bind step is gone (or the sandbox was killed
-	// because it did not go).
+	// bound, for a bound warm instance, is closed once its bind step is
+	// gone (or the sandbox was killed because it did not go).
 	bound chan struct{}
 	// limits are the cgroup limits applyLimits set last, if it did.
 	limits *cgroup.Limits
@@ -296,8 +295,8 @@ type instance struct {
 }
 
 // AgentSocket returns the agent's socket path; for a sandbox bound to a
-// warm instance, only once its bind step is gone (see bind), so that no
-// one reaches the sandbox while a privileged process is in it.
+// warm instance, only once its bind step is gone (see endBindStep), so
+// that no one reaches the sandbox while a privileged process is in it.
 func (in *instance) AgentSocket() string {
 	if in.bound != nil {
 		<-in.bound

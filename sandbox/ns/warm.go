@@ -428,32 +428,13 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	if err := swapForkLayer(spec.Dir); err != nil {
 		return err
 	}
-	// The bind step closes its end as it exits, which takes a Go
-	// program a few milliseconds: the host's metadata write goes on
-	// meanwhile, and AgentSocket waits for the end, so that it is gone
-	// before anything runs in the sandbox. One that does not end is
-	// killed with the sandbox.
-	ctl := in.ctl
-	in.ctl = nil
-	in.unwarm()
-	in.bound = make(chan struct{})
-	go func() {
-		defer close(in.bound)
-		defer ctl.Close()
-		ctl.SetDeadline(time.Now().Add(warmTimeout))
-		if n, err := ctl.Read(buf); n != 0 || (err != nil && !errors.Is(err, io.EOF)) {
-			in.log.Write(fmt.Appendf(nil, "bind step did not exit: %d bytes, %v\n", n, err))
-			in.kill()
-		}
-	}()
-	return nil
+	return in.endBindStep()
 }
 
 // bindHere binds a warm instance that is not a fork from this process
 // (see hostbind.go): fds are the project and, when c.API, the API socket.
 // The bind step, which waits for its message in the sandbox with every
-// capability, is killed unused: blocked in recvmsg, it runs no code of
-// its own again, so there is nothing to wait for.
+// capability, is killed unused, before the bind.
 func (in *instance) bindHere(c *bindConfig, fds []int) error {
 	api := -1
 	if c.API {
@@ -463,13 +444,50 @@ func (in *instance) bindHere(c *bindConfig, fds []int) error {
 	if in.ids != nil {
 		owner = int(in.ids.base)
 	}
-	if err := bindInNamespaces(int(in.pid1.Fd()), c, fds[0], api, owner); err != nil {
+	pid1 := in.pid1
+	in.pid1 = nil
+	defer pid1.Close()
+	// First, so that its exit overlaps the bind.
+	if err := in.endBindStep(); err != nil {
 		return err
 	}
-	if err := unix.PidfdSendSignal(int(in.bindStep.Fd()), unix.SIGKILL, nil, 0); err != nil {
+	return bindInNamespaces(int(pid1.Fd()), c, fds[0], api, owner)
+}
+
+// endBindStep kills the bind step through its pidfd and closes what the
+// instance held while warm; AgentSocket waits until the bind step is gone
+// (its pidfd says it exited), so that nothing runs in the sandbox beside
+// a privileged process. With SIGKILL pending the bind step runs no code
+// of its own again; its exit (about 3 ms for a Go program here) overlaps
+// the rest of the start. See docs/adr/0185.
+func (in *instance) endBindStep() error {
+	// ESRCH: a fork's bind step, which exits after its answer, was
+	// already reaped.
+	err := unix.PidfdSendSignal(int(in.bindStep.Fd()), unix.SIGKILL, nil, 0)
+	if err != nil && !errors.Is(err, unix.ESRCH) {
+		in.unwarm()
 		return fmt.Errorf("end the bind step: %w", err)
 	}
+	pidfd := in.bindStep
+	in.bindStep = nil
 	in.unwarm()
+	in.bound = make(chan struct{})
+	go func() {
+		defer close(in.bound)
+		defer pidfd.Close()
+		fds := []unix.PollFd{{Fd: int32(pidfd.Fd()), Events: unix.POLLIN}}
+		for {
+			n, err := unix.Poll(fds, int(warmTimeout/time.Millisecond))
+			if err == unix.EINTR {
+				continue
+			}
+			if n != 1 {
+				in.log.Write(fmt.Appendf(nil, "bind step did not exit after SIGKILL: %v\n", err))
+				in.kill()
+			}
+			return
+		}
+	}()
 	return nil
 }
 
