@@ -854,7 +854,7 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 }
 
 // forkParallel is how many forks are made at once: each mostly waits on
-// the disk (fsync), on the kernel and on a warm sandbox's bind step.
+// the disk (fsync) and on the kernel.
 const forkParallel = 16
 
 // Rollback returns the sandbox to snapshot id (its id or its label),

@@ -13,14 +13,11 @@ import (
 )
 
 // initEnv marks a process started by Start as the sandbox's init step
-// (modeInit) or a warm instance's bind step (modeBind).
+// (modeInit).
 const initEnv = "TINE_SANDBOX_INIT"
 
-// The values of initEnv.
-const (
-	modeInit = "1"
-	modeBind = "bind"
-)
+// modeInit is initEnv's value for the init step.
+const modeInit = "1"
 
 // Paths inside the sandbox.
 const (
@@ -34,8 +31,7 @@ const (
 // socket.
 type initConfig struct {
 	// Warm: the project, the hidden paths and the host name are left to
-	// the bind step (see bind.go), which the init step starts before it
-	// executes the agent.
+	// the host's bind (see warm.go and bind.go).
 	Warm  bool   `json:",omitempty"`
 	Root  string // host path the overlay is mounted at
 	Lower string `json:",omitempty"` // the overlay's lower layer: "/" when empty
@@ -66,10 +62,6 @@ type initConfig struct {
 	// descriptor with the message (apisock.go).
 	API   bool `json:",omitempty"`
 	apiFD int
-	// moveProcSys: move /proc and /sys of the current root into the new
-	// one instead of mounting them (a fork's root in a user namespace,
-	// where no other proc or sysfs is left to make new ones allowed).
-	moveProcSys bool
 }
 
 // Init runs the sandbox's init step when the process was started as one by
@@ -87,10 +79,6 @@ func Init() {
 		}
 		fmt.Fprintf(os.Stderr, "sandbox init: %v\n", err)
 		os.Exit(125)
-	case modeBind:
-		runtime.LockOSThread()
-		runBind()
-		os.Exit(0)
 	case modeHold:
 		runHold()
 		os.Exit(0)
@@ -164,15 +152,6 @@ func runInit() error {
 	if err != nil {
 		return fmt.Errorf("read config from fd 3: %w", err)
 	}
-	hostRoot := -1
-	if c.Warm && !c.Userns {
-		// A detached copy of the root mount (overlayfs takes layers from
-		// this namespace or from such a copy), kept for the bind step,
-		// which builds a fork's root over it.
-		if hostRoot, err = unix.OpenTree(unix.AT_FDCWD, "/", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC); err != nil {
-			return fmt.Errorf("open the host root: %w", err)
-		}
-	}
 	if err := buildRoot(&c); err != nil {
 		return err
 	}
@@ -188,16 +167,6 @@ func runInit() error {
 	// this process in before sending the config.
 	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
 		return fmt.Errorf("new cgroup namespace: %w", err)
-	}
-	if c.Warm {
-		// The bind step keeps every capability and no filter, and exits
-		// before the sandbox runs anything but the agent (see bind.go).
-		if err := startBind(hostRoot); err != nil {
-			return err
-		}
-		if hostRoot >= 0 {
-			unix.Close(hostRoot)
-		}
 	}
 	unix.Close(3)
 	if err := dropCapabilities(); err != nil {
@@ -322,18 +291,8 @@ func buildRoot(c *initConfig) error {
 	}
 	r := root{fd}
 	steps := []func() error{
-		func() error {
-			if c.moveProcSys {
-				return nil // moved last (see below)
-			}
-			return r.mount("proc", "proc", "proc", noexec, "", false)
-		},
-		func() error {
-			if c.moveProcSys {
-				return nil
-			}
-			return r.mount("sysfs", "sys", "sysfs", noexec|unix.MS_RDONLY, "", false)
-		},
+		func() error { return r.mount("proc", "proc", "proc", noexec, "", false) },
+		func() error { return r.mount("sysfs", "sys", "sysfs", noexec|unix.MS_RDONLY, "", false) },
 		func() error {
 			return r.mount("tmpfs", "dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755", false)
 		},
@@ -345,18 +304,10 @@ func buildRoot(c *initConfig) error {
 		},
 	}
 	for _, p := range []string{"sys", "sysrq-trigger", "irq", "bus", "fs"} {
-		steps = append(steps, func() error {
-			if c.moveProcSys {
-				return nil // moved with its masks
-			}
-			return r.readOnly("proc/"+p, false)
-		})
+		steps = append(steps, func() error { return r.readOnly("proc/"+p, false) })
 	}
 	for _, p := range []string{"kcore", "keys", "timer_list"} {
 		steps = append(steps, func() error {
-			if c.moveProcSys {
-				return nil
-			}
 			if _, err := os.Stat("/proc/" + p); err != nil {
 				return nil
 			}
@@ -409,27 +360,29 @@ func buildRoot(c *initConfig) error {
 			steps = append(steps, func() error { return r.hide(h) })
 		}
 	}
-	if c.moveProcSys {
-		// Last: the steps above name their targets through /proc/self/fd.
-		steps = append(steps, func() error { return r.move("/sys", "sys") },
-			func() error { return r.move("/proc", "proc") })
-	}
 	for _, s := range steps {
 		if err := s(); err != nil {
 			return err
 		}
 	}
-	err = unix.Fchdir(fd)
+	return pivotTo(fd, c.Root)
+}
+
+// pivotTo makes the directory fd (named name in errors, and closed) the
+// root of the mount namespace: pivot_root moves every process whose root
+// or working directory was the old root, and the old root, left under the
+// new one, is detached at once.
+func pivotTo(fd int, name string) error {
+	err := unix.Fchdir(fd)
 	unix.Close(fd)
 	if err != nil {
-		return fmt.Errorf("enter the new root %s: %w", c.Root, err)
+		return fmt.Errorf("enter the new root %s: %w", name, err)
 	}
-	// The old root ends up under the new one and is detached at once.
 	if err := unix.PivotRoot(".", "."); err != nil {
-		return fmt.Errorf("pivot_root to %s: %w", c.Root, err)
+		return fmt.Errorf("pivot_root to %s: %w", name, err)
 	}
 	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detach the host root: %w", err)
+		return fmt.Errorf("detach the old root: %w", err)
 	}
 	return unix.Chdir("/")
 }
@@ -446,8 +399,8 @@ func (r root) hide(rel string) error {
 	}
 	defer unix.Close(fd)
 	// Through the mount API's descriptors, not a /proc/self/fd path: the
-	// host runs this from outside the sandbox's pid namespace, where that
-	// path does not resolve (hostbind.go).
+	// host's binding thread runs this from outside the sandbox's pid
+	// namespace, where that path does not resolve (binder.go).
 	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("hide %s: %w", rel, err)

@@ -154,56 +154,48 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		defer unix.Close(fd)
 		cfg.API, cfg.apiFD = true, fd
 	}
-	ctl, err := in.start(r, cfg)
-	if err != nil {
+	if err := in.start(r, cfg); err != nil {
 		cg.Remove(context.Background())
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
-	ctl.Close()
 	return in, nil
 }
 
 // start makes the agent's listening socket, runs the init step with it
 // and a control socket, puts it in the sandbox's cgroups and then sends
-// it cfg. It returns the host's end of the control socket.
-func (in *instance) start(r *Runtime, cfg initConfig) (*net.UnixConn, error) {
+// it cfg.
+func (in *instance) start(r *Runtime, cfg initConfig) error {
 	exe, err := os.Executable()
 	if err != nil {
-		return nil, fmt.Errorf("find this program to run the init step: %w", err)
+		return fmt.Errorf("find this program to run the init step: %w", err)
 	}
 	os.Remove(in.sock) // left by an earlier run
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: in.sock, Net: "unix"})
 	if err != nil {
-		return nil, fmt.Errorf("agent socket: %w", err)
+		return fmt.Errorf("agent socket: %w", err)
 	}
 	l.SetUnlinkOnClose(false)
 	lf, err := l.File()
 	l.Close()
 	if err != nil {
-		return nil, fmt.Errorf("agent socket: %w", err)
+		return fmt.Errorf("agent socket: %w", err)
 	}
 	defer lf.Close()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("init control socket: %w", err)
+		return fmt.Errorf("init control socket: %w", err)
 	}
 	child := os.NewFile(uintptr(fds[1]), "init control")
 	defer child.Close()
 	unix.SetNonblock(fds[0], true)
-	// A warm instance's bind step says it is ready on this socket; its
-	// credentials say which process it is (see warmPool.make).
-	if err := unix.SetsockoptInt(fds[0], unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
-		unix.Close(fds[0])
-		unix.Close(fds[1])
-		return nil, fmt.Errorf("init control socket: %w", err)
-	}
 	cf := os.NewFile(uintptr(fds[0]), "init control")
 	c, err := net.FileConn(cf)
 	cf.Close()
 	if err != nil {
-		return nil, fmt.Errorf("init control socket: %w", err)
+		return fmt.Errorf("init control socket: %w", err)
 	}
 	ctl := c.(*net.UnixConn)
+	defer ctl.Close()
 	cmd := exec.Command(exe)
 	// User namespace (userns.go): the descriptors the init step builds on.
 	ids, _ := r.usernsSetup()
@@ -215,8 +207,7 @@ func (in *instance) start(r *Runtime, cfg initConfig) (*net.UnixConn, error) {
 	var passed []int
 	if ids != nil {
 		if passed, err = ids.initFDs(&cfg); err != nil {
-			ctl.Close()
-			return nil, err
+			return err
 		}
 		defer closeAll(passed)
 	}
@@ -240,17 +231,15 @@ func (in *instance) start(r *Runtime, cfg initConfig) (*net.UnixConn, error) {
 		cmd.Path = "/proc/self/exe"
 	}
 	if err := cmd.Start(); err != nil {
-		ctl.Close()
-		return nil, fmt.Errorf("run the init step %s: %w", exe, err)
+		return fmt.Errorf("run the init step %s: %w", exe, err)
 	}
 	in.cmd = cmd
 	go func() {
 		cmd.Wait()
 		close(in.done)
 	}()
-	fail := func(err error) (*net.UnixConn, error) {
-		ctl.Close()
-		return nil, errors.Join(err, in.kill())
+	fail := func(err error) error {
+		return errors.Join(err, in.kill())
 	}
 	if err := in.cg.Add(cmd.Process.Pid); err != nil {
 		return fail(err)
@@ -265,7 +254,7 @@ func (in *instance) start(r *Runtime, cfg initConfig) (*net.UnixConn, error) {
 	if err != nil {
 		return fail(fmt.Errorf("send the init config: %w", err))
 	}
-	return ctl, nil
+	return nil
 }
 
 // maxMessage bounds one message on the init control socket.
@@ -274,35 +263,24 @@ const maxMessage = 64 << 10
 // instance is a running namespace sandbox.
 type instance struct {
 	id   string
-	dir  string        // the runtime directory (warm instances: until bound)
-	ctl  *net.UnixConn // a warm instance's control socket, until bound
+	dir  string // the runtime directory (warm instances: until bound)
 	sock string
 	cg   group
 	ids  *idMap // its user namespace's mapping; nil without one
 	cmd  *exec.Cmd
 	done chan struct{}
-	// bound, for a bound warm instance, is closed once its bind step is
-	// gone (or the sandbox was killed because it did not go).
-	bound chan struct{}
 	// limits are the cgroup limits applyLimits set last, if it did.
 	limits *cgroup.Limits
-	// pid1 and bindStep are pidfds of a warm instance's pid 1 and of its
-	// bind step, until it is bound (see hostbind.go).
-	pid1, bindStep *os.File
-	log            tail
-	once           sync.Once
-	err            error
+	// pid1 is a pidfd of a warm instance's pid 1, until it is bound
+	// (see warm.go).
+	pid1 *os.File
+	log  tail
+	once sync.Once
+	err  error
 }
 
-// AgentSocket returns the agent's socket path; for a sandbox bound to a
-// warm instance, only once its bind step is gone (see endBindStep), so
-// that no one reaches the sandbox while a privileged process is in it.
-func (in *instance) AgentSocket() string {
-	if in.bound != nil {
-		<-in.bound
-	}
-	return in.sock
-}
+// AgentSocket returns the agent's socket path.
+func (in *instance) AgentSocket() string { return in.sock }
 
 func (in *instance) Done() <-chan struct{}            { return in.done }
 func (in *instance) Freeze(ctx context.Context) error { return in.cg.Freeze(ctx) }

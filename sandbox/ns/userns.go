@@ -256,27 +256,14 @@ func (m *idMap) overlay(dir, upper, work, image string) (int, error) {
 		return -1, err
 	}
 	defer unix.Close(sfd)
-	fs, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
-	if err != nil {
-		return -1, fmt.Errorf("overlay: %w", err)
-	}
-	defer unix.Close(fs)
 	state := fmt.Sprintf("/proc/self/fd/%d/", sfd)
-	for _, o := range [][2]string{
+	fd, err := newOverlay([][2]string{
 		{"lowerdir", fmt.Sprintf("/proc/self/fd/%d", lower)},
 		{"upperdir", state + upper},
 		{"workdir", state + work},
-	} {
-		if err := unix.FsconfigSetString(fs, o[0], o[1]); err != nil {
-			return -1, fmt.Errorf("overlay %s=%s: %w", o[0], o[1], err)
-		}
-	}
-	if err := m.asSandboxRoot(func() error { return unix.FsconfigCreate(fs) }); err != nil {
-		return -1, fmt.Errorf("overlay of %s: %w", dir, err)
-	}
-	fd, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, 0)
+	}, m.asSandboxRoot)
 	if err != nil {
-		return -1, fmt.Errorf("overlay of %s: %w", dir, err)
+		return -1, fmt.Errorf("%w (of %s)", err, dir)
 	}
 	return fd, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,16 +23,17 @@ import (
 
 // A warm instance is a sandbox started ahead of time for no one: its
 // namespaces, an overlay root with an empty upper layer, /proc, /dev and
-// the rest are built, its agent runs and has answered a handshake, and a
-// privileged bind step waits in it for the project. Start binds one to a
-// sandbox whose state directory does not exist yet: the state directory
-// with its empty upper layer (renamed into place), the cgroups (renamed
-// to Spec.ID), and through the bind step the project (a detached clone of
+// the rest are built, its cgroups have the default limits, and its agent
+// runs and has answered a handshake. Start binds one to a sandbox whose
+// state directory does not exist yet: the state directory with its empty
+// upper layer (renamed into place), the cgroups (renamed to Spec.ID), and,
+// from the host's binding thread in the sandbox's mount and UTS
+// namespaces (binder.go, bind.go), the project (a detached clone of
 // ProjectSource), the hidden paths and the host name. With a Seed (a
-// fork) the bind step first builds a new root over a copy of the seed's
+// fork) that thread first builds a new root over a copy of the seed's
 // layer and pivots to it. An instance is bound once and never returns to
 // the pool: no state passes from one sandbox to another. See
-// docs/adr/0092 and 0093.
+// docs/adr/0092, 0093 and 0185.
 
 // warmPool keeps warm instances under one directory.
 type warmPool struct {
@@ -196,8 +196,8 @@ func (p *warmPool) take() *instance {
 // warmTimeout bounds the start of one warm instance.
 const warmTimeout = 30 * time.Second
 
-// make starts one warm instance and returns it once its bind step is
-// waiting and its agent has answered.
+// make starts one warm instance and returns it once its agent has
+// answered.
 func (p *warmPool) make() (*instance, error) {
 	var rnd [6]byte
 	rand.Read(rnd[:])
@@ -219,7 +219,7 @@ func (p *warmPool) make() (*instance, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("warm sandbox: %w", err)
 	}
-	ctl, err := in.start(p.r, initConfig{
+	err = in.start(p.r, initConfig{
 		Warm:     true,
 		Root:     filepath.Join(dir, rootDir),
 		Upper:    filepath.Join(dir, upperDir),
@@ -233,34 +233,24 @@ func (p *warmPool) make() (*instance, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("warm sandbox: %w", err)
 	}
-	in.ctl = ctl
-	ctl.SetDeadline(time.Now().Add(warmTimeout))
-	buf := make([]byte, 512)
-	oob := make([]byte, unix.CmsgSpace(unix.SizeofUcred))
-	n, oobn, _, _, err := ctl.ReadMsgUnix(buf, oob)
-	if err == nil && string(buf[:n]) != bindReady {
-		err = fmt.Errorf("bind step said %q", buf[:n])
+	ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
+	var c *client.Client
+	if c, err = client.Dial(ctx, in.sock); err == nil {
+		warmUp(ctx, c)
+		c.Close()
+	}
+	cancel()
+	if err == nil {
+		in.pid1, err = openPidfd(in.cmd.Process.Pid, "pid 1")
 	}
 	if err == nil {
-		// The bind step waits for its message until it is killed, and pid
-		// 1 is this program's child, not reaped before done: both pids
-		// still name them here.
-		var pid int
-		if pid, err = bindStepPid(oob[:oobn]); err == nil {
-			in.bindStep, err = openPidfd(pid, "bind step")
+		// pid 1 is this program's child: until done, it is not reaped, so
+		// its pid named it when the pidfd was opened.
+		select {
+		case <-in.done:
+			err = errors.New("pid 1 ended")
+		default:
 		}
-		if err == nil {
-			in.pid1, err = openPidfd(in.cmd.Process.Pid, "pid 1")
-		}
-	}
-	if err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
-		var c *client.Client
-		if c, err = client.Dial(ctx, in.sock); err == nil {
-			warmUp(ctx, c)
-			c.Close()
-		}
-		cancel()
 	}
 	if err != nil {
 		err = fmt.Errorf("warm sandbox: %w: %s", err, in.log.String())
@@ -290,18 +280,11 @@ func openPidfd(pid int, what string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), what), nil
 }
 
-// unwarm closes what a warm instance holds until it is bound: its control
-// socket and pidfds.
+// unwarm closes the pidfd a warm instance holds until it is bound.
 func (in *instance) unwarm() {
-	for _, f := range []*os.File{in.pid1, in.bindStep} {
-		if f != nil {
-			f.Close()
-		}
-	}
-	in.pid1, in.bindStep = nil, nil
-	if in.ctl != nil {
-		in.ctl.Close()
-		in.ctl = nil
+	if in.pid1 != nil {
+		in.pid1.Close()
+		in.pid1 = nil
 	}
 }
 
@@ -344,8 +327,8 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	fork := spec.Seed != ""
 	if fork {
 		// A seed cannot go into the layer already mounted (overlayfs
-		// caches what it looked up): the bind step builds a new root over
-		// a copy of it (docs/adr/0093).
+		// caches what it looked up): the bind builds a new root over a
+		// copy of it (docs/adr/0093).
 		if err := copyLayer(ctx, filepath.Join(spec.Seed, upperDir), filepath.Join(spec.Dir, forkUpper)); err != nil {
 			return err
 		}
@@ -360,134 +343,62 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	if err := in.applyLimits(spec.Limits, spec.Dir); err != nil {
 		return err
 	}
-	var fd int
-	var err error
+	owner := -1
 	if in.ids != nil {
-		if fd, err = in.ids.clone(spec.ProjectSource); err != nil {
-			return projectIdmapErr(err)
-		}
-	} else if fd, err = unix.OpenTree(unix.AT_FDCWD, spec.ProjectSource, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC); err != nil {
-		return fmt.Errorf("clone the project mount %s: %w", spec.ProjectSource, err)
+		owner = int(in.ids.base)
 	}
-	fds := []int{fd}
+	var fds []int
 	defer func() {
 		for _, f := range fds {
 			unix.Close(f)
 		}
 	}()
+	var project int
+	var err error
+	if in.ids != nil {
+		if project, err = in.ids.clone(spec.ProjectSource); err != nil {
+			return projectIdmapErr(err)
+		}
+	} else if project, err = unix.OpenTree(unix.AT_FDCWD, spec.ProjectSource, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC); err != nil {
+		return fmt.Errorf("clone the project mount %s: %w", spec.ProjectSource, err)
+	}
+	fds = append(fds, project)
+	overlay, api := -1, -1
 	if fork && in.ids != nil {
-		ofd, err := in.ids.overlay(spec.Dir, forkUpper, forkWork, "")
-		if err != nil {
+		if overlay, err = in.ids.overlay(spec.Dir, forkUpper, forkWork, ""); err != nil {
 			return fmt.Errorf("fork root: %w", err)
 		}
-		fds = append(fds, ofd)
+		fds = append(fds, overlay)
 	} else if fork {
-		// A detached mount rooted at the state directory: overlayfs takes
-		// layers from the caller's namespace or from such a copy.
-		sfd, err := unix.OpenTree(unix.AT_FDCWD, spec.Dir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
-		if err != nil {
-			return fmt.Errorf("open the sandbox's state %s: %w", spec.Dir, err)
+		if overlay, err = hostOverlay(filepath.Join(spec.Dir, forkUpper), filepath.Join(spec.Dir, forkWork)); err != nil {
+			return fmt.Errorf("fork root: %w", err)
 		}
-		fds = append(fds, sfd)
+		fds = append(fds, overlay)
 	}
 	if spec.APISocket != "" {
-		afd, err := openAPISocket(spec.APISocket, filepath.Join(spec.Dir, runDir))
-		if err != nil {
+		if api, err = openAPISocket(spec.APISocket, filepath.Join(spec.Dir, runDir)); err != nil {
 			return err
 		}
-		fds = append(fds, afd)
+		fds = append(fds, api)
 	}
-	c := bindConfig{Fork: fork, API: spec.APISocket != "", Userns: in.ids != nil, ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname}
-	if !fork {
-		return in.bindHere(&c, fds)
-	}
-	b, err := json.Marshal(c)
-	if err == nil && len(b) > maxMessage {
-		err = fmt.Errorf("bind message of %d bytes, more than %d", len(b), maxMessage)
-	}
-	if err != nil {
-		return err
-	}
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(warmTimeout)
-	}
-	in.ctl.SetDeadline(deadline)
-	_, _, err = in.ctl.WriteMsgUnix(b, unix.UnixRights(fds...), nil)
-	if err != nil {
-		return fmt.Errorf("send the bind message: %w", err)
-	}
-	buf := make([]byte, 4096)
-	n, err := in.ctl.Read(buf)
-	if err != nil {
-		return fmt.Errorf("bind step: %w", err)
-	}
-	if string(buf[:n]) != "ok" {
-		return errors.New(string(buf[:n]))
-	}
-	if err := swapForkLayer(spec.Dir); err != nil {
-		return err
-	}
-	return in.endBindStep()
-}
-
-// bindHere binds a warm instance that is not a fork from this process
-// (see hostbind.go): fds are the project and, when c.API, the API socket.
-// The bind step, which waits for its message in the sandbox with every
-// capability, is killed unused, before the bind.
-func (in *instance) bindHere(c *bindConfig, fds []int) error {
-	api := -1
-	if c.API {
-		api = fds[1]
-	}
-	owner := -1
-	if in.ids != nil {
-		owner = int(in.ids.base)
-	}
+	c := bindConfig{ProjectPath: spec.ProjectPath, Hide: spec.Hide, Hostname: spec.Hostname}
 	pid1 := in.pid1
 	in.pid1 = nil
 	defer pid1.Close()
-	// First, so that its exit overlaps the bind.
-	if err := in.endBindStep(); err != nil {
+	err = inNamespaces(int(pid1.Fd()), owner, func() error {
+		if fork {
+			if err := forkRoot(overlay); err != nil {
+				return err
+			}
+		}
+		return attachProject(&c, project, api)
+	})
+	if err != nil {
 		return err
 	}
-	return bindInNamespaces(int(pid1.Fd()), c, fds[0], api, owner)
-}
-
-// endBindStep kills the bind step through its pidfd and closes what the
-// instance held while warm; AgentSocket waits until the bind step is gone
-// (its pidfd says it exited), so that nothing runs in the sandbox beside
-// a privileged process. With SIGKILL pending the bind step runs no code
-// of its own again; its exit (about 3 ms for a Go program here) overlaps
-// the rest of the start. See docs/adr/0185.
-func (in *instance) endBindStep() error {
-	// ESRCH: a fork's bind step, which exits after its answer, was
-	// already reaped.
-	err := unix.PidfdSendSignal(int(in.bindStep.Fd()), unix.SIGKILL, nil, 0)
-	if err != nil && !errors.Is(err, unix.ESRCH) {
-		in.unwarm()
-		return fmt.Errorf("end the bind step: %w", err)
+	if fork {
+		return swapForkLayer(spec.Dir)
 	}
-	pidfd := in.bindStep
-	in.bindStep = nil
-	in.unwarm()
-	in.bound = make(chan struct{})
-	go func() {
-		defer close(in.bound)
-		defer pidfd.Close()
-		fds := []unix.PollFd{{Fd: int32(pidfd.Fd()), Events: unix.POLLIN}}
-		for {
-			n, err := unix.Poll(fds, int(warmTimeout/time.Millisecond))
-			if err == unix.EINTR {
-				continue
-			}
-			if n != 1 {
-				in.log.Write(fmt.Appendf(nil, "bind step did not exit after SIGKILL: %v\n", err))
-				in.kill()
-			}
-			return
-		}
-	}()
 	return nil
 }
 

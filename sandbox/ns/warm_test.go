@@ -17,8 +17,8 @@ import (
 // TestWarmBind binds a warm instance to a sandbox, with a user namespace
 // and without: the project, the host name, the hidden path (owned by the
 // sandbox's root), the renamed cgroup and its pids limit are the
-// sandbox's; the bind step is gone and every process in it has the
-// reduced capabilities.
+// sandbox's; no process but the agent and the command runs in it, and
+// every one has the reduced capabilities.
 func TestWarmBind(t *testing.T) {
 	for _, userns := range []bool{true, false} {
 		t.Run(map[bool]string{true: "userns", false: "no-userns"}[userns], func(t *testing.T) { testWarmBind(t, userns) })
@@ -84,9 +84,9 @@ func testWarmBind(t *testing.T, userns bool) {
 	if len(lines) < 6 || lines[0] != "A" || lines[1] != "warmhost" || strings.TrimSpace(lines[2]) != "0" {
 		t.Fatalf("inside the warm sandbox: %q", out)
 	}
-	// agent, sh, ps, grep: the bind step is gone (a zombie has ended).
+	// agent, sh, ps, grep: nothing else (a zombie has ended).
 	if n := strings.TrimSpace(lines[3]); n != "4" {
-		t.Errorf("%s processes, want 4 (the bind step must be gone): %q", n, out)
+		t.Errorf("%s processes, want 4 (nothing but the agent and the command): %q", n, out)
 	}
 	if lines[4] != "0:0 0" {
 		t.Errorf("the hidden path's cover is %q inside, want owner 0:0 and mode 0", lines[4])
@@ -102,7 +102,7 @@ func testWarmBind(t *testing.T, userns bool) {
 	}
 	// A seeded start (a fork) takes a warm instance too: its root is
 	// rebuilt over a copy of the seed's layer, with the same project,
-	// hidden paths and host name rules, and the bind step gone.
+	// hidden paths and host name rules, and nothing else running.
 	if err := rt.WaitWarm(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +130,7 @@ func testWarmBind(t *testing.T, userns bool) {
 		t.Fatalf("inside the warm fork: exit %d: %q", code, out)
 	}
 	if n := strings.TrimSpace(lines[4]); n != "4" {
-		t.Errorf("%s processes in the warm fork, want 4 (the bind step must be gone): %q", n, out)
+		t.Errorf("%s processes in the warm fork, want 4 (nothing but the agent and the command): %q", n, out)
 	}
 	for _, l := range lines[5:] {
 		if !strings.HasPrefix(l, "CapEff:") || strings.HasSuffix(l, "1ffffffffff") || strings.HasSuffix(l, "3ffffffffff") {

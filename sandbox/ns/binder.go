@@ -9,11 +9,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The host binds a warm instance that is not a fork itself, from a thread
-// that enters the sandbox's mount and UTS namespaces (through pid 1's
-// pidfd) and goes back to its own afterwards. A fork's new root needs the
-// sandbox's pid namespace (its /proc), so forks keep the bind step of
-// bind.go; any other take kills the bind step unused. See docs/adr/0185.
+// The host binds a warm instance to its sandbox from a thread of its own
+// that enters the sandbox's mount and UTS namespaces, through a pidfd of
+// its pid 1, and goes back to the host's after each bind (bind.go says
+// what a bind does). See docs/adr/0185.
 //
 // The thread is one, locked for good: a goroutine that ends locked ends
 // its thread, except the main thread, which the runtime parks forever,
@@ -23,26 +22,26 @@ import (
 // binder is the thread that binds.
 type binder struct {
 	once sync.Once
-	err  error // why it cannot bind; set once, or when it could not go back
 	mu   sync.Mutex
+	err  error // why it cannot bind: set at its start, or when it could not go back
 	reqs chan bindReq
 }
 
 type bindReq struct {
-	pidfd               int
-	c                   *bindConfig
-	project, api, owner int
-	done                chan error
+	pidfd, owner int
+	fn           func() error
+	done         chan error
 }
 
 var theBinder binder
 
-// bindInNamespaces runs attachProject in the mount and UTS namespaces of
-// the process pidfd names. owner, unless -1, is the host uid and gid of
-// the sandbox's root (in a user namespace): mount points and hides are
-// made as that user, as the sandbox's own root would make them, since the
-// host's root has no mapping in the idmapped layers.
-func bindInNamespaces(pidfd int, c *bindConfig, project, api, owner int) error {
+// inNamespaces runs fn on the binder's thread in the mount and UTS
+// namespaces of the process pidfd names, with the file system root and
+// working directory those give. owner, unless -1, is the host uid and gid
+// of the sandbox's root (in a user namespace): fn then makes files and
+// mounts as that user, as the sandbox's own root would, since the host's
+// root has no mapping in the idmapped layers.
+func inNamespaces(pidfd, owner int, fn func() error) error {
 	b := &theBinder
 	b.once.Do(func() {
 		b.reqs = make(chan bindReq)
@@ -56,7 +55,7 @@ func bindInNamespaces(pidfd int, c *bindConfig, project, api, owner int) error {
 	if err != nil {
 		return err
 	}
-	r := bindReq{pidfd: pidfd, c: c, project: project, api: api, owner: owner, done: make(chan error, 1)}
+	r := bindReq{pidfd: pidfd, owner: owner, fn: fn, done: make(chan error, 1)}
 	b.reqs <- r
 	return <-r.done
 }
@@ -80,7 +79,7 @@ func (b *binder) loop(ready chan<- error) {
 	}
 	ready <- nil
 	for r := range b.reqs {
-		err := enterAndAttach(r)
+		err := enter(r)
 		if back := goBack(ns, r.owner); back != nil {
 			b.mu.Lock()
 			b.err = fmt.Errorf("bind sandboxes: the binding thread could not go back to the host's namespaces: %w", back)
@@ -92,7 +91,7 @@ func (b *binder) loop(ready chan<- error) {
 	}
 }
 
-func enterAndAttach(r bindReq) error {
+func enter(r bindReq) error {
 	if err := unix.Setns(r.pidfd, unix.CLONE_NEWNS|unix.CLONE_NEWUTS); err != nil {
 		return fmt.Errorf("enter the sandbox's mount and UTS namespaces: %w", err)
 	}
@@ -101,7 +100,7 @@ func enterAndAttach(r bindReq) error {
 			return err
 		}
 	}
-	return attachProject(r.c, r.project, r.api)
+	return r.fn()
 }
 
 // goBack returns the binder's thread to the host's namespaces and to root.
@@ -116,22 +115,6 @@ func goBack(ns [2]int, owner int) error {
 		return err
 	}
 	return unix.Setns(ns[1], unix.CLONE_NEWUTS)
-}
-
-// bindStepPid returns the host pid of the process that sent the control
-// message with oob (a bind step's "ready", received with SO_PASSCRED), as
-// the kernel translated it into this process's pid namespace.
-func bindStepPid(oob []byte) (int, error) {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return 0, fmt.Errorf("bind step's credentials: %w", err)
-	}
-	for i := range msgs {
-		if c, err := unix.ParseUnixCredentials(&msgs[i]); err == nil && c.Pid > 0 {
-			return int(c.Pid), nil
-		}
-	}
-	return 0, fmt.Errorf("bind step's message came without its credentials")
 }
 
 // actAs makes this thread's file system uid and gid id, and keeps its
