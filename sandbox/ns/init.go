@@ -220,6 +220,18 @@ func (r root) open(rel string, mkdir, file bool) (int, error) {
 			}
 		}
 		unix.Close(fd)
+		if err == nil {
+			// O_PATH|O_NOFOLLOW opens a symlink itself: refuse it here,
+			// rather than as whatever a mount onto it or a lookup below it
+			// says.
+			var st unix.Stat_t
+			if err = unix.Fstat(next, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				err = errSymlink
+			}
+			if err != nil {
+				unix.Close(next)
+			}
+		}
 		if err != nil {
 			return -1, fmt.Errorf("path %q at %q: %w", rel, p, err)
 		}
@@ -227,6 +239,9 @@ func (r root) open(rel string, mkdir, file bool) (int, error) {
 	}
 	return fd, nil
 }
+
+// errSymlink is root.open's error for a symlink on the way.
+var errSymlink = errors.New("a symbolic link, which is not followed")
 
 // mount mounts src on rel inside the root (see open for how rel resolves).
 func (r root) mount(src, rel, fstype string, flags uintptr, data string, file bool) error {

@@ -3,6 +3,7 @@ package ns
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -173,4 +174,65 @@ func sameNamespace(n string) error {
 		}
 	}
 	return nil
+}
+
+// TestWarmForkHostileSeed binds warm forks whose seed layer (written by
+// the sandbox forked, so hostile) turns the mount points the bind uses
+// into symlinks to host paths: /proc, /run, and the project path's
+// parent. Each bind fails; nothing is mounted in this process's
+// namespace, and the binding thread is back in it.
+func TestWarmForkHostileSeed(t *testing.T) {
+	rt, err := New(buildAgent(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	w, err := rt.Warm(ctx, sandbox.WarmOptions{Dir: filepath.Join(dir, "warm"), N: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	proj := filepath.Join(dir, "proj")
+	os.Mkdir(proj, 0o755)
+	target := filepath.Join(dir, "target") // where a followed link would land
+	os.Mkdir(target, 0o755)
+	before, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, link := range []string{"proc", "run", "srv"} {
+		seed := filepath.Join(dir, fmt.Sprintf("seed%d", i))
+		os.MkdirAll(filepath.Join(seed, upperDir), 0o755)
+		if err := os.Symlink(target, filepath.Join(seed, upperDir, link)); err != nil {
+			t.Fatal(err)
+		}
+		if err := rt.WaitWarm(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		in, err := rt.Start(ctx, sandbox.Spec{ID: fmt.Sprintf("nshostile%d", i), Hostname: "h", Dir: filepath.Join(dir, fmt.Sprintf("rt%d", i)),
+			ProjectPath: "/srv/proj-hostile", ProjectSource: proj, Seed: seed})
+		if err == nil {
+			in.Stop(context.Background())
+			t.Errorf("a fork whose seed has /%s -> %s started", link, target)
+		} else if !errors.Is(err, errSymlink) {
+			t.Errorf("fork with /%s a symlink: %v, want a refused symlink", link, err)
+		}
+		if ents, _ := os.ReadDir(target); len(ents) != 0 {
+			t.Errorf("fork with /%s a symlink wrote %d entries into %s", link, len(ents), target)
+		}
+		for _, n := range []string{"mnt", "uts"} {
+			if err := sameNamespace(n); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	after, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(before, after) {
+		t.Errorf("mounts of this process changed:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
 }
