@@ -89,31 +89,33 @@ func forkRoot(overlay int) error {
 // the host root (the root mount only, as the init step's) under the layer
 // upper (work: its work directory), as a detached mount.
 func hostOverlay(upper, work string) (int, error) {
-	return newOverlay([][2]string{{"lowerdir", "/"}, {"upperdir", upper}, {"workdir", work}}, nil)
+	return newMount("overlay", [][2]string{{"lowerdir", "/"}, {"upperdir", upper}, {"workdir", work}}, 0, nil)
 }
 
-// newOverlay makes an overlay with the options opts (key, value) as a
-// detached mount; create, if not nil, runs its creation step.
-func newOverlay(opts [][2]string, create func(func() error) error) (int, error) {
-	fs, err := unix.Fsopen("overlay", unix.FSOPEN_CLOEXEC)
+// newMount makes a file system of type fstype with the options opts (key,
+// value) as a detached mount with the MOUNT_ATTR_ flags attrs, through
+// the mount API's descriptors (no path names a mount point); create, if
+// not nil, runs its creation step.
+func newMount(fstype string, opts [][2]string, attrs int, create func(func() error) error) (int, error) {
+	fs, err := unix.Fsopen(fstype, unix.FSOPEN_CLOEXEC)
 	if err != nil {
-		return -1, fmt.Errorf("overlay: %w", err)
+		return -1, fmt.Errorf("%s: %w", fstype, err)
 	}
 	defer unix.Close(fs)
 	for _, o := range opts {
 		if err := unix.FsconfigSetString(fs, o[0], o[1]); err != nil {
-			return -1, fmt.Errorf("overlay %s=%s: %w", o[0], o[1], err)
+			return -1, fmt.Errorf("%s %s=%s: %w", fstype, o[0], o[1], err)
 		}
 	}
 	if create == nil {
 		create = func(f func() error) error { return f() }
 	}
 	if err := create(func() error { return unix.FsconfigCreate(fs) }); err != nil {
-		return -1, fmt.Errorf("overlay: %w", err)
+		return -1, fmt.Errorf("%s: %w", fstype, err)
 	}
-	fd, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, 0)
+	fd, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, attrs)
 	if err != nil {
-		return -1, fmt.Errorf("overlay: %w", err)
+		return -1, fmt.Errorf("%s: %w", fstype, err)
 	}
 	return fd, nil
 }

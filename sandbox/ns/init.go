@@ -416,20 +416,8 @@ func (r root) hide(rel string) error {
 	// Through the mount API's descriptors, not a /proc/self/fd path: the
 	// host's binding thread runs this from outside the sandbox's pid
 	// namespace, where that path does not resolve (binder.go).
-	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
-	if err != nil {
-		return fmt.Errorf("hide %s: %w", rel, err)
-	}
-	defer unix.Close(fs)
-	for _, o := range [][2]string{{"mode", "000"}, {"size", "4k"}} {
-		if err := unix.FsconfigSetString(fs, o[0], o[1]); err != nil {
-			return fmt.Errorf("hide %s: tmpfs %s=%s: %w", rel, o[0], o[1], err)
-		}
-	}
-	if err := unix.FsconfigCreate(fs); err != nil {
-		return fmt.Errorf("hide %s: %w", rel, err)
-	}
-	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	m, err := newMount("tmpfs", [][2]string{{"mode", "000"}, {"size", "4k"}},
+		unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC, nil)
 	if err != nil {
 		return fmt.Errorf("hide %s: %w", rel, err)
 	}

@@ -257,11 +257,11 @@ func (m *idMap) overlay(dir, upper, work, image string) (int, error) {
 	}
 	defer unix.Close(sfd)
 	state := fmt.Sprintf("/proc/self/fd/%d/", sfd)
-	fd, err := newOverlay([][2]string{
+	fd, err := newMount("overlay", [][2]string{
 		{"lowerdir", fmt.Sprintf("/proc/self/fd/%d", lower)},
 		{"upperdir", state + upper},
 		{"workdir", state + work},
-	}, m.asSandboxRoot)
+	}, 0, m.asSandboxRoot)
 	if err != nil {
 		return -1, fmt.Errorf("%w (of %s)", err, dir)
 	}

@@ -343,10 +343,6 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	if err := in.applyLimits(spec.Limits, spec.Dir); err != nil {
 		return err
 	}
-	owner := -1
-	if in.ids != nil {
-		owner = int(in.ids.base)
-	}
 	var fds []int
 	defer func() {
 		for _, f := range fds {
@@ -385,7 +381,7 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	pid1 := in.pid1
 	in.pid1 = nil
 	defer pid1.Close()
-	err = inNamespaces(int(pid1.Fd()), owner, func() error {
+	err = inNamespaces(int(pid1.Fd()), in.ids, func() error {
 		if fork {
 			if err := forkRoot(overlay); err != nil {
 				return err

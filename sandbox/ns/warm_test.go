@@ -27,22 +27,10 @@ func TestWarmBind(t *testing.T) {
 }
 
 func testWarmBind(t *testing.T, userns bool) {
-	rt, err := New(buildAgent(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt.UseUserns(userns)
+	rt, dir, ctx := warmRuntime(t, userns, 60*time.Second)
 	if _, err := rt.usernsSetup(); userns && err != nil {
 		t.Fatalf("this host runs sandboxes in user namespaces; here it cannot: %v", err)
 	}
-	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	w, err := rt.Warm(ctx, sandbox.WarmOptions{Dir: filepath.Join(dir, "warm"), N: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
 	if err := rt.WaitWarm(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -183,18 +171,7 @@ func sameNamespace(n string) error {
 // mounted at the links' target, and the binding thread is back in this
 // process's namespaces.
 func TestWarmForkHostileSeed(t *testing.T) {
-	rt, err := New(buildAgent(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	w, err := rt.Warm(ctx, sandbox.WarmOptions{Dir: filepath.Join(dir, "warm"), N: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	rt, dir, ctx := warmRuntime(t, true, 90*time.Second)
 	proj := filepath.Join(dir, "proj")
 	os.Mkdir(proj, 0o755)
 	target := filepath.Join(dir, "target") // where a followed link would land
@@ -236,4 +213,25 @@ func TestWarmForkHostileSeed(t *testing.T) {
 			}
 		}
 	}
+}
+
+// warmRuntime returns a runtime (with a user namespace or without) that
+// keeps one warm instance, a test directory and a context ending after
+// limit, all ended with the test.
+func warmRuntime(t *testing.T, userns bool, limit time.Duration) (*Runtime, string, context.Context) {
+	t.Helper()
+	rt, err := New(buildAgent(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.UseUserns(userns)
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	t.Cleanup(cancel)
+	w, err := rt.Warm(ctx, sandbox.WarmOptions{Dir: filepath.Join(dir, "warm"), N: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return rt, dir, ctx
 }
