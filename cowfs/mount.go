@@ -178,7 +178,7 @@ const initTimeout = 30 * time.Second
 // /dev/fuse alone. id is the FUSE connection's number when the guard was
 // told of it (guard.go), 0 otherwise; it is set on error too.
 func startFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options, ring bool) (srv *fuse.Server, conn *fuseuring.Conn, id uint32, err error) {
-	raw := gofs.NewNodeFS(root, fo)
+	var raw fuse.RawFileSystem = killPrivFS{gofs.NewNodeFS(root, fo)}
 	mo := fo.MountOptions
 	var fs fuse.RawFileSystem = raw
 	var hook *fuseuring.InitHook
@@ -484,6 +484,12 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, sa *fuse.SetAttr
 		return syscall.EROFS
 	}
 	in := n.cur()
+	if sa.Valid&^(fuse.FATTR_KILL_SUIDGID|fuse.FATTR_FH|fuse.FATTR_LOCKOWNER) == 0 && killSUIDGID(in.mode) == in.mode {
+		// Only a write's request to clear bits the file does not have
+		// (killpriv.go): nothing changes, not even ctime.
+		b.fillAttr(in, &out.Attr)
+		return 0
+	}
 	if sz, ok := sa.GetSize(); ok {
 		if in.typ != TypeFile {
 			if in.typ == TypeDir {
@@ -497,6 +503,9 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, sa *fuse.SetAttr
 	}
 	if m, ok := sa.GetMode(); ok {
 		in.mode = m & 07777
+	}
+	if sa.Valid&fuse.FATTR_KILL_SUIDGID != 0 {
+		in.mode = killSUIDGID(in.mode)
 	}
 	if u, ok := sa.GetUID(); ok {
 		in.uid = u

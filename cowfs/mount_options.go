@@ -56,7 +56,7 @@ func fuseOptions(fsName string, opts *MountOptions) *gofs.Options {
 	if to < 0 {
 		to = 0
 	}
-	caps := uint64(fuse.CAP_READDIRPLUS_AUTO)
+	caps := uint64(fuse.CAP_READDIRPLUS_AUTO) | fuse.CAP_HANDLE_KILLPRIV_V2
 	if opts.Writeback {
 		caps |= fuse.CAP_WRITEBACK_CACHE
 	}
