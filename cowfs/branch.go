@@ -46,10 +46,10 @@ type inode struct {
 	// files
 	size        int64
 	f           *fileData
-	opens       int // open handles
-	ptOpens     int // open passthrough handles
-	cachedOpens int // open non-passthrough handles
-	backedOpens int // open handles the kernel serves with a backing file (passthrough and direct)
+	opens       int      // open handles
+	cachedOpens int      // open non-passthrough handles
+	backedOpens int      // open handles the kernel serves with a backing file (passthrough and direct)
+	bk          *backing // their backing file, while there are any
 
 	// symlinks and device nodes
 	target string
@@ -99,6 +99,7 @@ type branch struct {
 	gen         uint64            // bumped by reset (rollback)
 	orphans     map[*inode]*inode // unlinked files still open
 	passthrough bool
+	backings    *backings // the mount's registered backing files
 	rootNode    *node
 	keepCache   bool // plain opens and directory opens keep the kernel's caches (MountOptions.NoKeepCache)
 

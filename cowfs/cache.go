@@ -35,7 +35,7 @@ func (f *FS) cacheDir() string { return filepath.Join(f.root, "cache") }
 // content id, and opens it, marked in use. It evicts least recently used
 // files to keep the cache within its budget.
 func (f *FS) cacheFile(ctx context.Context, id chunkstore.ID, size int64) (*os.File, error) {
-	path := filepath.Join(f.cacheDir(), id.String())
+	path := f.cacheFilePath(id)
 	if fh, err := f.openCached(path, size); err == nil {
 		return fh, nil
 	}
@@ -63,6 +63,11 @@ func (f *FS) cacheFile(ctx context.Context, id chunkstore.ID, size int64) (*os.F
 	return fh, nil
 }
 
+// cacheFilePath is where the cache holds content id.
+func (f *FS) cacheFilePath(id chunkstore.ID) string {
+	return filepath.Join(f.cacheDir(), id.String())
+}
+
 // openCached opens the cache file at path, through the cache's read-only
 // view, if it holds size bytes, takes a shared lock on it and records the
 // use.
@@ -83,8 +88,8 @@ func (f *FS) openCached(path string, size int64) (*os.File, error) {
 		fh.Close()
 		return nil, err
 	}
-	if now := time.Now(); now.Sub(time.Unix(st.Mtim.Unix())) > useGrain {
-		os.Chtimes(path, now, now)
+	if time.Since(time.Unix(st.Mtim.Unix())) > useGrain {
+		markUsed(path)
 	}
 	return fh, nil
 }
@@ -181,11 +186,19 @@ func (f *FS) evictLocked(budget int64) error {
 		if f.cacheUsed <= budget {
 			break
 		}
-		if evictIdle(c.path) {
+		if evictIdle(c.path) || f.dropIdleBacking(c.path) && evictIdle(c.path) {
 			f.cacheUsed -= c.size
 		}
 	}
 	return nil
+}
+
+// dropIdleBacking ends the mounts' idle registrations of the cache file
+// at path (backing.go), which hold it in use, and reports whether there
+// were any.
+func (f *FS) dropIdleBacking(path string) bool {
+	id, err := chunkstore.ParseID(filepath.Base(path))
+	return err == nil && f.backings.dropIdle(id)
 }
 
 // evictIdle removes the cache file at path unless a handle uses it.
@@ -207,6 +220,7 @@ func evictIdle(path string) bool {
 func (f *FS) PruneCache() error {
 	f.matMu.Lock()
 	defer f.matMu.Unlock()
+	f.backings.dropIdle(chunkstore.ID{})
 	ents, err := os.ReadDir(f.cacheDir())
 	if err != nil {
 		return fmt.Errorf("prune cache: %w", err)

@@ -62,29 +62,31 @@ func TestExtendAfterPassthroughRead(t *testing.T) {
 	}
 }
 
-// TestPlainOpenHasNoPassthroughFd: go-fuse gives a node's backing file to
-// every open whose handle has a PassthroughFd while an earlier passthrough
-// handle is still being released, so a plain open that had one could read
-// the file's content from before a write (seen as TestModel reading a file
-// extended by a write with its old bytes).
-func TestPlainOpenHasNoPassthroughFd(t *testing.T) {
+// TestOnlyReadOnlyOpensGetABacking: an unchanged file's read-only open
+// is served from a backing file, and a writable open never is (ADR 0052),
+// though the file's registration outlives the read-only handle (ADR 0188).
+func TestOnlyReadOnlyOpensGetABacking(t *testing.T) {
 	needFUSE(t)
 	f := openTestFS(t)
 	m, _ := mountNew(t, f, "b", map[string]string{"f": "old"})
-	ctx := context.Background()
 	var out fuse.EntryOut
-	c, errno := m.b.rootNode.Lookup(ctx, "f", &out)
+	c, errno := m.b.rootNode.Lookup(context.Background(), "f", &out)
 	if errno != 0 {
 		t.Fatalf("lookup f: %v", errno)
 	}
 	n := c.Operations().(*node)
-	for _, flags := range []uint32{syscall.O_WRONLY, syscall.O_RDWR} {
-		fh, _, errno := n.Open(ctx, flags)
+	for _, o := range []struct {
+		flags   uint32
+		backing bool
+	}{{syscall.O_RDONLY, true}, {syscall.O_WRONLY, false}, {syscall.O_RDWR, false}, {syscall.O_RDONLY, true}} {
+		cancel := make(chan struct{})
+		ctx := &fuse.Context{Cancel: cancel}
+		fh, _, errno := n.Open(ctx, o.flags)
 		if errno != 0 {
-			t.Fatalf("open f (flags %#x): %v", flags, errno)
+			t.Fatalf("open f (flags %#x): %v", o.flags, errno)
 		}
-		if _, ok := fh.(gofs.FilePassthroughFder); ok {
-			t.Errorf("open f (flags %#x): a plain handle offers a passthrough fd", flags)
+		if _, got := m.b.backings.take(cancel); got != o.backing {
+			t.Errorf("open f (flags %#x): backing file %v, want %v", o.flags, got, o.backing)
 		}
 		fh.(gofs.FileReleaser).Release(ctx)
 	}

@@ -81,6 +81,8 @@ type FS struct {
 	mu   sync.Mutex
 	live map[string]*branch // mounted branches, by name
 
+	backings backingSet // passthrough backing files registered with the mounts
+
 	matMu      sync.Mutex // serialises cache materialisation and eviction
 	cacheBytes int64      // the cache's budget
 	cacheUsed  int64      // bytes in the cache, under matMu

@@ -85,10 +85,12 @@ func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, e
 	}
 	b.passthrough = !opts.NoPassthrough && os.Geteuid() == 0
 	b.keepCache = !opts.NoKeepCache
+	b.backings = f.newBackings()
 	root := &node{b: b, in: b.root}
 	b.rootNode = root
-	srv, conn, id, err := mountFUSE(dir, root, fuseOptions(fsName+"@"+f.tag, opts), !opts.NoURing)
+	srv, conn, id, err := mountFUSE(dir, root, b.backings, fuseOptions(fsName+"@"+f.tag, opts), !opts.NoURing)
 	if err != nil {
+		b.backings.forget()
 		return nil, err
 	}
 	m := &Mount{fs: f, b: b, dir: dir, server: srv, ring: conn, served: make(chan struct{})}
@@ -102,6 +104,7 @@ func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, e
 			}
 		}
 		guardRemove(id)
+		b.backings.forget()
 		close(m.served)
 	}()
 	return m, nil
@@ -132,8 +135,8 @@ func checkMountpoint(dir string) (string, error) {
 // made but the server then fails to start (dir swapped for a file
 // meanwhile, or the kernel refused the handshake), the mount is detached
 // again: a failed mount leaves nothing behind.
-func mountFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options, ring bool) (*fuse.Server, *fuseuring.Conn, uint32, error) {
-	srv, conn, id, err := startFUSE(dir, root, fo, ring)
+func mountFUSE(dir string, root gofs.InodeEmbedder, bk *backings, fo *gofs.Options, ring bool) (*fuse.Server, *fuseuring.Conn, uint32, error) {
+	srv, conn, id, err := startFUSE(dir, root, bk, fo, ring)
 	if err == nil {
 		cloexecFUSE() // cloexec.go
 		return srv, conn, id, nil
@@ -177,8 +180,8 @@ const initTimeout = 30 * time.Second
 // and the kernel offers it. The connection is nil when it is served over
 // /dev/fuse alone. id is the FUSE connection's number when the guard was
 // told of it (guard.go), 0 otherwise; it is set on error too.
-func startFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options, ring bool) (srv *fuse.Server, conn *fuseuring.Conn, id uint32, err error) {
-	var raw fuse.RawFileSystem = killPrivFS{gofs.NewNodeFS(root, fo)}
+func startFUSE(dir string, root gofs.InodeEmbedder, bk *backings, fo *gofs.Options, ring bool) (srv *fuse.Server, conn *fuseuring.Conn, id uint32, err error) {
+	var raw fuse.RawFileSystem = rawFS{gofs.NewNodeFS(root, fo), bk}
 	mo := fo.MountOptions
 	var fs fuse.RawFileSystem = raw
 	var hook *fuseuring.InitHook
@@ -190,6 +193,9 @@ func startFUSE(dir string, root gofs.InodeEmbedder, fo *gofs.Options, ring bool)
 	if srv, err = fuse.NewServer(fs, dir, &mo); err != nil {
 		return nil, nil, 0, err
 	}
+	bk.set.mu.Lock()
+	bk.srv = srv
+	bk.set.mu.Unlock()
 	// Before anything of this process touches the mount (WaitMount does).
 	if guarded() {
 		if m, _ := topMount(dir, mo.FsName); m != nil {
@@ -534,48 +540,27 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, sa *fuse.SetAttr
 type handle struct {
 	n    *node
 	in   *inode
-	pt   *os.File // passthrough backing file, when used
+	bk   *backing // the backing file the kernel serves it with (kinds 1 and 2)
 	kind int      // 0 plain, 1 passthrough, 2 direct
 	keep bool     // a plain open keeps the kernel's page cache
 }
 
 var _ gofs.FileReleaser = (*handle)(nil)
 
-// ptHandle is a handle that may use the node's passthrough backing file.
-// go-fuse gives a node's registered backing file to every open whose
-// handle has a PassthroughFd, until it has released the last such handle,
-// which it does only after Release returns. A plain (cached) open must
-// therefore not have one: the backing file of an earlier open, still
-// being released, would answer its reads with the content as it was.
-// Direct opens do have one: the kernel refuses any other kind while a
-// passthrough open exists, and direct I/O takes precedence over it.
-type ptHandle struct{ *handle }
-
-var _ gofs.FilePassthroughFder = ptHandle{}
-
-func (h ptHandle) PassthroughFd() (int, bool) {
-	if h.pt == nil {
-		return -1, false
-	}
-	return int(h.pt.Fd()), true
-}
-
 func (h *handle) Release(ctx context.Context) syscall.Errno {
 	b := h.n.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	h.in.opens--
-	switch h.kind {
-	case 1:
-		h.in.ptOpens--
-	default:
+	if h.kind != 1 {
 		h.in.cachedOpens--
 	}
-	if h.kind != 0 {
+	if h.bk != nil {
 		h.in.backedOpens--
-	}
-	if h.pt != nil {
-		h.pt.Close()
+		if h.in.backedOpens == 0 {
+			h.in.bk = nil
+		}
+		b.backings.release(h.bk)
 	}
 	// An unlinked file, or one a rollback took out of the tree, is gone
 	// at its last close.
@@ -626,41 +611,45 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		}
 	}
 	h := &handle{n: n, in: in, keep: b.keepCache}
-	if flags&syscall.O_ACCMODE == syscall.O_RDONLY && b.passthrough && in.cachedOpens == 0 &&
-		(in.f == nil || !in.f.changed) && !in.id.IsZero() {
+	// A passthrough open while the file is unchanged and no cached open
+	// exists (the kernel allows one kind at a time), with the backing of
+	// the passthrough opens there are.
+	unchanged := func() bool { return in.f == nil || !in.f.changed }
+	if !writable && b.passthrough && in.cachedOpens == 0 && unchanged() && !in.id.IsZero() &&
+		(in.bk == nil || in.bk.id == in.id) && requestKey(ctx) != nil {
 		id, size := in.id, in.size
 		b.mu.Unlock()
-		pt, err := b.fs.cacheFile(ctx, id, size)
+		bk, err := b.backings.acquire(ctx, b.fs, id, size)
 		b.mu.Lock()
-		if err == nil && in.id == id && (in.f == nil || !in.f.changed) && in.cachedOpens == 0 {
-			h.pt, h.kind = pt, 1
-		} else if pt != nil {
-			pt.Close()
+		if err == nil && in.id == id && unchanged() && in.cachedOpens == 0 && (in.bk == nil || in.bk == bk) {
+			h.bk, h.kind = bk, 1
+		} else if bk != nil {
+			b.backings.release(bk)
 		}
 	}
 	var fl uint32
 	if h.kind == 0 && in.backedOpens > 0 && !writable {
-		// The kernel refuses cached opens while passthrough opens exist.
-		h.kind = 2
+		// The kernel refuses any open but a passthrough one, with the
+		// same backing file, while passthrough opens exist; direct I/O
+		// then sends its reads to cowfs.
+		h.kind, h.bk = 2, in.bk
+		b.backings.holdLocked(h.bk)
 		fl = fuse.FOPEN_DIRECT_IO
 	}
 	in.opens++
-	if h.kind == 1 {
-		in.ptOpens++
-	} else {
+	if h.kind != 1 {
 		in.cachedOpens++
 	}
-	if h.kind != 0 {
+	if h.bk != nil {
 		in.backedOpens++
+		in.bk = h.bk
+		b.backings.pass(ctx, h.bk.bid)
 	}
 	b.mu.Unlock()
-	if h.kind == 0 {
-		// Never a backing file for a writable open (see above). The page
-		// cache stays across opens: every change of the file's bytes goes
-		// through this mount, or replaces the inode (rollback).
-		return h, fl | h.openFlags(), 0
-	}
-	return ptHandle{h}, fl | h.openFlags(), 0
+	// Never a backing file for a writable open (see above). A plain open
+	// keeps the page cache across opens: every change of the file's bytes
+	// goes through this mount, or replaces the inode (rollback).
+	return h, fl | h.openFlags(), 0
 }
 
 // openFlags are the FOPEN_ flags of every open: no FLUSH request at
@@ -677,13 +666,8 @@ func (h *handle) openFlags() uint32 {
 
 // handleOf returns the handle behind fh, or nil.
 func handleOf(fh gofs.FileHandle) *handle {
-	switch h := fh.(type) {
-	case *handle:
-		return h
-	case ptHandle:
-		return h.handle
-	}
-	return nil
+	h, _ := fh.(*handle)
+	return h
 }
 
 // newInode makes a fresh inode owned by the caller. Caller holds b.mu.
