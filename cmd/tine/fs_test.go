@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -129,23 +130,9 @@ func TestFSMountThroughDaemon(t *testing.T) {
 	// Whatever happens, leave no mount behind.
 	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
 	stopDaemon := serveInProcess(t, root)
-	done := make(chan int)
-	go func() {
-		_, errOut, code := tine(t, "fs", "mount", "main", mnt, "--root", root)
-		if code != 0 {
-			t.Errorf("mount: %s", errOut)
-		}
-		done <- code
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(filepath.Join(mnt, "a")); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("mount did not come up")
-		}
-		time.Sleep(20 * time.Millisecond)
+	done := mountInBackground(t, "main", mnt, root)
+	if _, err := os.Stat(filepath.Join(mnt, "a")); err != nil {
+		t.Fatalf("mounted branch: %v", err)
 	}
 	if err := os.WriteFile(filepath.Join(mnt, "new"), []byte("x"), 0o644); err != nil {
 		t.Fatal(err)
@@ -174,22 +161,9 @@ func TestFSMountThroughDaemon(t *testing.T) {
 	}
 	mnt2 := t.TempDir()
 	t.Cleanup(func() { unix.Unmount(mnt2, unix.MNT_DETACH) })
-	done2 := make(chan int)
-	go func() {
-		_, errOut, code := tine(t, "fs", "mount", "second", mnt2, "--root", root)
-		if code != 0 {
-			t.Errorf("second mount: %s", errOut)
-		}
-		done2 <- code
-	}()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if _, err := os.Stat(filepath.Join(mnt2, "new")); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("second mount did not come up with the snapshot's files")
-		}
-		time.Sleep(20 * time.Millisecond)
+	done2 := mountInBackground(t, "second", mnt2, root)
+	if _, err := os.Stat(filepath.Join(mnt2, "new")); err != nil {
+		t.Fatalf("second mount, without the snapshot's files: %v", err)
 	}
 	unmount(t, mnt2)
 	select {
@@ -204,6 +178,44 @@ func TestFSMountThroughDaemon(t *testing.T) {
 		t.Fatal("mount command did not return after unmount")
 	}
 	stopDaemon() // checks that the socket is gone
+}
+
+// mountInBackground runs "tine fs mount branch dir", which waits while
+// the branch is mounted, and returns once the command said it is mounted:
+// the files can show in dir before the daemon has answered, and an
+// unmount then would fail the mount. The channel gets the command's exit
+// code.
+func mountInBackground(t *testing.T, branch, dir, root string) <-chan int {
+	t.Helper()
+	out := &firstWrite{said: make(chan struct{})}
+	done := make(chan int, 1)
+	go func() {
+		var errOut bytes.Buffer
+		code := run([]string{"fs", "mount", branch, dir, "--root", root}, out, &errOut)
+		if code != 0 {
+			t.Errorf("mount %s: %s", branch, errOut.String())
+		}
+		done <- code
+	}()
+	select {
+	case <-out.said:
+	case code := <-done:
+		t.Fatalf("mount %s ended with exit %d before saying it was mounted", branch, code)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("mount %s: not mounted after 10 s", branch)
+	}
+	return done
+}
+
+// firstWrite is a Writer that closes said at its first write.
+type firstWrite struct {
+	once sync.Once
+	said chan struct{}
+}
+
+func (w *firstWrite) Write(b []byte) (int, error) {
+	w.once.Do(func() { close(w.said) })
+	return len(b), nil
 }
 
 // unmount unmounts dir as a user would, retrying while something else on
