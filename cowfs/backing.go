@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -228,11 +227,4 @@ func requestKey(ctx context.Context) <-chan struct{} {
 		return c.Cancel
 	}
 	return nil
-}
-
-// markUsed sets a cache file's mtime to now: its last use, which
-// eviction goes by.
-func markUsed(path string) {
-	now := time.Now()
-	os.Chtimes(path, now, now)
 }

@@ -68,6 +68,13 @@ func (f *FS) cacheFilePath(id chunkstore.ID) string {
 	return filepath.Join(f.cacheDir(), id.String())
 }
 
+// markUsed sets a cache file's mtime to now: its last use, which
+// eviction goes by.
+func markUsed(path string) {
+	now := time.Now()
+	os.Chtimes(path, now, now)
+}
+
 // openCached opens the cache file at path, through the cache's read-only
 // view, if it holds size bytes, takes a shared lock on it and records the
 // use.

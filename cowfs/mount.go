@@ -492,7 +492,7 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, sa *fuse.SetAttr
 	in := n.cur()
 	if sa.Valid&^(fuse.FATTR_KILL_SUIDGID|fuse.FATTR_FH|fuse.FATTR_LOCKOWNER) == 0 && killSUIDGID(in.mode) == in.mode {
 		// Only a write's request to clear bits the file does not have
-		// (killpriv.go): nothing changes, not even ctime.
+		// (rawfs.go): nothing changes, not even ctime.
 		b.fillAttr(in, &out.Attr)
 		return 0
 	}
