@@ -43,12 +43,12 @@ type agentFS interface {
 
 // agentRows are the rows of the agent section, in table order.
 type agentRows struct {
-	untar, gitCommit, gitStatus, grep, statAll, create, stat, unlink,
+	untar, gitCommit, gitStatus, grep, statAll, grepBase, create, stat, unlink,
 	build, install, rmrf, seqWrite, firstRead, coldRead *row
 }
 
 func (a *agentRows) all() []*row {
-	return []*row{a.untar, a.gitCommit, a.gitStatus, a.grep, a.statAll, a.create, a.stat, a.unlink,
+	return []*row{a.untar, a.gitCommit, a.gitStatus, a.grep, a.statAll, a.grepBase, a.create, a.stat, a.unlink,
 		a.build, a.install, a.rmrf, a.seqWrite, a.firstRead, a.coldRead}
 }
 
@@ -65,6 +65,8 @@ func agentSection(ctx context.Context, e *env) (*section, error) {
 			"order. ext4 is a fresh loop image on the same disk (the native floor); the ratio is tine/peer. " +
 			"project: a synthetic tree plus a Go module, unpacked from a tarball; git add+commit and git status " +
 			"(10 files changed) run git; grep -r reads every file; stat all: lstat of every file of the project; " +
+			"grep -r, as imported: the same tree in the filesystem's starting content (for tine the imported " +
+			"snapshot, unchanged files; a sandbox's project starts so), after one untimed grep; " +
 			"create/stat/unlink: empty files, 500 per directory; go build: the module with its GOCACHE on the " +
 			"filesystem, every package changed; package install: go mod download of tine's own modules from a " +
 			"local file:// GOPROXY (no network) into a GOMODCACHE on the filesystem; rm -rf: the project and its " +
@@ -78,6 +80,7 @@ func agentSection(ctx context.Context, e *env) (*section, error) {
 		gitStatus: newRow("git status", unitSeconds, "warm", goal15),
 		grep:      newRow("grep -r", unitSeconds, "warm", goal15),
 		statAll:   newRow("stat every file", unitSeconds, "warm", goal15),
+		grepBase:  newRow("grep -r, project as imported", unitSeconds, "warm", goal15),
 		create:    newRow(fmt.Sprintf("create %s files", count(n)), unitSeconds, "warm", goal15),
 		stat:      newRow(fmt.Sprintf("stat %s new files", count(n)), unitSeconds, "warm", goal15),
 		unlink:    newRow(fmt.Sprintf("unlink %s files", count(n)), unitSeconds, "warm", goal15),
@@ -112,6 +115,12 @@ func agentSection(ctx context.Context, e *env) (*section, error) {
 	}
 	if err := writeRandomFile(filepath.Join(baseDir, bigName), big, 7); err != nil {
 		return sec, err
+	}
+	if err := os.Mkdir(filepath.Join(baseDir, baseProject), 0o755); err != nil {
+		return sec, err
+	}
+	if _, err := peer.Run(ctx, "", "tar", "-xf", tarball, "-C", filepath.Join(baseDir, baseProject)); err != nil {
+		return sec, fmt.Errorf("unpack the project into the base: %w", err)
 	}
 	gb, err := e.goBuild(ctx)
 	if err != nil {
@@ -234,6 +243,18 @@ func agentLoop(ctx context.Context, a agentFS, dir *string, rep, metaFiles int, 
 		_, err := peer.Git(ctx, proj, args...)
 		return err
 	}
+	grepR := func(dir string) error {
+		// grep exits 1 when nothing matches; the pattern is chosen to
+		// match nothing, so every byte is read.
+		err := peer.RunTo(ctx, dir, nil, nil, nil, "grep", "-r", "-q", "zq-no-such-word-qz", ".")
+		if ee, ok := err.(interface{ ExitCode() int }); ok && ee.ExitCode() == 1 {
+			return nil
+		}
+		if err == nil {
+			return fmt.Errorf("grep found a word that is not there")
+		}
+		return err
+	}
 	if err := os.Mkdir(proj, 0o755); err != nil {
 		return nil, err
 	}
@@ -272,18 +293,7 @@ func agentLoop(ctx context.Context, a agentFS, dir *string, rep, metaFiles int, 
 	if err := timed(r.gitStatus, func() error { return git("status", "--porcelain") }); err != nil {
 		return nil, err
 	}
-	if err := timed(r.grep, func() error {
-		// grep exits 1 when nothing matches; the pattern is chosen to
-		// match nothing, so every byte is read.
-		err := peer.RunTo(ctx, proj, nil, nil, nil, "grep", "-r", "-q", "zq-no-such-word-qz", ".")
-		if ee, ok := err.(interface{ ExitCode() int }); ok && ee.ExitCode() == 1 {
-			return nil
-		}
-		if err == nil {
-			return fmt.Errorf("grep found a word that is not there")
-		}
-		return err
-	}); err != nil {
+	if err := timed(r.grep, func() error { return grepR(proj) }); err != nil {
 		return nil, err
 	}
 	var lat []float64
@@ -300,6 +310,13 @@ func agentLoop(ctx context.Context, a agentFS, dir *string, rep, metaFiles int, 
 		return nil
 	}); err != nil {
 		return nil, err
+	}
+	imported := filepath.Join(*dir, baseProject)
+	if err := grepR(imported); err != nil {
+		return lat, err
+	}
+	if err := timed(r.grepBase, func() error { return grepR(imported) }); err != nil {
+		return lat, err
 	}
 	c, s, u, err := metadata(ctx, filepath.Join(*dir, fmt.Sprintf("meta-%d", rep)), metaFiles)
 	if err != nil {

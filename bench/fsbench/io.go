@@ -25,6 +25,10 @@ type mounter interface {
 
 const bigName = "big.bin"
 
+// baseProject is where the agent section puts the project in the
+// starting content of every filesystem.
+const baseProject = "project"
+
 func ioSection(ctx context.Context, e *env) (*section, error) {
 	cfg := e.cfg
 	sec := &section{
