@@ -39,10 +39,12 @@ type backingSet struct {
 
 // backings are one mount's registrations.
 type backings struct {
-	set     *backingSet
-	srv     *fuse.Server // set before the mount serves
-	off     bool         // the kernel refused a registration: none is tried again
-	byID    map[chunkstore.ID]*backing
+	set  *backingSet  // its mu guards srv, off and byID
+	srv  *fuse.Server // set before the mount serves
+	off  bool         // the kernel refused a registration: none is tried again
+	byID map[chunkstore.ID]*backing
+
+	pmu     sync.Mutex                // guards pending: every OPEN of the mount looks there
 	pending map[<-chan struct{}]int32 // backing id chosen by Open, by request (see rawFS.Open)
 }
 
@@ -78,7 +80,7 @@ func (t *backings) acquire(ctx context.Context, f *FS, id chunkstore.ID, size in
 	s := t.set
 	s.mu.Lock()
 	if e := t.byID[id]; e != nil {
-		t.hold(e)
+		t.holdLocked(e)
 		touch := time.Since(e.used) > useGrain
 		if touch {
 			e.used = time.Now()
@@ -118,7 +120,7 @@ func (t *backings) acquire(ctx context.Context, f *FS, id chunkstore.ID, size in
 		if e == nil {
 			return nil, errNoBacking
 		}
-		t.hold(e)
+		t.holdLocked(e)
 		return e, nil
 	}
 	e := &backing{t: t, id: id, bid: bid, handles: 1, used: time.Now()}
@@ -126,20 +128,20 @@ func (t *backings) acquire(ctx context.Context, f *FS, id chunkstore.ID, size in
 	return e, nil
 }
 
-// hold counts one more handle of e. Caller holds set.mu.
+// hold counts one more handle of e.
 func (t *backings) hold(e *backing) {
+	t.set.mu.Lock()
+	t.holdLocked(e)
+	t.set.mu.Unlock()
+}
+
+// holdLocked is hold for a caller that holds set.mu.
+func (t *backings) holdLocked(e *backing) {
 	if e.idle != nil {
 		t.set.idle.Remove(e.idle)
 		e.idle = nil
 	}
 	e.handles++
-}
-
-// holdLocked is hold for a caller without set.mu.
-func (t *backings) holdLocked(e *backing) {
-	t.set.mu.Lock()
-	t.hold(e)
-	t.set.mu.Unlock()
 }
 
 // release counts a handle of e released; with none left e becomes idle.
@@ -172,12 +174,17 @@ func (s *backingSet) dropIdle(id chunkstore.ID) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	dropped := false
+	if id.IsZero() {
+		for s.idle.Len() > 0 {
+			s.drop(s.idle.Front().Value.(*backing))
+			dropped = true
+		}
+		return dropped
+	}
 	for t := range s.tables {
-		for eid, e := range t.byID {
-			if (id.IsZero() || eid == id) && e.idle != nil {
-				s.drop(e)
-				dropped = true
-			}
+		if e := t.byID[id]; e != nil && e.idle != nil {
+			s.drop(e)
+			dropped = true
 		}
 	}
 	return dropped
@@ -203,15 +210,15 @@ func (t *backings) forget() {
 // served with backing id bid; rawFS.Open puts it in the reply, which
 // go-fuse's node API cannot.
 func (t *backings) pass(ctx context.Context, bid int32) {
-	t.set.mu.Lock()
+	t.pmu.Lock()
 	t.pending[requestKey(ctx)] = bid
-	t.set.mu.Unlock()
+	t.pmu.Unlock()
 }
 
 // take returns and forgets the backing id recorded for request cancel.
 func (t *backings) take(cancel <-chan struct{}) (int32, bool) {
-	t.set.mu.Lock()
-	defer t.set.mu.Unlock()
+	t.pmu.Lock()
+	defer t.pmu.Unlock()
 	bid, ok := t.pending[cancel]
 	if ok {
 		delete(t.pending, cancel)

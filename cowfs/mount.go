@@ -490,7 +490,8 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, sa *fuse.SetAttr
 		return syscall.EROFS
 	}
 	in := n.cur()
-	if sa.Valid&^(fuse.FATTR_KILL_SUIDGID|fuse.FATTR_FH|fuse.FATTR_LOCKOWNER) == 0 && killSUIDGID(in.mode) == in.mode {
+	if sa.Valid&fuse.FATTR_KILL_SUIDGID != 0 && sa.Valid&^(fuse.FATTR_KILL_SUIDGID|fuse.FATTR_FH|fuse.FATTR_LOCKOWNER) == 0 &&
+		killSUIDGID(in.mode) == in.mode {
 		// Only a write's request to clear bits the file does not have
 		// (rawfs.go): nothing changes, not even ctime.
 		b.fillAttr(in, &out.Attr)
@@ -633,7 +634,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		// same backing file, while passthrough opens exist; direct I/O
 		// then sends its reads to cowfs.
 		h.kind, h.bk = 2, in.bk
-		b.backings.holdLocked(h.bk)
+		b.backings.hold(h.bk)
 		fl = fuse.FOPEN_DIRECT_IO
 	}
 	in.opens++
