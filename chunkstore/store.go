@@ -87,13 +87,14 @@ func (o *Options) withDefaults() (Options, cdc.Params, error) {
 // Store is a content-addressed store in one directory. It is safe for use
 // by many goroutines; one process at a time may open a directory.
 type Store struct {
-	dir    string
-	opts   Options
-	params cdc.Params
-	lockF  *os.File
-	enc    *zstd.Encoder
-	dec    *zstd.Decoder
-	cache  *chunkCache
+	dir     string
+	opts    Options
+	params  cdc.Params
+	lockF   *os.File
+	enc     *zstd.Encoder
+	encNode *zstd.Encoder // fastest level, for nodes under smallNode bytes
+	dec     *zstd.Decoder
+	cache   *chunkCache
 
 	mu       sync.RWMutex
 	closed   bool
@@ -181,6 +182,11 @@ func Open(dir string, opts *Options) (*Store, error) {
 	}
 	s.enc, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(lvl), zstd.WithEncoderConcurrency(2*o.Workers),
 		zstd.WithEncoderCRC(false), zstd.WithZeroFrames(true), zstd.WithLowerEncoderMem(true))
+	s.encNode = s.enc
+	if err == nil && lvl == zstd.SpeedDefault {
+		s.encNode, err = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(2*o.Workers),
+			zstd.WithEncoderCRC(false), zstd.WithZeroFrames(true), zstd.WithLowerEncoderMem(true))
+	}
 	if err == nil {
 		s.dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(o.Workers), zstd.WithDecoderMaxMemory(maxObject))
 	}
@@ -458,6 +464,9 @@ func (s *Store) closeFiles() {
 	if s.refLog != nil {
 		s.refLog.Close()
 	}
+	if s.encNode != nil && s.encNode != s.enc {
+		s.encNode.Close()
+	}
 	if s.enc != nil {
 		s.enc.Close()
 	}
@@ -499,7 +508,11 @@ func (s *Store) prepare(id ID, kind uint8, data []byte, scratch []byte) prepared
 	} else if len(data) >= 2048 && looksRandom(data) {
 		return p
 	}
-	c := s.enc.EncodeAll(data, scratch[:0])
+	enc := s.enc
+	if kind == kindNode && len(data) < smallNode {
+		enc = s.encNode
+	}
+	c := enc.EncodeAll(data, scratch[:0])
 	if len(c) < len(data)-len(data)/64 {
 		p.codec, p.stored = codecZstd, c
 	}
@@ -507,6 +520,12 @@ func (s *Store) prepare(id ID, kind uint8, data []byte, scratch []byte) prepared
 }
 
 const sampleSize = 8 << 10
+
+// smallNode bounds the nodes compressed at the fastest level: on the
+// directory objects of the Go source tree it stores 6% more bytes than the
+// default level (0.788 against 0.743 of their size) for about 60% of the
+// CPU, which every commit spends (ADR 0189).
+const smallNode = 16 << 10
 
 // looksRandom reports whether data's byte histogram is as flat as random
 // bytes': its chi-square statistic against the uniform distribution is

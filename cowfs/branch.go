@@ -94,7 +94,7 @@ type branch struct {
 	nextIno     uint64
 	linked      map[uint64]*inode // hard-link groups loaded so far
 	meta        branchMeta
-	savedMeta   branchMeta        // meta as last written to its file
+	savedMeta   branchMeta        // meta as last written to the store
 	lock        *os.File          // flock held while mounted
 	gen         uint64            // bumped by reset (rollback)
 	orphans     map[*inode]*inode // unlinked files still open
@@ -846,11 +846,11 @@ func (b *branch) snapshot(ctx context.Context) (chunkstore.ID, error) {
 	return b.commitRefs(ctx, true)
 }
 
-// commitRefs commits the branch and moves its head ref (and with keep
-// the snapshot ref of the new head) in one UpdateRefs, which makes the new
-// objects durable in the same ref log record: one fdatasync. With nothing
-// to update the branch is durable already: its head ref was set after its
-// objects were durable.
+// commitRefs commits the branch and moves its head ref (with keep also
+// the snapshot ref of the new head, and the meta ref when the quota count
+// changed) in one UpdateRefs, which makes the new objects durable in the
+// same ref log record: one fdatasync. With nothing to update the branch is
+// durable already: its head ref was set after its objects were durable.
 func (b *branch) commitRefs(ctx context.Context, keep bool) (chunkstore.ID, error) {
 	if !b.bound() {
 		return chunkstore.ID{}, errors.New("commit: mount is not bound to a branch")
@@ -859,15 +859,17 @@ func (b *branch) commitRefs(ctx context.Context, keep bool) (chunkstore.ID, erro
 	if err != nil {
 		return id, err
 	}
-	// The quota count goes to disk before the head moves: after a crash
-	// it may count a commit that was lost, never miss one that was kept.
-	if err := b.saveMeta(); err != nil {
-		return id, err
-	}
 	for try := 0; ; try++ {
 		var ups []chunkstore.RefUpdate
 		if id != b.head {
 			ups = append(ups, chunkstore.RefUpdate{Name: refBranch + b.name, Old: b.head, New: id})
+		}
+		if b.meta != b.savedMeta {
+			up, err := b.fs.metaUpdate(b.name, b.meta)
+			if err != nil {
+				return id, err
+			}
+			ups = append(ups, up)
 		}
 		if keep {
 			cur, ok, err := b.fs.getRef(refSnap + id.String())
@@ -883,7 +885,7 @@ func (b *branch) commitRefs(ctx context.Context, keep bool) (chunkstore.ID, erro
 		}
 		err := b.fs.store.UpdateRefs(ups...)
 		if err == nil {
-			b.head = id
+			b.head, b.savedMeta = id, b.meta
 			return id, nil
 		}
 		// Only the snapshot ref can change under us (another branch
@@ -895,7 +897,7 @@ func (b *branch) commitRefs(ctx context.Context, keep bool) (chunkstore.ID, erro
 	return id, nil
 }
 
-// saveMeta writes the branch meta file if it changed. Caller holds b.mu.
+// saveMeta writes the branch's settings if they changed. Caller holds b.mu.
 func (b *branch) saveMeta() error {
 	if b.meta == b.savedMeta {
 		return nil

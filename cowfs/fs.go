@@ -2,7 +2,6 @@ package cowfs
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -38,6 +37,7 @@ const (
 	refName   = "cowfs/name/"   // + name: a named snapshot
 	refBranch = "cowfs/branch/" // + branch: the branch's committed head
 	refBase   = "cowfs/base/"   // + branch: the snapshot the branch last started from
+	refMeta   = "cowfs/meta/"   // + branch: the object holding the branch's settings (meta.go)
 )
 
 var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$`) })
@@ -295,58 +295,6 @@ func (f *FS) Snapshot(ctx context.Context, branchName string) (SnapshotID, error
 
 func (f *FS) branchDir(name string) string { return filepath.Join(f.root, "branches", name) }
 
-// branchMeta is the small per-branch settings file, branches/NAME/meta.json.
-type branchMeta struct {
-	QuotaBytes int64 `json:"quota_bytes,omitempty"` // 0: unlimited
-	UsedBytes  int64 `json:"used_bytes"`            // bytes charged so far (docs/limits.md)
-}
-
-func (f *FS) readMeta(name string) (branchMeta, error) {
-	var m branchMeta
-	p := filepath.Join(f.branchDir(name), "meta.json")
-	b, err := os.ReadFile(p)
-	if errors.Is(err, os.ErrNotExist) {
-		return m, nil
-	}
-	if err != nil {
-		return m, fmt.Errorf("read branch meta %s: %w", p, err)
-	}
-	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("decode branch meta %s: %w", p, err)
-	}
-	return m, nil
-}
-
-// writeMeta durably replaces the branch meta file. A mounted branch writes
-// it, holding its mutex, when the quota is set and with each commit that
-// changed it.
-func (f *FS) writeMeta(name string, m branchMeta) error {
-	dir := f.branchDir(name)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create branch dir %s: %w", dir, err)
-	}
-	b, _ := json.Marshal(m)
-	tmp := filepath.Join(dir, "meta.json.tmp")
-	fh, err := os.Create(tmp)
-	if err != nil {
-		return fmt.Errorf("write branch meta %s: %w", tmp, err)
-	}
-	_, err = fh.Write(b)
-	if err == nil {
-		err = fh.Sync()
-	}
-	if cerr := fh.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, "meta.json"))
-	}
-	if err != nil {
-		return fmt.Errorf("write branch meta in %s: %w", dir, err)
-	}
-	return nil
-}
-
 // Branch creates branch name as a writable head over snapshot snap. It
 // copies nothing: the branch starts as a reference to snap.
 func (f *FS) Branch(ctx context.Context, snap SnapshotID, name string) error {
@@ -378,13 +326,12 @@ func (f *FS) BranchMany(ctx context.Context, snap SnapshotID, names []string) er
 		} else if ok {
 			return fmt.Errorf("branch %q: %w", name, ErrExists)
 		}
-		// No settings file yet: a missing one means no quota and nothing
-		// written. A leftover from a deleted branch of the same name goes.
+		// A leftover from a deleted branch of the same name goes.
 		if err := os.RemoveAll(f.branchDir(name)); err != nil {
 			return fmt.Errorf("branch %q: clear old state %s: %w", name, f.branchDir(name), err)
 		}
 	}
-	// Both refs of every branch in one durable update.
+	// The refs of every branch in one durable update.
 	for try := 0; ; try++ {
 		ups := make([]chunkstore.RefUpdate, 0, 2*len(names))
 		for _, name := range names {
@@ -399,6 +346,12 @@ func (f *FS) BranchMany(ctx context.Context, snap SnapshotID, names []string) er
 			}
 			ups = append(ups, chunkstore.RefUpdate{Name: refBranch + name, New: snap},
 				chunkstore.RefUpdate{Name: refBase + name, Old: base, New: snap})
+			// No meta: no quota, nothing charged yet.
+			if meta, ok, err := f.getRef(refMeta + name); err != nil {
+				return err
+			} else if ok {
+				ups = append(ups, chunkstore.RefUpdate{Name: refMeta + name, Old: meta})
+			}
 		}
 		err := f.store.UpdateRefs(ups...)
 		if err == nil {
@@ -469,7 +422,7 @@ func (f *FS) DeleteBranch(ctx context.Context, name string) error {
 		return fmt.Errorf("delete %q: %w", name, ErrBusy)
 	}
 	var ups []chunkstore.RefUpdate
-	for _, r := range []string{refBranch + name, refBase + name} {
+	for _, r := range []string{refBranch + name, refBase + name, refMeta + name} {
 		id, ok, err := f.getRef(r)
 		if err != nil {
 			return err

@@ -2,6 +2,7 @@ package cowfs
 
 import (
 	"bytes"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -193,6 +194,28 @@ func FuzzEncodeDir(f *testing.F) {
 				g.Rdev != w.Rdev || g.LinkID != w.LinkID || g.Nlink != w.Nlink || !sameMeta(&g, &w) {
 				t.Fatalf("entry %q changed in the round trip", w.Name)
 			}
+		}
+	})
+}
+
+// FuzzDecodeMeta feeds damaged branch meta objects to the decoder: it must
+// return an error or settings that are in range and survive a round trip.
+func FuzzDecodeMeta(f *testing.F) {
+	f.Add([]byte(`{"quota_bytes":1048576,"used_bytes":4096}`))
+	f.Add([]byte(`{"used_bytes":-1}`))
+	f.Add([]byte(`{"used_bytes":9223372036854775808}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var m branchMeta
+		if err := decodeMeta(b, &m); err != nil {
+			return
+		}
+		if m.QuotaBytes < 0 || m.UsedBytes < 0 {
+			t.Fatalf("decoded a negative count: %+v", m)
+		}
+		enc, _ := json.Marshal(m)
+		var m2 branchMeta
+		if err := decodeMeta(enc, &m2); err != nil || m2 != m {
+			t.Fatalf("round trip: %+v -> %+v (%v)", m, m2, err)
 		}
 	})
 }

@@ -268,12 +268,6 @@ func (m *Mount) Unmount() error {
 			return
 		}
 		_, cerr := m.b.checkpoint(context.Background(), true)
-		m.b.mu.Lock()
-		meta := m.b.meta
-		m.b.mu.Unlock()
-		if merr := m.fs.writeMeta(m.b.name, meta); cerr == nil {
-			cerr = merr
-		}
 		m.b.close()
 		m.fs.mu.Lock()
 		delete(m.fs.live, m.b.name)

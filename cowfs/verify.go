@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 
 	"tine/chunkstore"
 )
@@ -57,15 +58,21 @@ func (f *FS) Verify(ctx context.Context, report func(Problem)) (VerifyStats, err
 	seen := map[chunkstore.ID]bool{}
 	for _, ref := range names {
 		id := refs[ref]
+		problem := func(path string, id chunkstore.ID, err error) {
+			st.Problems++
+			report(Problem{Ref: ref, Path: path, ID: id, Err: err})
+		}
+		if name, ok := strings.CutPrefix(ref, refMeta); ok {
+			if _, err := f.readMeta(name); err != nil {
+				problem("/", id, err)
+			}
+			continue
+		}
 		if seen[id] {
 			continue
 		}
 		seen[id] = true
 		st.Trees++
-		problem := func(path string, id chunkstore.ID, err error) {
-			st.Problems++
-			report(Problem{Ref: ref, Path: path, ID: id, Err: err})
-		}
 		top, err := f.rootEntry(id)
 		if err != nil {
 			problem("/", id, err)
