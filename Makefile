@@ -114,10 +114,11 @@ bench-vmm: deps
 
 bench-sandbox: deps
 	mkdir -p $(BENCH_OUT)
-	$(GO) run ./bench/sandbox --md $(BENCH_OUT)/sandbox.md
+	$(GO) run ./bench/sandbox --md $(BENCH_OUT)/sandbox.md --save $(BENCH_OUT)/sandbox.json
 
 bench-report:
 	$(GO) run ./bench/report --cowfs $(BENCH_OUT)/cowfs.json --out docs/bench \
+		$$([ -e $(BENCH_OUT)/sandbox.json ] && echo "--sandbox $(BENCH_OUT)/sandbox.json") \
 		$$(for f in chunkstore.txt vmm.txt sandbox.md; do [ -e $(BENCH_OUT)/$$f ] && echo "--text $${f%.*}=$(BENCH_OUT)/$$f"; done)
 
 # bench-quick checks that every benchmark runs and produces numbers, not

@@ -71,3 +71,42 @@ func TestCheckNumbers(t *testing.T) {
 		t.Errorf("checkNumbers: %v", errs)
 	}
 }
+
+// TestSandboxGoal: the fork-through-the-API goal is filled from
+// bench/sandbox's saved results, and says so when they are missing.
+func TestSandboxGoal(t *testing.T) {
+	dir := t.TempDir()
+	if err := write(fixture(), nil, dir); err != nil {
+		t.Fatal(err)
+	}
+	md, _ := os.ReadFile(filepath.Join(dir, "REPORT.md"))
+	if want := "| fork through the API | <= 1 ms | not measured in these runs"; !strings.Contains(string(md), want) {
+		t.Errorf("without sandbox results REPORT.md lacks %q", want)
+	}
+	saved := filepath.Join(dir, "sandbox.json")
+	body := `{"command":"go run ./bench/sandbox --quick","seconds":60,"rows":[
+		{"section":"fork x1","tool":"bwrap","what":"peer","samples":[0.001]},
+		{"section":"fork x1","tool":"tine","what":"Fork into 1, answered","samples":[0.030,0.020,0.025]}]}`
+	if err := os.WriteFile(saved, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rep := fixture()
+	if err := rep.addSandbox(saved); err != nil {
+		t.Fatal(err)
+	}
+	if err := write(rep, nil, dir); err != nil {
+		t.Fatal(err)
+	}
+	md, _ = os.ReadFile(filepath.Join(dir, "REPORT.md"))
+	for _, want := range []string{
+		"| fork through the API | <= 1 ms | 25.00 ms (bench/sandbox, median of 3: Fork into 1, answered) | **no** |",
+		"- run: `go run ./bench/sandbox --quick`",
+	} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("REPORT.md lacks %q", want)
+		}
+	}
+	if err := rep.addSandbox(filepath.Join(dir, "missing.json")); err == nil {
+		t.Error("a missing sandbox results file was accepted")
+	}
+}

@@ -9,14 +9,15 @@ import (
 // The results as bench/cowfs writes them (its --save JSON); only the
 // fields the report reads.
 type report struct {
-	Command  string     `json:"command"`
-	Mode     string     `json:"mode"`
-	Started  time.Time  `json:"started"`
-	Seconds  float64    `json:"seconds"`
-	Machine  machine    `json:"machine"`
-	Tools    []string   `json:"tools"`
-	Sections []*section `json:"sections"`
-	Runs     []run      `json:"-"` // the runs merged into this report
+	Command  string      `json:"command"`
+	Mode     string      `json:"mode"`
+	Started  time.Time   `json:"started"`
+	Seconds  float64     `json:"seconds"`
+	Machine  machine     `json:"machine"`
+	Tools    []string    `json:"tools"`
+	Sections []*section  `json:"sections"`
+	Runs     []run       `json:"-"` // the runs merged into this report
+	Sandbox  *sandboxRun `json:"-"` // bench/sandbox's results, when given
 }
 
 // run is one benchmark run merged into the report.

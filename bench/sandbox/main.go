@@ -6,9 +6,9 @@
 // first command answered, the exec round trip and 100 sandboxes alive at
 // once, and breaks create and fork down into their steps. It prints
 // p50/p90 and the ratio tine/peer; with --md it also writes the results
-// as Markdown. It needs root.
+// as Markdown, and with --save as JSON for bench/report. It needs root.
 //
-//	go run ./bench/sandbox [--quick] [--md FILE] [--dir DIR]
+//	go run ./bench/sandbox [--quick] [--md FILE] [--save FILE] [--dir DIR]
 package main
 
 import (
@@ -47,6 +47,7 @@ func main() {
 	ns.Init()
 	quick := flag.Bool("quick", false, "fewer samples, fork fan-out up to 10, 20 alive")
 	md := flag.String("md", "", "also write the results as Markdown to this file")
+	save := flag.String("save", "", "also write the results as JSON to this file (bench/report --sandbox)")
 	dir := flag.String("dir", "/var/tmp", "directory for the state, the project and the agent binary")
 	uring := flag.Bool("fuse-uring", true, "serve project mounts over FUSE io_uring, as tine serve does (false: over /dev/fuse, to measure ADR 0181)")
 	flag.Parse()
@@ -65,11 +66,19 @@ func main() {
 			fmt.Fprintf(os.Stderr, "bench/sandbox: FUSE over io_uring left as it is: %v\n", err)
 		}
 	}
+	load := loadavg()
 	r, err := run(context.Background(), o)
 	if r != nil {
+		r.command = "go run ./bench/sandbox " + strings.Join(os.Args[1:], " ")
+		r.loadStart, r.loadEnd = load, loadavg()
 		r.print(os.Stdout)
 		if *md != "" {
 			if werr := os.WriteFile(*md, []byte(r.markdown()), 0o644); werr != nil && err == nil {
+				err = werr
+			}
+		}
+		if *save != "" {
+			if werr := r.saveJSON(*save); werr != nil && err == nil {
 				err = werr
 			}
 		}
@@ -99,7 +108,11 @@ func (r row) pct(p float64) time.Duration {
 // report is a run's rows, notes and skipped peers.
 type report struct {
 	date    time.Time
+	command string
 	host    string
+	// loadStart and loadEnd are /proc/loadavg's first three fields before
+	// and after the run.
+	loadStart, loadEnd string
 	rows    []row
 	notes   []string
 	skipped []string
