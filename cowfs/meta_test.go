@@ -9,18 +9,25 @@ import (
 	"testing"
 )
 
+// importOne opens a store holding a one-file snapshot.
+func importOne(t *testing.T) (*FS, SnapshotID) {
+	t.Helper()
+	f := openTestFS(t)
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"a": "one"})
+	snap, err := f.Import(context.Background(), src, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, snap
+}
+
 // TestMetaLegacyFile: a branch whose settings are still in its meta.json
 // file (stores written before the meta ref) keeps them; once they are
 // written again the ref holds them, and it wins over the file.
 func TestMetaLegacyFile(t *testing.T) {
 	ctx := context.Background()
-	f := openTestFS(t)
-	src := t.TempDir()
-	writeTree(t, src, map[string]string{"a": "one"})
-	snap, err := f.Import(ctx, src, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, snap := importOne(t)
 	if err := f.Branch(ctx, snap, "old"); err != nil {
 		t.Fatal(err)
 	}
@@ -51,13 +58,7 @@ func TestMetaLegacyFile(t *testing.T) {
 // a new branch of the same name starts with no quota and nothing charged.
 func TestMetaGoesWithTheBranch(t *testing.T) {
 	ctx := context.Background()
-	f := openTestFS(t)
-	src := t.TempDir()
-	writeTree(t, src, map[string]string{"a": "one"})
-	snap, err := f.Import(ctx, src, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, snap := importOne(t)
 	if err := f.Branch(ctx, snap, "b"); err != nil {
 		t.Fatal(err)
 	}
@@ -113,13 +114,7 @@ func TestMetaCommittedWithTheHead(t *testing.T) {
 // trees.
 func TestVerifyReportsBadMeta(t *testing.T) {
 	ctx := context.Background()
-	f := openTestFS(t)
-	src := t.TempDir()
-	writeTree(t, src, map[string]string{"a": "one"})
-	snap, err := f.Import(ctx, src, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, snap := importOne(t)
 	for _, n := range []string{"good", "bad"} {
 		if err := f.Branch(ctx, snap, n); err != nil {
 			t.Fatal(err)

@@ -79,7 +79,7 @@ func writeGoals(b *bytes.Buffer, rep *report) {
 		met := v <= 1e-3
 		lines = append(lines, goalLine{"fork (filesystem part: pooled mount), 100k files", "<= 1 ms", formatValue(false, v), &met})
 	}
-	if v, r, ok := rep.Sandbox.median("fork x1", "tine"); ok {
+	if v, r, ok := rep.Sandbox.Median("fork x1", "tine"); ok {
 		met := v <= 1e-3
 		lines = append(lines, goalLine{"fork through the API", "<= 1 ms",
 			fmt.Sprintf("%s (bench/sandbox, median of %d: %s)", formatValue(false, v), len(r.Samples), r.What), &met})

@@ -4,20 +4,22 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"tine/bench/internal/sandboxrun"
 )
 
 // The results as bench/cowfs writes them (its --save JSON); only the
 // fields the report reads.
 type report struct {
-	Command  string      `json:"command"`
-	Mode     string      `json:"mode"`
-	Started  time.Time   `json:"started"`
-	Seconds  float64     `json:"seconds"`
-	Machine  machine     `json:"machine"`
-	Tools    []string    `json:"tools"`
-	Sections []*section  `json:"sections"`
-	Runs     []run       `json:"-"` // the runs merged into this report
-	Sandbox  *sandboxRun `json:"-"` // bench/sandbox's results, when given
+	Command  string          `json:"command"`
+	Mode     string          `json:"mode"`
+	Started  time.Time       `json:"started"`
+	Seconds  float64         `json:"seconds"`
+	Machine  machine         `json:"machine"`
+	Tools    []string        `json:"tools"`
+	Sections []*section      `json:"sections"`
+	Runs     []run           `json:"-"` // the runs merged into this report
+	Sandbox  *sandboxrun.Run `json:"-"` // bench/sandbox's results, when given
 }
 
 // run is one benchmark run merged into the report.

@@ -113,10 +113,10 @@ type report struct {
 	// loadStart and loadEnd are /proc/loadavg's first three fields before
 	// and after the run.
 	loadStart, loadEnd string
-	rows    []row
-	notes   []string
-	skipped []string
-	goals   []string
+	rows               []row
+	notes              []string
+	skipped            []string
+	goals              []string
 }
 
 func (r *report) add(section, tool, what string, s []time.Duration, note string) {
