@@ -594,12 +594,15 @@ func (s *Store) commitLocked(ops []refOp) error {
 		}
 		objs = nil
 	}
+	// Deferred changes come first: they were applied first.
+	ops = append(s.deferred[:len(s.deferred):len(s.deferred)], ops...)
 	if len(objs)+len(ops) == 0 {
 		return nil
 	}
 	if err := s.appendRefsLocked(append(objs, ops...)); err != nil {
 		return err
 	}
+	s.deferred = nil
 	if len(objs) > 0 {
 		s.journaled = append(s.journaled, s.pending...)
 		s.pending = s.pending[:0]
@@ -705,6 +708,7 @@ func (s *Store) rewriteRefLogLocked() error {
 	}
 	s.refLog, s.refLogSalt, s.refLogSize, s.refLogTorn, s.logObjects = f, salt, base, false, false
 	s.refLogBase, s.refLogSeq, s.refLogFix = base, 1, nil
+	s.deferred = nil // the table holds them
 	if len(table) == 0 {
 		s.refLogSeq = 0
 	}

@@ -156,9 +156,25 @@ func (s *Store) DeleteRef(name string, old ID) error {
 // ErrNotFound too for a delete of an absent ref). The changes and the
 // objects put since the last flush (up to 1 MiB of them; more are flushed
 // to packs and an index file first) cost one record appended to the ref
-// log and one fdatasync. Every New must be in the store. A ref cannot be
+// log and one fdatasync; deferred changes made before (UpdateRefsDeferred)
+// go first in that record. Every New must be in the store. A ref cannot be
 // both a name and a '/'-prefix of other refs.
 func (s *Store) UpdateRefs(updates ...RefUpdate) error {
+	return s.updateRefs(true, updates)
+}
+
+// UpdateRefsDeferred applies the changes as UpdateRefs does, at once and
+// for every reader of this Store, but writes nothing: they are written,
+// and durable, with the next update that is (UpdateRefs, SetRef,
+// DeleteRef), Flush or Close. A crash before that loses them all, in the
+// order they were made (a later one is never kept without an earlier
+// one). For changes that lose nothing when lost, such as a new ref to a
+// tree another ref keeps.
+func (s *Store) UpdateRefsDeferred(updates ...RefUpdate) error {
+	return s.updateRefs(false, updates)
+}
+
+func (s *Store) updateRefs(durable bool, updates []RefUpdate) error {
 	seen := make(map[string]bool, len(updates))
 	for _, u := range updates {
 		if err := validRefName(u.Name); err != nil {
@@ -207,6 +223,10 @@ func (s *Store) UpdateRefs(updates ...RefUpdate) error {
 			rollback()
 			return err
 		}
+	}
+	if !durable {
+		s.deferred = append(s.deferred, ops...)
+		return nil
 	}
 	// The pending objects go into the same record, so that a ref never
 	// names an object that is not durable.

@@ -119,6 +119,7 @@ type Store struct {
 	refLogSize      int64          // length of its valid records
 	refLogBase      int64          // length its last rewrite wrote (headers and ref table)
 	refLogSeq       uint64         // sequence number of its next record
+	deferred        []refOp        // ref changes applied but not yet written (UpdateRefsDeferred)
 	refLogFix       []byte         // a record whose copy a crash tore: written again before the next frame
 	refLogSalt      uint32         // seeds its record checksums
 	refLogTorn      bool           // bytes of a torn record follow refLogSize
@@ -441,6 +442,9 @@ func (s *Store) Close() error {
 		return nil
 	}
 	err := s.checkpointLocked(false)
+	if err == nil && len(s.deferred) > 0 {
+		err = s.commitLocked(nil)
+	}
 	if err == nil && s.refLog != nil && s.refLogErr == nil && !s.opts.AllowDamaged && s.refLogSize > s.refLogBase {
 		// A clean close leaves only the rewritten part, whose length the
 		// header records: any later loss of its bytes is then damage.
@@ -845,7 +849,8 @@ func (s *Store) GetNode(id ID) (links []ID, payload []byte, err error) {
 	return links, bytes.Clone(payload), nil
 }
 
-// Flush makes every object put so far durable in packs and index files:
+// Flush makes every object put so far durable in packs and index files,
+// and the deferred ref changes durable in the ref log:
 // the packs are fsync'd, then a new index file naming the objects put (or
 // journaled in the ref log) since the last one is written, fsync'd and
 // renamed into place, and the directories are fsync'd; the ref log is
@@ -857,7 +862,13 @@ func (s *Store) Flush() error {
 	if s.closed {
 		return fmt.Errorf("chunkstore: flush %s: store is closed", s.dir)
 	}
-	return s.checkpointLocked(false)
+	if err := s.checkpointLocked(false); err != nil {
+		return err
+	}
+	if len(s.deferred) > 0 {
+		return s.commitLocked(nil)
+	}
+	return nil
 }
 
 // checkpointLocked fsyncs the packs and writes an index file naming the

@@ -3,6 +3,8 @@ package cowfs
 import (
 	"context"
 	"errors"
+	"os/exec"
+	"path/filepath"
 	"testing"
 )
 
@@ -43,5 +45,52 @@ func TestBranchMany(t *testing.T) {
 	}
 	if err := f.BranchMany(ctx, snap, []string{"d", "d"}); err == nil {
 		t.Error("a batch naming one branch twice succeeded")
+	}
+}
+
+// TestBranchManyDeferred: deferred branches are there at once, are lost
+// by a crash before the next durable update (here a copy of the state
+// taken while the FS is open), with their snapshot kept, and are kept by
+// a crash after it.
+func TestBranchManyDeferred(t *testing.T) {
+	ctx := context.Background()
+	f, snap := importOne(t)
+	if err := f.BranchManyDeferred(ctx, snap, []string{"d1", "d2"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := f.getRef(refBranch + "d2"); !ok {
+		t.Fatal("a deferred branch is not there at once")
+	}
+	if err := f.BranchManyDeferred(ctx, snap, []string{"d1"}); !errors.Is(err, ErrExists) {
+		t.Errorf("a deferred branch of a taken name: %v, want ErrExists", err)
+	}
+	crashed := func() *FS {
+		t.Helper()
+		c := filepath.Join(t.TempDir(), "copy")
+		if out, err := exec.Command("cp", "-a", f.root, c).CombinedOutput(); err != nil {
+			t.Fatalf("copy the state: %v: %s", err, out)
+		}
+		cf, err := Open(c, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cf.Close() })
+		return cf
+	}
+	c := crashed()
+	if _, ok, _ := c.getRef(refBranch + "d1"); ok {
+		t.Error("a deferred branch survived a crash before any durable update")
+	}
+	if _, ok, _ := c.getRef(refSnap + snap.String()); !ok {
+		t.Error("the snapshot of the lost branches is gone")
+	}
+	if err := f.Branch(ctx, snap, "durable"); err != nil {
+		t.Fatal(err)
+	}
+	c = crashed()
+	for _, n := range []string{"d1", "d2", "durable"} {
+		if id, ok, _ := c.getRef(refBranch + n); !ok || id != snap {
+			t.Errorf("branch %s after a durable update and a crash: %v %v", n, id, ok)
+		}
 	}
 }

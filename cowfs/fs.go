@@ -305,6 +305,20 @@ func (f *FS) Branch(ctx context.Context, snap SnapshotID, name string) error {
 // does each, in one durable update (one ref log record, one fdatasync):
 // all of them or, on error, none.
 func (f *FS) BranchMany(ctx context.Context, snap SnapshotID, names []string) error {
+	return f.branchMany(ctx, snap, names, true)
+}
+
+// BranchManyDeferred creates the branches as BranchMany does, at once, but
+// does not wait for them to be durable: they become durable with the next
+// durable update of the store (a commit of any branch, a snapshot, a
+// quota set, Flush, Close). A crash before that loses them, and nothing
+// else: until its first commit a branch holds only its snapshot, which
+// stays. For callers that can make a lost branch again (ADR 0190).
+func (f *FS) BranchManyDeferred(ctx context.Context, snap SnapshotID, names []string) error {
+	return f.branchMany(ctx, snap, names, false)
+}
+
+func (f *FS) branchMany(ctx context.Context, snap SnapshotID, names []string, durable bool) error {
 	seen := make(map[string]bool, len(names))
 	for _, name := range names {
 		if err := checkName("branch", name); err != nil {
@@ -353,7 +367,11 @@ func (f *FS) BranchMany(ctx context.Context, snap SnapshotID, names []string) er
 				ups = append(ups, chunkstore.RefUpdate{Name: refMeta + name, Old: meta})
 			}
 		}
-		err := f.store.UpdateRefs(ups...)
+		update := f.store.UpdateRefs
+		if !durable {
+			update = f.store.UpdateRefsDeferred
+		}
+		err := update(ups...)
 		if err == nil {
 			return nil
 		}

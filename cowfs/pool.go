@@ -100,11 +100,13 @@ func (p *MountPool) Dir() string { return p.dir }
 // Ready returns how many placeholders are mounted and waiting.
 func (p *MountPool) Ready() int { return len(p.ready) }
 
-// Fork creates branch name from snapshot snap (one ref update, as Branch)
-// and serves it from a pooled mount, as Mount does. If the branch cannot
-// be served it is deleted again.
+// Fork creates branch name from snapshot snap and serves it from a pooled
+// mount, as Mount does. The branch is made as BranchManyDeferred makes it:
+// it is durable with its first commit (or any other durable update of the
+// store), and a crash before that loses the fork, which held nothing but
+// its snapshot. If the branch cannot be served it is deleted again.
 func (p *MountPool) Fork(ctx context.Context, snap SnapshotID, name string) (*Mount, error) {
-	if err := p.fs.Branch(ctx, snap, name); err != nil {
+	if err := p.fs.BranchManyDeferred(ctx, snap, []string{name}); err != nil {
 		return nil, err
 	}
 	m, err := p.Mount(ctx, name)
