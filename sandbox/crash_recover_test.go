@@ -90,7 +90,8 @@ func instanceID(root, name string) string {
 // a sandbox it runs is frozen, as when it dies in the middle of a
 // snapshot. Its processes cannot die frozen, so they and the frozen
 // cgroup stay on the host; opening the state root again ends them,
-// removes the cgroup and says so, and the sandbox starts and runs
+// removes the cgroup and says so, makes the sandbox's branch again (it
+// was made deferred and never committed), and the sandbox starts and runs
 // commands again.
 func TestCrashWhileFrozen(t *testing.T) {
 	if os.Geteuid() != 0 || ns.Rootless() {
@@ -171,8 +172,14 @@ func TestCrashWhileFrozen(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	if rec := strings.Join(m.Recovered(), "\n"); !strings.Contains(rec, `"crash"`) || !strings.Contains(rec, "frozen") {
+	rec := strings.Join(m.Recovered(), "\n")
+	if !strings.Contains(rec, `"crash"`) || !strings.Contains(rec, "frozen") {
 		t.Errorf("Recovered does not tell of the frozen sandbox: %q", rec)
+	}
+	// Nothing committed the sandbox's branch, made deferred, before the
+	// kill: it was lost and is made again from its origin (ADR 0190).
+	if !strings.Contains(rec, "made it again from its origin") {
+		t.Errorf("Recovered does not tell of the lost branch made again: %q", rec)
 	}
 	if g := cgroup.Existing(id); g != nil {
 		pids, _ := g.Pids()

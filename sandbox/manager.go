@@ -326,7 +326,9 @@ func (m *Manager) prepare(ctx context.Context, info *Info, o CreateOptions) (str
 	}
 	info.Origin = snap.String()
 	if !o.branched {
-		if err := m.fs.Branch(ctx, snap, info.Branch); err != nil {
+		// Durable with the sandbox's first commit; recover makes it again
+		// if a crash comes first (ADR 0190).
+		if err := m.fs.BranchManyDeferred(ctx, snap, []string{info.Branch}); err != nil {
 			return "", err
 		}
 	}
@@ -810,7 +812,8 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 	if err != nil {
 		return nil, err
 	}
-	// Every fork's branch in one durable update, before the forks start.
+	// Every fork's branch in one update, before the forks start; durable
+	// with the next durable update of the store (ADR 0190).
 	snap, err := m.fs.Resolve(ctx, s.FS)
 	if err != nil {
 		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
@@ -819,7 +822,7 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 	for i, c := range names {
 		branches[i] = branchName(c)
 	}
-	if err := m.fs.BranchMany(ctx, snap, branches); err != nil {
+	if err := m.fs.BranchManyDeferred(ctx, snap, branches); err != nil {
 		if errors.Is(err, cowfs.ErrExists) {
 			err = fmt.Errorf("%w (a sandbox of that name exists or was not removed whole)", err)
 		}

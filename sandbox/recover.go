@@ -22,6 +22,9 @@ import (
 //   - runtime.old beside a sandbox's runtime directory (Rollback
 //     interrupted): put back when the runtime directory is missing,
 //     deleted otherwise;
+//   - a sandbox whose branch is missing (made deferred by Create or Fork,
+//     and lost by a crash before any commit of the store): made again
+//     from the sandbox's origin snapshot, which is all it held;
 //   - a snapshot directory without snapshot.json (Snapshot interrupted):
 //     deleted;
 //   - temporary metadata files: deleted.
@@ -71,6 +74,12 @@ sandboxes:
 			did("removed half-made sandbox %q (no sandbox.json: its creation was interrupted)", name)
 			continue
 		}
+		if remade, err := m.remakeBranch(ctx, name); err != nil {
+			errs = append(errs, fmt.Errorf("sandbox %q: %w", name, err))
+			continue
+		} else if remade {
+			did("sandbox %q: its branch, made just before a crash and never committed, was lost; made it again from its origin snapshot", name)
+		}
 		old := m.rtDir(name) + ".old"
 		if _, err := os.Lstat(old); err == nil {
 			if _, err := os.Lstat(m.rtDir(name)); errors.Is(err, os.ErrNotExist) {
@@ -111,6 +120,31 @@ sandboxes:
 		return fmt.Errorf("sandbox manager: recover %s: %w", m.root, err)
 	}
 	return nil
+}
+
+// remakeBranch makes the branch of sandbox name again from its origin
+// snapshot, with its quota, when the branch is missing.
+func (m *Manager) remakeBranch(ctx context.Context, name string) (bool, error) {
+	info, err := m.Get(name)
+	if err != nil {
+		return false, err
+	}
+	if _, err := m.fs.Head(ctx, info.Branch); !errors.Is(err, cowfs.ErrNoBranch) {
+		return false, err
+	}
+	snap, err := m.fs.Resolve(ctx, info.Origin)
+	if err != nil {
+		return false, fmt.Errorf("make its lost branch again: origin %q: %w", info.Origin, err)
+	}
+	if err := m.fs.Branch(ctx, snap, info.Branch); err != nil {
+		return false, fmt.Errorf("make its lost branch again: %w", err)
+	}
+	if info.Limits.ProjectBytes > 0 {
+		if err := m.fs.SetQuota(ctx, info.Branch, info.Limits.ProjectBytes); err != nil {
+			return false, fmt.Errorf("make its lost branch again: %w", err)
+		}
+	}
+	return true, nil
 }
 
 // Reclaimer is a Runtime that can end what an instance left on the host
