@@ -1034,7 +1034,8 @@ func crashGCChild(c *crashChildRun) error {
 }
 
 // crashBranchChild creates and deletes branches, and forks, writes into,
-// snapshots and unmounts forks from a mount pool.
+// snapshots and unmounts forks from a mount pool. A fork is acknowledged
+// only by its snapshot: until then it may be lost.
 func crashBranchChild(c *crashChildRun) error {
 	base := initialState()
 	id, err := c.importState(base)
@@ -1073,7 +1074,8 @@ func crashBranchChild(c *crashChildRun) error {
 		if err != nil {
 			return err
 		}
-		c.say("ACK %s %s", name, s.st)
+		// No ACK: the fork's branch is deferred (ADR 0190), durable with
+		// the snapshot below; a kill before it may leave no branch.
 		exists[name] = true
 		cur := s.st.clone()
 		if err := c.appendTo(m.Dir(), crashFiles[c.rng.IntN(len(crashFiles))], cur, 1+c.rng.Int64N(32<<10)); err != nil {
