@@ -75,8 +75,8 @@ sandboxes:
 			continue
 		}
 		if remade, err := m.remakeBranch(ctx, name); err != nil {
-			errs = append(errs, fmt.Errorf("sandbox %q: %w", name, err))
-			continue
+			// The others still open: this one is reported and can be removed.
+			did("sandbox %q: its branch is missing and was not made again (%v); it cannot start: remove it", name, err)
 		} else if remade {
 			did("sandbox %q: its branch, made just before a crash and never committed, was lost; made it again from its origin snapshot", name)
 		}
