@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -210,5 +211,59 @@ func TestCrashWhileFrozen(t *testing.T) {
 	}
 	if g := cgroup.Existing(id); g == nil || g.Frozen() {
 		t.Errorf("restarted sandbox's cgroup: %+v (want it there and not frozen)", g)
+	}
+}
+
+// TestLostBranchMadeAgain: a sandbox whose branch is gone (as a crash
+// leaves one made deferred and never committed) gets it back from its
+// origin when the state root is opened, with its quota; one whose origin
+// is gone too is reported, and the others still open.
+func TestLostBranchMadeAgain(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	a := e.create("lost", sandbox.Limits{ProjectBytes: 50 << 20})
+	b := e.create("gone", sandbox.Limits{})
+	if err := e.m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, info := range []*sandbox.Info{a, b} {
+		if err := e.fs.DeleteBranch(ctx, info.Branch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The second one's origin names nothing: no way to make it again.
+	info := *b
+	info.Origin = strings.Repeat("0", 63) + "1"
+	j, err := json.Marshal(&info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(e.root, "sandboxes", "gone", "sandbox.json"), j, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rt, err := ns.New(agentPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2, err := sandbox.Open(ctx, e.root, e.fs, sandbox.Options{Runtime: rt})
+	if err != nil {
+		t.Fatalf("a sandbox that cannot get its branch back kept the others from opening: %v", err)
+	}
+	e.m = m2
+	rec := strings.Join(m2.Recovered(), "\n")
+	if !strings.Contains(rec, `sandbox "lost": its branch`) || !strings.Contains(rec, "made it again from its origin") {
+		t.Errorf("Recovered does not tell of the branch made again: %q", rec)
+	}
+	if !strings.Contains(rec, `sandbox "gone": its branch is missing and was not made again`) {
+		t.Errorf("Recovered does not tell of the branch that could not be made again: %q", rec)
+	}
+	if _, quota, err := e.fs.BranchUsage(ctx, a.Branch); err != nil || quota != 50<<20 {
+		t.Errorf("the branch made again: quota %d (%v), want %d", quota, err, 50<<20)
+	}
+	if err := m2.Start(ctx, "lost"); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.mustSh("lost", "cat "+filepath.Join(e.project, "src", "main.txt")); out != "v1\n" {
+		t.Errorf("the project of the branch made again reads %q, want v1", out)
 	}
 }
