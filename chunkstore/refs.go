@@ -226,11 +226,9 @@ func (s *Store) updateRefs(durable bool, updates []RefUpdate) error {
 	}
 	if !durable {
 		s.deferred = append(s.deferred, ops...)
-		return nil
-	}
-	// The pending objects go into the same record, so that a ref never
-	// names an object that is not durable.
-	if err := s.commitLocked(ops); err != nil {
+	} else if err := s.commitLocked(ops); err != nil {
+		// The pending objects go into the same record, so that a ref
+		// never names an object that is not durable.
 		rollback()
 		return err
 	}

@@ -92,7 +92,7 @@ type Store struct {
 	params  cdc.Params
 	lockF   *os.File
 	enc     *zstd.Encoder
-	encNode *zstd.Encoder // fastest level, for nodes under smallNode bytes
+	encNode *zstd.Encoder // nodes under smallNode bytes: the fastest level when enc is at the default, else enc
 	dec     *zstd.Decoder
 	cache   *chunkCache
 

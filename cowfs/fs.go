@@ -345,7 +345,7 @@ func (f *FS) branchMany(ctx context.Context, snap SnapshotID, names []string, du
 			return fmt.Errorf("branch %q: clear old state %s: %w", name, f.branchDir(name), err)
 		}
 	}
-	// The refs of every branch in one durable update.
+	// The refs of every branch in one update.
 	for try := 0; ; try++ {
 		ups := make([]chunkstore.RefUpdate, 0, 2*len(names))
 		for _, name := range names {

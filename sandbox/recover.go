@@ -74,7 +74,9 @@ sandboxes:
 			did("removed half-made sandbox %q (no sandbox.json: its creation was interrupted)", name)
 			continue
 		}
-		if remade, err := m.remakeBranch(ctx, name); err != nil {
+		if info, err := m.Get(name); err != nil {
+			did("sandbox %q: its metadata cannot be read: %v", name, err)
+		} else if remade, err := m.remakeBranch(ctx, info); err != nil {
 			// The others still open: this one is reported and can be removed.
 			did("sandbox %q: its branch is missing and was not made again (%v); it cannot start: remove it", name, err)
 		} else if remade {
@@ -122,13 +124,9 @@ sandboxes:
 	return nil
 }
 
-// remakeBranch makes the branch of sandbox name again from its origin
-// snapshot, with its quota, when the branch is missing.
-func (m *Manager) remakeBranch(ctx context.Context, name string) (bool, error) {
-	info, err := m.Get(name)
-	if err != nil {
-		return false, err
-	}
+// remakeBranch makes the sandbox's branch again from its origin snapshot,
+// with its quota, when the branch is missing.
+func (m *Manager) remakeBranch(ctx context.Context, info *Info) (bool, error) {
 	if _, err := m.fs.Head(ctx, info.Branch); !errors.Is(err, cowfs.ErrNoBranch) {
 		return false, err
 	}
