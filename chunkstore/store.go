@@ -442,13 +442,13 @@ func (s *Store) Close() error {
 		return nil
 	}
 	err := s.checkpointLocked(false)
-	if err == nil && len(s.deferred) > 0 {
-		err = s.commitLocked(nil)
-	}
-	if err == nil && s.refLog != nil && s.refLogErr == nil && !s.opts.AllowDamaged && s.refLogSize > s.refLogBase {
+	if err == nil && s.refLog != nil && s.refLogErr == nil && !s.opts.AllowDamaged && (s.refLogSize > s.refLogBase || len(s.deferred) > 0) {
 		// A clean close leaves only the rewritten part, whose length the
-		// header records: any later loss of its bytes is then damage.
+		// header records: any later loss of its bytes is then damage. Its
+		// table holds the deferred ref changes too.
 		err = s.rewriteRefLogLocked()
+	} else if err == nil && len(s.deferred) > 0 {
+		err = s.commitLocked(nil)
 	}
 	s.closed = true
 	s.closeFiles()

@@ -210,8 +210,12 @@ func (t *backings) forget() {
 // served with backing id bid; rawFS.Open puts it in the reply, which
 // go-fuse's node API cannot.
 func (t *backings) pass(ctx context.Context, bid int32) {
+	k := requestKey(ctx)
+	if k == nil {
+		return // no reply to put it in: nothing would take it
+	}
 	t.pmu.Lock()
-	t.pending[requestKey(ctx)] = bid
+	t.pending[k] = bid
 	t.pmu.Unlock()
 }
 

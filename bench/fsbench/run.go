@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tine/bench/internal/hostload"
 	"tine/bench/internal/peer"
 	"tine/bench/internal/treegen"
 	"tine/cowfs"
@@ -79,7 +80,7 @@ func run(ctx context.Context, cfg config, command string) (rep *report, err erro
 			err = errors.Join(err, cerr)
 		}
 		rep.Seconds = time.Since(start).Seconds()
-		rep.Machine.LoadEnd = loadAvg()
+		rep.Machine.LoadEnd = hostload.Average()
 	}()
 	rep.Machine = describeMachine(work)
 	e := &env{cfg: cfg, cl: cl, work: work, trees: map[int]string{}}
@@ -217,21 +218,8 @@ func describeMachine(work string) machine {
 		m.MemGiB = int((uint64(si.Totalram)*uint64(si.Unit) + 1<<29) >> 30)
 	}
 	m.WorkFS, _ = peer.FSType(work)
-	m.LoadStart = loadAvg()
+	m.LoadStart = hostload.Average()
 	return m
-}
-
-// loadAvg returns the 1, 5 and 15 minute load averages.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
 }
 
 // fail reports whether err ends the whole run (cancellation) rather than

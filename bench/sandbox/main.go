@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"tine/bench/internal/hostload"
 	"tine/cowfs"
 	"tine/guestagent/client"
 	"tine/guestagent/proto"
@@ -66,11 +67,11 @@ func main() {
 			fmt.Fprintf(os.Stderr, "bench/sandbox: FUSE over io_uring left as it is: %v\n", err)
 		}
 	}
-	load := loadavg()
+	load := hostload.Average()
 	r, err := run(context.Background(), o)
 	if r != nil {
 		r.command = "go run ./bench/sandbox " + strings.Join(os.Args[1:], " ")
-		r.loadStart, r.loadEnd = load, loadavg()
+		r.loadStart, r.loadEnd = load, hostload.Average()
 		r.print(os.Stdout)
 		if *md != "" {
 			if werr := os.WriteFile(*md, []byte(r.markdown()), 0o644); werr != nil && err == nil {

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"os"
-	"strings"
 	"time"
 
 	"tine/bench/internal/sandboxrun"
@@ -20,15 +18,4 @@ func (r *report) saveJSON(path string) error {
 		out.Rows = append(out.Rows, sr)
 	}
 	return out.Save(path)
-}
-
-// loadavg returns the first three fields of /proc/loadavg, or "" where it
-// cannot be read.
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	return strings.Join(f[:min(3, len(f))], " ")
 }

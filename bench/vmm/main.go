@@ -24,6 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tine/bench/internal/hostload"
 	"tine/chunkstore"
 	"tine/vmm"
 )
@@ -489,9 +490,8 @@ func snapshotCost(ctx context.Context, size, workingSet uint64, dirties []int, w
 }
 
 func run(ctx context.Context, o options, w io.Writer) error {
-	load, _ := os.ReadFile("/proc/loadavg")
 	fmt.Fprintf(w, "# bench/vmm (KVM on this host: %s; %d CPUs; load average at start %s; %d forks per row after warm-up)\n\n",
-		kvmKind(), runtime.NumCPU(), strings.Join(strings.Fields(string(load))[:3], " "), o.forks)
+		kvmKind(), runtime.NumCPU(), hostload.Average(), o.forks)
 
 	if err := linuxFork(ctx, o, w); err != nil {
 		return fmt.Errorf("linux fork: %w", err)
