@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -237,6 +238,14 @@ func summarize(in io.Reader, out io.Writer, rerun []string) int {
 	for _, p := range unnamed {
 		fmt.Fprintf(out, "\npackage %s failed with no failed test to name (build error or TestMain); see its output above\n", p)
 	}
+	// The failures' last lines again, last: a reader of the run's tail
+	// sees why it failed without its whole output.
+	if len(failed) > 0 {
+		fmt.Fprintf(out, "\nfailed tests (%d), the end of each one's output:\n", len(failed))
+		for _, k := range failed {
+			fmt.Fprintf(out, "--- FAIL %s %s\n%s", k.pkg, k.test, tail(r.outputs[k], digestLines, digestWidth))
+		}
+	}
 	if r.packages == 0 {
 		fmt.Fprintln(out, "\nno package reported a result: go test ran nothing (see its output above)")
 		return 1
@@ -253,6 +262,37 @@ func summarize(in io.Reader, out io.Writer, rerun []string) int {
 		}
 	}
 	return 0
+}
+
+// digestLines and digestWidth bound the end of a failed test's output
+// that the closing digest repeats.
+const (
+	digestLines = 12
+	digestWidth = 240
+)
+
+// tail returns the last n non-empty lines of b, each cut to width bytes.
+func tail(b *strings.Builder, n, width int) string {
+	if b == nil {
+		return ""
+	}
+	var keep []string
+	lines := strings.Split(b.String(), "\n")
+	for i := len(lines) - 1; i >= 0 && len(keep) < n; i-- {
+		l := strings.TrimRight(lines[i], " \t\r")
+		if l == "" {
+			continue
+		}
+		if len(l) > width {
+			l = l[:width] + "..."
+		}
+		keep = append(keep, l)
+	}
+	slices.Reverse(keep)
+	if len(keep) == 0 {
+		return ""
+	}
+	return strings.Join(keep, "\n") + "\n"
 }
 
 func quoteAll(names []string) []string {

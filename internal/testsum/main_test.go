@@ -53,6 +53,12 @@ func TestSkip(t *testing.T) { t.Skip("no widget on this machine") }
 			t.Errorf("report lacks %q:\n%s", want, s)
 		}
 	}
+	// The failure is repeated after the skipped tests, where the tail of
+	// a long run shows it.
+	_, end, _ := strings.Cut(s, "no widget on this machine")
+	if !strings.Contains(end, "--- FAIL m TestFail") || !strings.Contains(end, "the reason it failed") {
+		t.Errorf("the report's end, after the skipped tests, does not repeat the failure:\n%s", end)
+	}
 }
 
 func TestTimedOutTestIsFailedWithItsOutput(t *testing.T) {

@@ -61,6 +61,47 @@ func TestVMMUnderKVM(t *testing.T) {
 	passed := regexp.MustCompile(`(?m)^--- PASS: \S+`).FindAllString(out, -1)
 	t.Logf("%d tests passed in L1:\n%s", len(passed), strings.Join(passed, "\n"))
 	if len(passed) == 0 || strings.Contains(out, "--- FAIL") || strings.Contains(out, "--- SKIP") {
-		t.Fatalf("vmm tests in L1 did not all pass and run:\n%s", out)
+		t.Fatalf("vmm tests in L1 did not all pass and run (L1's whole output is logged above):\n%s", notPassed(out))
+	}
+}
+
+// notPassed returns, from a verbose go test output, the lines of each
+// test that failed or skipped: from its last "=== RUN" to its end line,
+// at most 20 lines a test. With no such test it returns the last 20
+// lines (a crash or a timeout).
+func notPassed(out string) string {
+	lines := strings.Split(out, "\n")
+	end := regexp.MustCompile(`^\s*--- (FAIL|SKIP): (\S+)`)
+	var b strings.Builder
+	for i, l := range lines {
+		m := end.FindStringSubmatch(l)
+		if m == nil {
+			continue
+		}
+		from := max(0, i-19)
+		for j := i - 1; j >= from; j-- {
+			if strings.HasSuffix(strings.TrimRight(lines[j], " \r"), "=== RUN   "+m[2]) {
+				from = j
+				break
+			}
+		}
+		b.WriteString(strings.Join(lines[from:i+1], "\n") + "\n")
+	}
+	if b.Len() == 0 {
+		return strings.Join(lines[max(0, len(lines)-20):], "\n")
+	}
+	return b.String()
+}
+
+func TestNotPassed(t *testing.T) {
+	out := "=== RUN   TestA\n--- PASS: TestA (0.01s)\n=== RUN   TestB\n    b_test.go:9: want 1, got 2\n--- FAIL: TestB (0.02s)\n=== RUN   TestC\n    c_test.go:3: no gcc\n--- SKIP: TestC (0.00s)\nFAIL\n"
+	got := notPassed(out)
+	for _, want := range []string{"b_test.go:9: want 1, got 2", "--- FAIL: TestB", "c_test.go:3: no gcc"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("notPassed lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "TestA") {
+		t.Errorf("notPassed shows the passing TestA:\n%s", got)
 	}
 }
