@@ -1,0 +1,74 @@
+package cgroup
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// procState returns the state letter of pid from /proc/PID/stat.
+func procState(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := strings.Cut(string(b), ") ")
+	return rest[:1]
+}
+
+// TestFreezeThaw: a task of a frozen group stops running and runs again
+// once thawed; on v1, the first freeze leaves the keeper group frozen and
+// empty (ADR 0192), and freezes after it still work.
+func TestFreezeThaw(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("cgroups need root")
+	}
+	g, err := New(fmt.Sprintf("test-freeze-%d", os.Getpid()), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Remove(context.Background())
+	// A busy task, whose CPU time moves only while it is thawed.
+	cmd := exec.Command("sh", "-c", "while :; do :; done")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	if err := g.Add(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		if err := g.Freeze(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if s := procState(t, cmd.Process.Pid); s != "D" && s != "S" {
+			t.Fatalf("round %d: frozen task is in state %q, want a sleep (D or S)", i, s)
+		}
+		if !g.v2 {
+			d := filepath.Join(Root, "freezer", parent, keeper)
+			st, _ := os.ReadFile(filepath.Join(d, "freezer.state"))
+			procs, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			if strings.TrimSpace(string(st)) != "FROZEN" || len(procs) != 0 {
+				t.Fatalf("keeper %s: state %q, tasks %q; want FROZEN and none", d, st, procs)
+			}
+		}
+		if err := g.Thaw(ctx); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for procState(t, cmd.Process.Pid) != "R" {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: thawed task never ran again (state %q)", i, procState(t, cmd.Process.Pid))
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
