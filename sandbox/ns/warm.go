@@ -77,10 +77,12 @@ func (r *Runtime) Warm(ctx context.Context, o sandbox.WarmOptions) (io.Closer, e
 	if r.warm != nil {
 		return nil, errors.New("warm sandboxes: this runtime already keeps some; close them first")
 	}
-	// Instances left by an earlier process died with it (Pdeathsig).
+	// Instances left by an earlier process died with it (Pdeathsig);
+	// their state and their cgroups, of any earlier process, go now.
 	if err := os.RemoveAll(o.Dir); err != nil {
 		return nil, fmt.Errorf("warm sandboxes: clear %s: %w", o.Dir, err)
 	}
+	cgroup.RemoveLeftovers(ctx, warmPrefix, leftoverAge)
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("warm sandboxes: %w", err)
 	}
@@ -193,6 +195,14 @@ func (p *warmPool) take() *instance {
 	}
 }
 
+// warmPrefix begins the cgroup name of every warm instance.
+const warmPrefix = "warm-"
+
+// leftoverAge is how old a warm instance's cgroup with no task must be
+// for Warm to take it for the leftover of a process that died: a live
+// pool puts an instance's first task in within milliseconds.
+const leftoverAge = time.Minute
+
 // warmTimeout bounds the start of one warm instance.
 const warmTimeout = 30 * time.Second
 
@@ -201,7 +211,7 @@ const warmTimeout = 30 * time.Second
 func (p *warmPool) make() (*instance, error) {
 	var rnd [6]byte
 	rand.Read(rnd[:])
-	id := "warm-" + hex.EncodeToString(rnd[:])
+	id := warmPrefix + hex.EncodeToString(rnd[:])
 	dir := filepath.Join(p.dir, id)
 	if err := makeStateDirs(dir); err != nil {
 		return nil, fmt.Errorf("warm sandbox: %w", err)

@@ -72,3 +72,72 @@ func TestFreezeThaw(t *testing.T) {
 		}
 	}
 }
+
+// TestLeftovers: a group found again by name (a process that died left
+// it) is removed from every hierarchy; RemoveLeftovers removes the empty
+// groups of a prefix old enough, and keeps one with a task.
+func TestLeftovers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("cgroups need root")
+	}
+	ctx := context.Background()
+	prefix := fmt.Sprintf("test-left-%d-", os.Getpid())
+	gone := func(name string) {
+		t.Helper()
+		for _, d := range groupDirs(name) {
+			if _, err := os.Stat(d); err == nil {
+				t.Errorf("%s is left", d)
+			}
+		}
+	}
+	// Found again and removed whole.
+	if _, err := New(prefix+"a", 0); err != nil {
+		t.Fatal(err)
+	}
+	g := Existing(prefix + "a")
+	if g == nil {
+		t.Fatal("Existing does not find the group just made")
+	}
+	if err := g.Remove(ctx); err != nil {
+		t.Fatal(err)
+	}
+	gone(prefix + "a")
+	// Empty and old enough: removed; with a task: kept.
+	empty, err := New(prefix+"empty", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer empty.Remove(ctx)
+	busy, err := New(prefix+"busy", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Remove(ctx)
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	if err := busy.Add(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if n := RemoveLeftovers(ctx, prefix, time.Hour); n != 0 {
+		t.Fatalf("RemoveLeftovers removed %d groups younger than its age", n)
+	}
+	if n := RemoveLeftovers(ctx, prefix, 0); n != 1 {
+		t.Fatalf("RemoveLeftovers removed %d groups, want 1 (the empty one)", n)
+	}
+	gone(prefix + "empty")
+	if Existing(prefix+"busy") == nil {
+		t.Fatal("RemoveLeftovers removed a group with a task")
+	}
+}
+
+// groupDirs lists where New makes group name.
+func groupDirs(name string) []string {
+	if V2() {
+		return []string{filepath.Join(Root, parent, name)}
+	}
+	return v1Dirs(name)
+}
