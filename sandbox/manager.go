@@ -216,8 +216,9 @@ type CreateOptions struct {
 	// overrides key by key. From a snapshot: the snapshot's image.
 	Image    *Image
 	ImageEnv []string
-	// branched: the branch was made already, over Snapshot (a fork).
-	branched bool
+	// forkOf, for a fork: the snapshot Snapshot names, whose metadata
+	// may still be being written; the branch was made already over it.
+	forkOf *SnapshotInfo
 }
 
 // Create makes a sandbox and starts it. Its metadata is written once,
@@ -307,7 +308,7 @@ func (m *Manager) prepare(ctx context.Context, info *Info, o CreateOptions) (str
 		}
 		info.ProjectPath, info.From = dir, dir
 	} else {
-		s, err := m.GetSnapshot(o.Snapshot)
+		s, err := m.createSnapshot(o)
 		if err != nil {
 			return "", err
 		}
@@ -325,7 +326,7 @@ func (m *Manager) prepare(ctx context.Context, info *Info, o CreateOptions) (str
 		}
 	}
 	info.Origin = snap.String()
-	if !o.branched {
+	if o.forkOf == nil {
 		// Durable with the sandbox's first commit; recover makes it again
 		// if a crash comes first (ADR 0190).
 		if err := m.fs.BranchManyDeferred(ctx, snap, []string{info.Branch}); err != nil {
@@ -702,15 +703,32 @@ func (l *live) putConn(c *client.Client) {
 // snapshots the project branch and copies the runtime's state, then thaws
 // them. A stopped sandbox is snapshotted as it is.
 func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) (*SnapshotInfo, error) {
-	info, err := m.Get(name)
-	if err != nil {
-		return nil, err
-	}
 	if o.Name != "" {
 		m.ext.snapMu.Lock()
 		defer m.ext.snapMu.Unlock()
+	}
+	s, save, err := m.snapshot(ctx, name, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := save(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// snapshot takes the snapshot Snapshot describes and returns it with the
+// function that writes its metadata, without which it is removed (and
+// which removes it on failure). A labelled snapshot needs ext.snapMu held
+// from before this call until save returns.
+func (m *Manager) snapshot(ctx context.Context, name string, o SnapshotOptions) (*SnapshotInfo, func() error, error) {
+	info, err := m.Get(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	if o.Name != "" {
 		if err := m.checkLabel(name, o.Name); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	var rnd [8]byte
@@ -720,11 +738,12 @@ func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) 
 		Services: info.Services, HostBase: info.HostBase, GitBase: info.GitBase, Image: info.Image}
 	dir := m.snapDir(s.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)
+		return nil, nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)
 	}
 	rt, err := m.runtimeOf(info)
 	if err != nil {
-		return nil, err
+		os.Remove(dir)
+		return nil, nil, err
 	}
 	err = m.freezeWhile(ctx, name, func() error {
 		id, err := m.fs.Snapshot(ctx, info.Branch)
@@ -734,15 +753,19 @@ func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) 
 		s.FS = id.String()
 		return rt.CopyState(ctx, m.rtDir(name), filepath.Join(dir, "runtime"))
 	})
-	if err == nil {
-		err = writeJSON(filepath.Join(dir, "snapshot.json"), s)
-	}
 	if err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)
+		return nil, nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)
 	}
-	m.audit(name, "snapshot", map[string]any{"id": s.ID, "name": s.Name})
-	return s, nil
+	save := func() error {
+		if err := writeJSON(filepath.Join(dir, "snapshot.json"), s); err != nil {
+			os.RemoveAll(dir)
+			return fmt.Errorf("snapshot sandbox %q: %w", name, err)
+		}
+		m.audit(name, "snapshot", map[string]any{"id": s.ID, "name": s.Name})
+		return nil
+	}
+	return s, save, nil
 }
 
 // freezeWhile runs fn with the sandbox's processes frozen, if it runs.
@@ -756,6 +779,16 @@ func (m *Manager) freezeWhile(ctx context.Context, name string, fn func() error)
 	}
 	err = fn()
 	return errors.Join(err, l.inst.Thaw(context.Background()))
+}
+
+// createSnapshot returns the metadata of the snapshot a create from
+// o.Snapshot starts from: a fork's from memory (its file may not be
+// written yet), else GetSnapshot's.
+func (m *Manager) createSnapshot(o CreateOptions) (*SnapshotInfo, error) {
+	if o.forkOf != nil {
+		return o.forkOf, nil
+	}
+	return m.GetSnapshot(o.Snapshot)
 }
 
 // GetSnapshot returns a sandbox snapshot's metadata.
@@ -786,7 +819,10 @@ func (m *Manager) RemoveSnapshot(id string) error {
 // from one snapshot of sandbox name taken now. Each starts with the
 // parent's files at that instant and fresh processes (the agent); the
 // parent runs on. The forks are made in parallel; if one fails, those
-// made are removed.
+// made are removed. The snapshot's metadata is written while the forks
+// start: a crash before it is durable leaves forks whose snapshot is not
+// listed, with their files intact (their branches are made from its
+// file system snapshot, which is durable by then).
 func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info, error) {
 	done, err := m.ops.enter()
 	if err != nil {
@@ -808,10 +844,33 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 			return nil, fmt.Errorf("fork sandbox %q: bad name %q (want 1-63 of [A-Za-z0-9._-])", name, c)
 		}
 	}
-	s, err := m.Snapshot(ctx, name, SnapshotOptions{})
+	s, save, err := m.snapshot(ctx, name, SnapshotOptions{})
 	if err != nil {
 		return nil, err
 	}
+	// The snapshot's metadata is written while the forks start, which
+	// are given it in memory; the fork fails, and its forks go, if that
+	// write does.
+	saved := make(chan error, 1)
+	go func() { saved <- save() }()
+	out, err := m.forkFrom(ctx, name, s, names)
+	if serr := <-saved; serr != nil {
+		for _, c := range out {
+			serr = errors.Join(serr, m.Remove(ctx, c.Name))
+		}
+		return nil, errors.Join(err, serr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	m.audit(name, "fork", map[string]any{"snapshot": s.ID, "forks": names})
+	return out, nil
+}
+
+// forkFrom makes the forks names of sandbox name from its snapshot s;
+// if one fails, those made are removed.
+func (m *Manager) forkFrom(ctx context.Context, name string, s *SnapshotInfo, names []string) ([]*Info, error) {
+	n := len(names)
 	// Every fork's branch in one update, before the forks start; durable
 	// with the next durable update of the store (ADR 0190).
 	snap, err := m.fs.Resolve(ctx, s.FS)
@@ -838,7 +897,7 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			out[i], errs[i] = m.create(ctx, CreateOptions{Name: names[i], Snapshot: s.ID, branched: true}, name)
+			out[i], errs[i] = m.create(ctx, CreateOptions{Name: names[i], Snapshot: s.ID, forkOf: s}, name)
 		}()
 	}
 	wg.Wait()
@@ -852,7 +911,6 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 		}
 		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
 	}
-	m.audit(name, "fork", map[string]any{"snapshot": s.ID, "forks": names})
 	return out, nil
 }
 

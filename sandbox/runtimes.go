@@ -102,7 +102,7 @@ func (m *Manager) runtimeNameOf(name string) string {
 func (m *Manager) pickRuntime(o CreateOptions) (Runtime, error) {
 	want := o.Runtime
 	if o.Snapshot != "" {
-		s, err := m.GetSnapshot(o.Snapshot)
+		s, err := m.createSnapshot(o)
 		if err != nil {
 			return nil, err
 		}
@@ -166,7 +166,7 @@ func (m *Manager) checkFeature(name, what string, needs func(Features) bool) err
 func (m *Manager) guestSize(rt Runtime, o CreateOptions) (*GuestSize, error) {
 	want := o.Guest
 	if o.Snapshot != "" {
-		s, err := m.GetSnapshot(o.Snapshot)
+		s, err := m.createSnapshot(o)
 		if err != nil {
 			return nil, err
 		}

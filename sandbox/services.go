@@ -66,7 +66,7 @@ func (m *Manager) inherit(info *Info, o CreateOptions) error {
 		info.GitBase = m.git.of(info.ProjectPath, info.Origin)
 		return nil
 	}
-	s, err := m.GetSnapshot(o.Snapshot)
+	s, err := m.createSnapshot(o)
 	if err != nil {
 		return err
 	}
