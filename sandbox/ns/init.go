@@ -85,6 +85,9 @@ func Init() {
 	case modeRootlessProbe:
 		runRootlessProbe()
 		os.Exit(0)
+	case modeSpawn:
+		runSpawner()
+		os.Exit(0)
 	}
 }
 

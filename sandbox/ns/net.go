@@ -4,8 +4,5 @@ package ns
 // init process, whose network namespace is the sandbox's: what the host
 // side of its network attaches to.
 func (in *instance) NetPid() int {
-	if in.cmd == nil || in.cmd.Process == nil {
-		return 0
-	}
-	return in.cmd.Process.Pid
+	return in.pid
 }

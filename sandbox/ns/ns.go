@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -196,7 +197,6 @@ func (in *instance) start(r *Runtime, cfg initConfig) error {
 	}
 	ctl := c.(*net.UnixConn)
 	defer ctl.Close()
-	cmd := exec.Command(exe)
 	// User namespace (userns.go): the descriptors the init step builds on.
 	ids, _ := r.usernsSetup()
 	if len(cfg.Devices) > 0 || len(cfg.ReadOnly) > 0 {
@@ -214,34 +214,43 @@ func (in *instance) start(r *Runtime, cfg initConfig) error {
 	if cfg.API {
 		passed = append(passed, cfg.apiFD) // closed by Start
 	}
-	cmd.Args = []string{"tine-sandbox-init"}
-	cmd.Env = []string{initEnv + "=" + modeInit}
-	cmd.ExtraFiles = []*os.File{child, lf} // fd 3, fd 4
-	cmd.Stdout, cmd.Stderr = &in.log, &in.log
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET |
-			syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC,
-		// A sandbox does not outlive the process serving its project.
-		Pdeathsig: syscall.SIGKILL,
-	}
+	args := []string{"tine-sandbox-init"}
+	env := []string{initEnv + "=" + modeInit}
+	flags := uintptr(syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET |
+		syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC)
 	if ids != nil {
+		// A new user namespace: through the spawner, whose fork is
+		// cheap (spawn.go). It runs /proc/self/exe, which the sandbox's
+		// root may reach where exe's directory it may not.
 		in.ids = ids
-		ids.usernsAttr(cmd.SysProcAttr)
-		// Executed as the sandbox's root, which may not reach exe's directory.
-		cmd.Path = "/proc/self/exe"
+		if err := in.spawn(spawnRequest{Args: args, Env: env, Cloneflags: flags | syscall.CLONE_NEWUSER,
+			Base: ids.base, Size: ids.size}, child, lf); err != nil {
+			return fmt.Errorf("run the init step %s: %w", exe, err)
+		}
+	} else {
+		cmd := &exec.Cmd{Path: exe, Args: args, Env: env, ExtraFiles: []*os.File{child, lf}, // fd 3, fd 4
+			Stdout: &in.log, Stderr: &in.log,
+			// A sandbox does not outlive the process serving its project.
+			SysProcAttr: &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL}}
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("run the init step %s: %w", exe, err)
+		}
+		// Not reaped before Wait: the pid names the child until then.
+		pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+		go func() {
+			cmd.Wait()
+			close(in.done)
+		}()
+		if err != nil {
+			cmd.Process.Kill()
+			return fmt.Errorf("pidfd of the init step: %w", err)
+		}
+		in.pid, in.pidfd = cmd.Process.Pid, os.NewFile(uintptr(pidfd), "pidfd")
 	}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("run the init step %s: %w", exe, err)
-	}
-	in.cmd = cmd
-	go func() {
-		cmd.Wait()
-		close(in.done)
-	}()
 	fail := func(err error) error {
 		return errors.Join(err, in.kill())
 	}
-	if err := in.cg.Add(cmd.Process.Pid); err != nil {
+	if err := in.cg.Add(in.pid); err != nil {
 		return fail(err)
 	}
 	b, err := json.Marshal(cfg)
@@ -267,8 +276,11 @@ type instance struct {
 	sock string
 	cg   group
 	ids  *idMap // its user namespace's mapping; nil without one
-	cmd  *exec.Cmd
-	done chan struct{}
+	// pid and pidfd are the init step's, which becomes the agent: pid 1
+	// of the sandbox's pid namespace. done closes when it has ended.
+	pid   int
+	pidfd *os.File
+	done  chan struct{}
 	// limits are the cgroup limits applyLimits set last, if it did.
 	limits *cgroup.Limits
 	// pid1 is a pidfd of a warm instance's pid 1, until it is bound
@@ -289,9 +301,37 @@ func (in *instance) Thaw(ctx context.Context) error   { return in.cg.Thaw(ctx) }
 // kill ends pid 1 of the sandbox's pid namespace, which makes the kernel
 // kill every other process in it.
 func (in *instance) kill() error {
-	if err := in.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if in.pidfd == nil {
+		return nil
+	}
+	if err := unix.PidfdSendSignal(int(in.pidfd.Fd()), unix.SIGKILL, nil, 0); err != nil && err != unix.ESRCH {
 		return fmt.Errorf("kill sandbox %s: %w", in.id, err)
 	}
+	return nil
+}
+
+// spawn starts the init step through the spawner; its output goes to
+// the instance's log.
+func (in *instance) spawn(req spawnRequest, ctl, lis *os.File) error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	pid, pidfd, err := theSpawner.spawn(req, w, ctl, lis)
+	w.Close()
+	if err != nil {
+		r.Close()
+		return err
+	}
+	go func() {
+		io.Copy(&in.log, r)
+		r.Close()
+	}()
+	in.pid, in.pidfd = pid, pidfd
+	go func() {
+		waitPidfd(pidfd)
+		close(in.done)
+	}()
 	return nil
 }
 

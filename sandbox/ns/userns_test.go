@@ -69,13 +69,81 @@ echo x > /etc/nsuserns-x; echo y > /etc/nsuserns-y; chown 1000:1000 /etc/nsusern
 		t.Errorf("project file: %q", b)
 	}
 	// The agent is host uid base.
-	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", in.(*instance).cmd.Process.Pid))
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", in.(*instance).pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(st), fmt.Sprintf("Uid:\t%d\t%d", base, base)) {
 		t.Errorf("pid 1 of the sandbox is not host uid %d:\n%s", base, st)
 	}
+}
+
+// statusField returns field (e.g. "PPid") of /proc/PID/status.
+func statusField(t *testing.T, pid int, field string) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no %s in /proc/%d/status", field, pid)
+	return ""
+}
+
+// TestSpawner: a sandbox in a user namespace is started by the spawner,
+// not forked from this process (ADR 0193); killing the spawner ends the
+// sandboxes it started, and the next start runs a new spawner.
+func TestSpawner(t *testing.T) {
+	rt, err := New(buildAgent(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, why := rt.Userns(); !ok {
+		t.Fatalf("this host allows user namespaces, but: %s", why)
+	}
+	dir := t.TempDir()
+	ctx := context.Background()
+	start := func(id string) *instance {
+		t.Helper()
+		in, err := rt.Start(ctx, sandbox.Spec{ID: id, Hostname: id, Dir: filepath.Join(dir, id),
+			ProjectPath: "/work/proj-" + id, ProjectSource: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { in.Stop(ctx) })
+		dialWait(t, in).Close()
+		return in.(*instance)
+	}
+	in := start("nsspawn1")
+	ppid := statusField(t, in.pid, "PPid")
+	if ppid == fmt.Sprint(os.Getpid()) {
+		t.Fatalf("the sandbox's pid 1 is a child of this process, not of the spawner")
+	}
+	if err := unix.Kill(mustAtoi(t, ppid), unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-in.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the sandbox outlived its spawner by 10 s")
+	}
+	in2 := start("nsspawn2")
+	if p := statusField(t, in2.pid, "PPid"); p == ppid || p == fmt.Sprint(os.Getpid()) {
+		t.Fatalf("the next sandbox's parent is %s: want a new spawner (the old was %s, this process is %d)", p, ppid, os.Getpid())
+	}
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	t.Helper()
+	var n int
+	if _, err := fmt.Sscan(s, &n); err != nil {
+		t.Fatalf("not a number: %q", s)
+	}
+	return n
 }
 
 func dialWait(t *testing.T, in sandbox.Instance) *client.Client {

@@ -251,7 +251,7 @@ func (p *warmPool) make() (*instance, error) {
 	}
 	cancel()
 	if err == nil {
-		in.pid1, err = openPidfd(in.cmd.Process.Pid, "pid 1")
+		in.pid1, err = openPidfd(in.pid, "pid 1")
 	}
 	if err == nil {
 		// pid 1 is this program's child: until done, it is not reaped, so
