@@ -19,13 +19,7 @@ import (
 // idBase, sees the host's files and the project owned as on the host,
 // and what it writes is owned on disk as it would be without the mapping.
 func TestUserns(t *testing.T) {
-	rt, err := New(buildAgent(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok, why := rt.Userns(); !ok {
-		t.Fatalf("this host allows user namespaces, but: %s", why)
-	}
+	rt := usernsRuntime(t)
 	dir := t.TempDir()
 	proj := filepath.Join(dir, "proj")
 	os.Mkdir(proj, 0o755)
@@ -78,6 +72,20 @@ echo x > /etc/nsuserns-x; echo y > /etc/nsuserns-y; chown 1000:1000 /etc/nsusern
 	}
 }
 
+// usernsRuntime returns a runtime whose sandboxes run in user
+// namespaces, which this host allows.
+func usernsRuntime(t *testing.T) *Runtime {
+	t.Helper()
+	rt, err := New(buildAgent(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, why := rt.Userns(); !ok {
+		t.Fatalf("this host allows user namespaces, but: %s", why)
+	}
+	return rt
+}
+
 // statusField returns field (e.g. "PPid") of /proc/PID/status.
 func statusField(t *testing.T, pid int, field string) string {
 	t.Helper()
@@ -98,13 +106,7 @@ func statusField(t *testing.T, pid int, field string) string {
 // not forked from this process (ADR 0193); killing the spawner ends the
 // sandboxes it started, and the next start runs a new spawner.
 func TestSpawner(t *testing.T) {
-	rt, err := New(buildAgent(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ok, why := rt.Userns(); !ok {
-		t.Fatalf("this host allows user namespaces, but: %s", why)
-	}
+	rt := usernsRuntime(t)
 	dir := t.TempDir()
 	ctx := context.Background()
 	start := func(id string) *instance {
