@@ -345,6 +345,9 @@ func (in *instance) Stop(ctx context.Context) error {
 		cerr := in.cg.Remove(ctx)
 		select {
 		case <-in.done:
+			if in.pidfd != nil {
+				in.pidfd.Close() // its waiter is done with it
+			}
 		case <-ctx.Done():
 			cerr = errors.Join(cerr, fmt.Errorf("sandbox %s: pid 1 did not end: %w", in.id, ctx.Err()))
 		}
