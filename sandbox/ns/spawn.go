@@ -148,7 +148,7 @@ func runSpawner() {
 			return
 		}
 		var r spawnReply
-		var pidfd int = -1
+		pidfd := -1
 		if err != nil {
 			r.Err = fmt.Sprintf("spawner: read request: %v", err)
 		} else {
