@@ -52,6 +52,19 @@ func forkTree(t *testing.T, mode ForkMode) map[uint32]uint32 {
 		return 0, nil
 	}
 	root := newBare(t, 64<<20, prog, Config{OnRequest: onRequest})
+	// A failure stops the test with forks queued: close them, so that
+	// their vCPUs are not counted live in the tests that follow.
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, vm := range queue {
+			vm.Close()
+		}
+		for _, img := range images {
+			img.Close()
+		}
+		queue, images = nil, nil
+	})
 	sums := map[uint32]uint32{}
 	run := func(vm *VM) {
 		if err := vm.Run(context.Background()); err != nil {
@@ -67,15 +80,26 @@ func forkTree(t *testing.T, mode ForkMode) map[uint32]uint32 {
 		sums[r[0]] = r[1]
 	}
 	run(root)
-	for len(queue) > 0 {
-		vm := queue[0]
-		queue = queue[1:]
+	for {
+		mu.Lock()
+		if len(queue) == 0 {
+			mu.Unlock()
+			break
+		}
+		vm := queue[0] // stays queued while it runs, for the cleanup
+		mu.Unlock()
 		run(vm)
+		mu.Lock()
+		queue = queue[1:]
+		mu.Unlock()
 		vm.Close()
 	}
+	mu.Lock()
 	for _, img := range images {
 		img.Close()
 	}
+	images = nil
+	mu.Unlock()
 	return sums
 }
 
