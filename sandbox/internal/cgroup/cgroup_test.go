@@ -11,6 +11,20 @@ import (
 	"time"
 )
 
+// testGroup makes group PREFIX-PID for a test and removes it after.
+func testGroup(t *testing.T, prefix string) *Group {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("cgroups need root")
+	}
+	g, err := New(fmt.Sprintf("%s-%d", prefix, os.Getpid()), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Remove(context.Background()) })
+	return g
+}
+
 // procState returns the state letter of pid from /proc/PID/stat.
 func procState(t *testing.T, pid int) string {
 	t.Helper()
@@ -26,14 +40,7 @@ func procState(t *testing.T, pid int) string {
 // once thawed; on v1, the first freeze leaves the keeper group frozen and
 // empty (ADR 0192), and freezes after it still work.
 func TestFreezeThaw(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("cgroups need root")
-	}
-	g, err := New(fmt.Sprintf("test-freeze-%d", os.Getpid()), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Remove(context.Background())
+	g := testGroup(t, "test-freeze")
 	// A busy task, whose CPU time moves only while it is thawed.
 	cmd := exec.Command("sh", "-c", "while :; do :; done")
 	if err := cmd.Start(); err != nil {

@@ -1,7 +1,6 @@
 package cgroup
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -14,14 +13,7 @@ import (
 // TestSetAndStats: limits land in the group's files, change, and are
 // removed; a task in the group is counted and its CPU time read.
 func TestSetAndStats(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("cgroups need root")
-	}
-	g, err := New(fmt.Sprintf("test-%d", os.Getpid()), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Remove(context.Background())
+	g := testGroup(t, "test")
 	read := func(c, f string) string {
 		b, err := os.ReadFile(filepath.Join(g.dir(c), f))
 		if err != nil {
