@@ -67,8 +67,10 @@ func forkTree(t *testing.T, mode ForkMode) map[uint32]uint32 {
 	})
 	sums := map[uint32]uint32{}
 	run := func(vm *VM) {
-		if err := vm.Run(context.Background()); err != nil {
-			t.Fatalf("VM (index %d): %v", vm.Index(), err)
+		ctx, cancel := context.WithTimeout(context.Background(), guestTimeout)
+		defer cancel()
+		if err := vm.Run(ctx); err != nil {
+			t.Fatalf("VM (index %d, depth %d): %v", vm.Index(), vm.depth, err)
 		}
 		r := vm.Reports()
 		if len(r) != 2 {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -269,9 +268,7 @@ func TestImageDirBareGuest(t *testing.T) {
 		return 0, err
 	}
 	vm := newBare(t, 256<<20, prog, Config{OnRequest: onRequest})
-	if err := vm.Run(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	runBounded(t, vm)
 	want := vm.Reports()
 	if len(want) != 2 || vm.ExitCode() != 3 {
 		t.Fatalf("uninterrupted run reported %v, exit %d", want, vm.ExitCode())
@@ -279,17 +276,12 @@ func TestImageDirBareGuest(t *testing.T) {
 	var st unix.Stat_t
 	unix.Stat(filepath.Join(dir, ImageMemoryFile), &st)
 	t.Logf("seal + save of a 256 MiB guest (%d MiB of data): %v", st.Blocks*512>>20, saved)
-	cmd := exec.Command(os.Args[0], "-test.run", "^$")
-	cmd.Env = append(os.Environ(), "TINE_VMM_RESTORE="+dir+",,dir")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("restore process: %v\n%s", err, out)
-	}
+	out := restoreInProcess(t, dir+",,dir")
 	wantLine := fmt.Sprintf("RESULT %d %d exit 3", want[0], want[1])
-	if !strings.Contains(string(out), wantLine) {
+	if !strings.Contains(out, wantLine) {
 		t.Fatalf("restore process did not print %q:\n%s", wantLine, out)
 	}
-	t.Logf("restore process: %s", strings.TrimSpace(string(out)))
+	t.Logf("restore process: %s", strings.TrimSpace(out))
 }
 
 // BenchmarkImageDir saves a 256 MiB image whose every page holds data to

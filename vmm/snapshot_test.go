@@ -70,9 +70,7 @@ func TestSnapshotRestoreInNewProcess(t *testing.T) {
 		return 0, os.WriteFile(filepath.Join(dir, "state"), b, 0o600)
 	}
 	vm := newBare(t, 128<<20, prog, Config{OnRequest: onRequest})
-	if err := vm.Run(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	runBounded(t, vm)
 	want := vm.Reports()
 	if len(want) != 2 || vm.ExitCode() != 3 {
 		t.Fatalf("uninterrupted run reported %v, exit %d", want, vm.ExitCode())
@@ -81,17 +79,46 @@ func TestSnapshotRestoreInNewProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, mode := range []string{"image", "lazy", "file"} {
-		cmd := exec.Command(os.Args[0])
-		cmd.Env = append(os.Environ(), "TINE_VMM_RESTORE="+dir+","+root.String()+","+mode)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("restore process (%s): %v\n%s", mode, err, out)
-		}
+		out := restoreInProcess(t, dir+","+root.String()+","+mode)
 		wantLine := fmt.Sprintf("RESULT %d %d exit 3", want[0], want[1])
-		if !strings.Contains(string(out), wantLine) {
+		if !strings.Contains(out, wantLine) {
 			t.Fatalf("restore process (%s) did not print %q:\n%s", mode, wantLine, out)
 		}
 	}
+}
+
+// guestTimeout bounds a test guest's run: a guest that reads a wrong page
+// can loop forever, and its test must then fail rather than hang.
+const guestTimeout = 2 * time.Minute
+
+// runBounded runs vm to its end, failing the test if it takes longer
+// than guestTimeout.
+func runBounded(t *testing.T, vm *VM) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), guestTimeout)
+	defer cancel()
+	if err := vm.Run(ctx); err != nil {
+		t.Fatalf("guest run (limit %v): %v", guestTimeout, err)
+	}
+}
+
+// restoreInProcess runs this test binary as a restore process (see
+// TestMain) with arg, and returns its output; it fails the test if the
+// process fails or runs longer than guestTimeout.
+func restoreInProcess(t *testing.T, arg string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), guestTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run", "^$")
+	cmd.Env = append(os.Environ(), "TINE_VMM_RESTORE="+arg)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("restore process (%s) did not end within %v:\n%s", arg, guestTimeout, out)
+	}
+	if err != nil {
+		t.Fatalf("restore process (%s): %v\n%s", arg, err, out)
+	}
+	return string(out)
 }
 
 // TestMain lets the test binary act as the restore process of

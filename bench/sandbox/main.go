@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,6 +43,7 @@ type options struct {
 	forkRep map[int]int
 	alive   int
 	dir     string
+	only    map[string]bool // sections to run; nil runs all
 }
 
 func main() {
@@ -50,11 +52,34 @@ func main() {
 	md := flag.String("md", "", "also write the results as Markdown to this file")
 	save := flag.String("save", "", "also write the results as JSON to this file (bench/report --sandbox)")
 	dir := flag.String("dir", "/var/tmp", "directory for the state, the project and the agent binary")
+	only := flag.String("only", "", "run only these sections, comma-separated: create, breakdown, fs, exec, fork, alive (the goals need create and fork)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	uring := flag.Bool("fuse-uring", true, "serve project mounts over FUSE io_uring, as tine serve does (false: over /dev/fuse, to measure ADR 0181)")
 	flag.Parse()
 	o := options{reps: 30, execs: 300, fanouts: []int{1, 10, 100}, forkRep: map[int]int{1: 10, 10: 5, 100: 1}, alive: 100, dir: *dir}
 	if *quick {
 		o = options{reps: 8, execs: 50, fanouts: []int{1, 10}, forkRep: map[int]int{1: 3, 10: 2}, alive: 20, dir: *dir}
+	}
+	if *only != "" {
+		o.only = map[string]bool{}
+		for _, s := range strings.Split(*only, ",") {
+			if !slices.Contains(sections, s) {
+				fmt.Fprintf(os.Stderr, "bench/sandbox: -only: unknown section %q (want some of %s)\n", s, strings.Join(sections, ", "))
+				os.Exit(2)
+			}
+			o.only[s] = true
+		}
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench/sandbox: -cpuprofile:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "bench/sandbox: needs root (namespaces, mounts, cgroups)")
@@ -86,6 +111,7 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench/sandbox:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
@@ -256,7 +282,10 @@ func run(ctx context.Context, o options) (*report, error) {
 	}
 	defer b.cold.Close(ctx)
 	steps := []func(context.Context, *report) error{b.create, b.breakdown, b.fsPart, b.exec, b.fork, b.alive}
-	for _, s := range steps {
+	for i, s := range steps {
+		if o.only != nil && !o.only[sections[i]] {
+			continue
+		}
 		if err := s(ctx, rep); err != nil {
 			return rep, err
 		}
@@ -264,6 +293,9 @@ func run(ctx context.Context, o options) (*report, error) {
 	b.goals(rep)
 	return rep, nil
 }
+
+// sections names the benchmark's parts, in the order they run (-only).
+var sections = []string{"create", "breakdown", "fs", "exec", "fork", "alive"}
 
 func kernel() string {
 	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
