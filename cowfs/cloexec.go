@@ -3,13 +3,38 @@ package cowfs
 import (
 	"os"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"tine/cowfs/internal/fuseuring"
 )
 
+// cloexecDevice marks srv's /dev/fuse descriptor close-on-exec. go-fuse
+// opens the device without the flag, so a program this process executes
+// (a helper, a sandbox's init step) would hold the mount's device, and a
+// server of its own for it, until it exits. Where go-fuse's descriptor
+// cannot be found, every descriptor on /dev/fuse is marked.
+func cloexecDevice(srv *fuse.Server) {
+	f, err := fuseuring.DeviceFile(srv)
+	if err != nil {
+		cloexecFUSE()
+		return
+	}
+	rc, err := f.SyscallConn()
+	if err != nil {
+		cloexecFUSE()
+		return
+	}
+	rc.Control(func(fd uintptr) {
+		if fl, err := unix.FcntlInt(fd, unix.F_GETFD, 0); err == nil {
+			unix.FcntlInt(fd, unix.F_SETFD, fl|unix.FD_CLOEXEC)
+		}
+	})
+}
+
 // cloexecFUSE marks every descriptor of this process open on /dev/fuse
-// close-on-exec. go-fuse opens the device without the flag, so a program
-// this process executes (a helper, a sandbox's init step) would hold the
-// mount's device, and a server of its own for it, until it exits.
+// close-on-exec: a walk of /proc/self/fd, whose cost grows with the
+// descriptors open (each sandbox holds some).
 func cloexecFUSE() {
 	ents, err := os.ReadDir("/proc/self/fd")
 	if err != nil {

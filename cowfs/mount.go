@@ -138,7 +138,7 @@ func checkMountpoint(dir string) (string, error) {
 func mountFUSE(dir string, root gofs.InodeEmbedder, bk *backings, fo *gofs.Options, ring bool) (*fuse.Server, *fuseuring.Conn, uint32, error) {
 	srv, conn, id, err := startFUSE(dir, root, bk, fo, ring)
 	if err == nil {
-		cloexecFUSE() // cloexec.go
+		cloexecDevice(srv) // cloexec.go
 		return srv, conn, id, nil
 	}
 	guardRemove(id)

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tine/internal/quiet"
 )
 
 // ErrPoolClosed reports a MountPool used after Close.
@@ -253,13 +255,15 @@ func (p *MountPool) wake() {
 }
 
 // refillDelay is how long the refill waits after the last take, while
-// other mounts are still ready, before it mounts a replacement: a mount
-// (its FUSE server threads, INIT, first requests) competes for CPU and
-// locks with the sandbox just bound and its first command.
+// other mounts are still ready, before it mounts a replacement: a fork
+// into many takes several at once.
 const refillDelay = 50 * time.Millisecond
 
-// refillMax bounds that wait when mounts keep being taken.
-const refillMax = 250 * time.Millisecond
+// refillMax bounds that wait when mounts keep being taken, and the wait
+// for a quiet host before each replacement: a mount (its FUSE server
+// threads, INIT, buffers) competes for CPU with the sandbox just bound
+// and its first command (docs/adr/0194).
+const refillMax = time.Second
 
 // refill mounts placeholders whenever the pool is below its size. It is
 // the only sender on p.ready besides put, which never blocks.
@@ -286,6 +290,11 @@ func (p *MountPool) refill() {
 			}
 		}
 		for len(p.ready) < p.n {
+			// A dry pool refills at once: the next take would mount on
+			// the spot.
+			if len(p.ready) > 0 && !quiet.Wait(p.stop, refillMax) {
+				return
+			}
 			select {
 			case <-p.stop:
 				return

@@ -17,6 +17,7 @@ import (
 
 	"tine/guestagent/client"
 	"tine/guestagent/proto"
+	"tine/internal/quiet"
 	"tine/sandbox"
 	"tine/sandbox/internal/cgroup"
 )
@@ -51,13 +52,14 @@ type warmPool struct {
 }
 
 // refillDelay is how long the pool waits after the last take before it
-// starts a replacement: starting one costs three program starts, which
-// would compete with the sandboxes just bound for the two cores of a
-// small host.
+// starts a replacement: a fork into many takes several at once.
 const refillDelay = 50 * time.Millisecond
 
-// refillMax bounds that wait when sandboxes keep being taken.
-const refillMax = 250 * time.Millisecond
+// refillMax bounds the wait for a quiet host before each replacement:
+// starting one costs three program starts, which would compete with the
+// sandboxes just bound, and their first commands, for a small host's
+// CPUs (docs/adr/0194).
+const refillMax = time.Second
 
 // Warm keeps o.N sandboxes started ahead of time in directories under
 // o.Dir, which must be on the same file system as the state directories
@@ -130,8 +132,13 @@ func (p *warmPool) Close() error {
 func (p *warmPool) fill() {
 	defer p.wg.Done()
 	backoff := 100 * time.Millisecond
-	for {
+	for refill := false; ; refill = true {
 		for len(p.ready) < p.n {
+			// The first fill is made at once; later ones yield to the
+			// sandboxes taken.
+			if refill && !quiet.Wait(p.stop, refillMax) {
+				return
+			}
 			in, err := p.make()
 			if err != nil {
 				p.mu.Lock()
@@ -158,20 +165,18 @@ func (p *warmPool) fill() {
 			return
 		case <-p.wake:
 		}
-		// Wait until no sandbox was taken for refillDelay: a fork into
-		// many takes several at once, and their first commands should
-		// not compete with the program starts of their replacements.
-		// Under a steady stream of takes, start one after refillMax anyway.
+		// Wait until no sandbox was taken for refillDelay; under a
+		// steady stream of takes, start after refillMax anyway.
 		limit := time.After(refillMax)
-		for quiet := false; !quiet; {
+		for still := false; !still; {
 			select {
 			case <-p.stop:
 				return
 			case <-p.wake:
 			case <-time.After(refillDelay):
-				quiet = true
+				still = true
 			case <-limit:
-				quiet = true
+				still = true
 			}
 		}
 	}

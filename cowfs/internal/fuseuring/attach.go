@@ -216,20 +216,30 @@ func payloadSize(opts *fuse.MountOptions) int {
 	return max(8192, (w+pageSize-1)&^(pageSize-1))
 }
 
-// deviceFD returns a descriptor of srv's /dev/fuse connection of our
-// own. go-fuse v2.12 keeps it unexported (Server.fuseFD.file).
-func deviceFD(srv *fuse.Server) (int, error) {
+// DeviceFile returns srv's /dev/fuse file, owned by srv. go-fuse v2.12
+// keeps it unexported (Server.fuseFD.file).
+func DeviceFile(srv *fuse.Server) (*os.File, error) {
 	v := reflect.ValueOf(srv).Elem().FieldByName("fuseFD")
 	if !v.IsValid() || v.Kind() != reflect.Pointer || v.IsNil() {
-		return -1, errors.New("go-fuse server has no fuseFD field")
+		return nil, errors.New("go-fuse server has no fuseFD field")
 	}
 	f := v.Elem().FieldByName("file")
 	if !f.IsValid() || f.Type() != reflect.TypeOf((*os.File)(nil)) {
-		return -1, errors.New("go-fuse fuseFD has no file field")
+		return nil, errors.New("go-fuse fuseFD has no file field")
 	}
 	file := *(**os.File)(unsafe.Pointer(f.UnsafeAddr()))
 	if file == nil {
-		return -1, errors.New("go-fuse server has no open device")
+		return nil, errors.New("go-fuse server has no open device")
+	}
+	return file, nil
+}
+
+// deviceFD returns a descriptor of srv's /dev/fuse connection of our
+// own.
+func deviceFD(srv *fuse.Server) (int, error) {
+	file, err := DeviceFile(srv)
+	if err != nil {
+		return -1, err
 	}
 	rc, err := file.SyscallConn()
 	if err != nil {
