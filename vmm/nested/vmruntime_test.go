@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -63,14 +62,8 @@ func TestVMRuntimeUnderKVM(t *testing.T) {
 		}
 		files = append(files, File{Path: "l2/" + m + ".ko", HostPath: src})
 	}
-	script := "TINE_VM_KERNEL=/work/l2/vmlinux TINE_VM_MODULES=/work/l2 TINE_VM_AGENT=/work/l2/tine-agent TINE_VM_BUSYBOX=/bin/busybox TINE_VM_UNIXCAT=/work/l2/unixcat ./vm.test -test.run '^(TestRuntimeGuest|TestManagerGuest)$' -test.v -test.timeout 9m"
+	script := rerunFailed("./vm.test -test.run '^(TestRuntimeGuest|TestManagerGuest)$' -test.v -test.timeout 4m", "./vm.test", "4m")
+	script = "export TINE_VM_KERNEL=/work/l2/vmlinux TINE_VM_MODULES=/work/l2 TINE_VM_AGENT=/work/l2/tine-agent TINE_VM_BUSYBOX=/bin/busybox TINE_VM_UNIXCAT=/work/l2/unixcat\n" + script
 	out := RunTest(context.Background(), t, Options{Script: script, Files: files, Timeout: 10 * time.Minute})
-	for _, name := range []string{"TestRuntimeGuest", "TestManagerGuest"} {
-		if !strings.Contains(out, "--- PASS: "+name+" ") {
-			t.Errorf("%s did not pass in L1", name)
-		}
-	}
-	if t.Failed() {
-		t.Logf("L1 output:\n%s", out)
-	}
+	checkL1(t, out, []string{"TestRuntimeGuest", "TestManagerGuest"})
 }
