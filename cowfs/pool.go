@@ -263,7 +263,7 @@ const refillDelay = 50 * time.Millisecond
 // for a quiet host before each replacement: a mount (its FUSE server
 // threads, INIT, buffers) competes for CPU with the sandbox just bound
 // and its first command (docs/adr/0194).
-const refillMax = time.Second
+const refillMax = 250 * time.Millisecond
 
 // refill mounts placeholders whenever the pool is below its size. It is
 // the only sender on p.ready besides put, which never blocks.

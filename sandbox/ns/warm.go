@@ -59,7 +59,7 @@ const refillDelay = 50 * time.Millisecond
 // starting one costs three program starts, which would compete with the
 // sandboxes just bound, and their first commands, for a small host's
 // CPUs (docs/adr/0194).
-const refillMax = time.Second
+const refillMax = 250 * time.Millisecond
 
 // Warm keeps o.N sandboxes started ahead of time in directories under
 // o.Dir, which must be on the same file system as the state directories
