@@ -15,21 +15,14 @@ import (
 // server of its own for it, until it exits. Where go-fuse's descriptor
 // cannot be found, every descriptor on /dev/fuse is marked.
 func cloexecDevice(srv *fuse.Server) {
-	f, err := fuseuring.DeviceFile(srv)
-	if err != nil {
-		cloexecFUSE()
-		return
-	}
-	rc, err := f.SyscallConn()
-	if err != nil {
-		cloexecFUSE()
-		return
-	}
-	rc.Control(func(fd uintptr) {
+	err := fuseuring.ControlDevice(srv, func(fd uintptr) {
 		if fl, err := unix.FcntlInt(fd, unix.F_GETFD, 0); err == nil {
 			unix.FcntlInt(fd, unix.F_SETFD, fl|unix.FD_CLOEXEC)
 		}
 	})
+	if err != nil {
+		cloexecFUSE()
+	}
 }
 
 // cloexecFUSE marks every descriptor of this process open on /dev/fuse

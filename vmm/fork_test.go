@@ -67,9 +67,7 @@ func forkTree(t *testing.T, mode ForkMode) map[uint32]uint32 {
 	})
 	sums := map[uint32]uint32{}
 	run := func(vm *VM) {
-		ctx, cancel := context.WithTimeout(context.Background(), guestTimeout)
-		defer cancel()
-		if err := vm.Run(ctx); err != nil {
+		if err := runWithin(vm); err != nil {
 			t.Fatalf("VM (index %d, depth %d): %v", vm.Index(), vm.depth, err)
 		}
 		r := vm.Reports()

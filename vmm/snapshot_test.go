@@ -91,13 +91,18 @@ func TestSnapshotRestoreInNewProcess(t *testing.T) {
 // can loop forever, and its test must then fail rather than hang.
 const guestTimeout = 2 * time.Minute
 
-// runBounded runs vm to its end, failing the test if it takes longer
-// than guestTimeout.
-func runBounded(t *testing.T, vm *VM) {
-	t.Helper()
+// runWithin runs vm to its end, or for guestTimeout at most.
+func runWithin(vm *VM) error {
 	ctx, cancel := context.WithTimeout(context.Background(), guestTimeout)
 	defer cancel()
-	if err := vm.Run(ctx); err != nil {
+	return vm.Run(ctx)
+}
+
+// runBounded runs vm to its end, failing the test if it fails or takes
+// longer than guestTimeout.
+func runBounded(t *testing.T, vm *VM) {
+	t.Helper()
+	if err := runWithin(vm); err != nil {
 		t.Fatalf("guest run (limit %v): %v", guestTimeout, err)
 	}
 }

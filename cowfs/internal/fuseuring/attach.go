@@ -216,9 +216,9 @@ func payloadSize(opts *fuse.MountOptions) int {
 	return max(8192, (w+pageSize-1)&^(pageSize-1))
 }
 
-// DeviceFile returns srv's /dev/fuse file, owned by srv. go-fuse v2.12
+// deviceFile returns srv's /dev/fuse file, owned by srv. go-fuse v2.12
 // keeps it unexported (Server.fuseFD.file).
-func DeviceFile(srv *fuse.Server) (*os.File, error) {
+func deviceFile(srv *fuse.Server) (*os.File, error) {
 	v := reflect.ValueOf(srv).Elem().FieldByName("fuseFD")
 	if !v.IsValid() || v.Kind() != reflect.Pointer || v.IsNil() {
 		return nil, errors.New("go-fuse server has no fuseFD field")
@@ -234,22 +234,28 @@ func DeviceFile(srv *fuse.Server) (*os.File, error) {
 	return file, nil
 }
 
-// deviceFD returns a descriptor of srv's /dev/fuse connection of our
-// own.
-func deviceFD(srv *fuse.Server) (int, error) {
-	file, err := DeviceFile(srv)
+// ControlDevice calls fn with srv's /dev/fuse descriptor, which stays
+// srv's.
+func ControlDevice(srv *fuse.Server, fn func(fd uintptr)) error {
+	file, err := deviceFile(srv)
 	if err != nil {
-		return -1, err
+		return err
 	}
 	rc, err := file.SyscallConn()
 	if err != nil {
-		return -1, err
+		return err
 	}
+	return rc.Control(fn)
+}
+
+// deviceFD returns a descriptor of srv's /dev/fuse connection of our
+// own.
+func deviceFD(srv *fuse.Server) (int, error) {
 	fd := -1
-	cerr := rc.Control(func(raw uintptr) {
+	var err error
+	if cerr := ControlDevice(srv, func(raw uintptr) {
 		fd, err = unix.FcntlInt(raw, unix.F_DUPFD_CLOEXEC, 0)
-	})
-	if cerr != nil {
+	}); cerr != nil {
 		return -1, cerr
 	}
 	return fd, err

@@ -11,12 +11,19 @@ import (
 	"time"
 )
 
+// needRoot skips a test run by a user other than root, who cannot make
+// groups under the cgroup hierarchies.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skipf("making cgroups under %s needs root; this test runs as uid %d", Root, os.Geteuid())
+	}
+}
+
 // testGroup makes group PREFIX-PID for a test and removes it after.
 func testGroup(t *testing.T, prefix string) *Group {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("cgroups need root")
-	}
+	needRoot(t)
 	g, err := New(fmt.Sprintf("%s-%d", prefix, os.Getpid()), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -84,9 +91,7 @@ func TestFreezeThaw(t *testing.T) {
 // it) is removed from every hierarchy; RemoveLeftovers removes the empty
 // groups of a prefix old enough, and keeps one with a task.
 func TestLeftovers(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("cgroups need root")
-	}
+	needRoot(t)
 	ctx := context.Background()
 	prefix := fmt.Sprintf("test-left-%d-", os.Getpid())
 	gone := func(name string) {
