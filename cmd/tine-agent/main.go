@@ -17,12 +17,16 @@ import (
 
 	"tine/guestagent"
 	"tine/guestagent/proto"
+	"tine/internal/nsinit"
 )
 
 // version is set at link time (-ldflags "-X main.version=...").
 var version = "dev"
 
 func main() {
+	// Started as a sandbox's init step, it builds the sandbox and
+	// executes itself as the agent (package nsinit).
+	nsinit.Main()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "tine-agent:", err)
 		os.Exit(1)

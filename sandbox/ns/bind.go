@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"tine/internal/nsinit"
 )
 
 // What binding a warm instance to its sandbox does inside it, run by the
@@ -28,17 +30,17 @@ func attachProject(c *bindConfig, project, api int) error {
 		return err
 	}
 	defer unix.Close(rfd)
-	r := root{rfd}
-	if err := r.attach(project, c.ProjectPath, false); err != nil {
+	r := nsinit.Root{FD: rfd}
+	if err := r.Attach(project, c.ProjectPath, false); err != nil {
 		return fmt.Errorf("project: %w", err)
 	}
 	for _, h := range c.Hide {
-		if err := r.hide(strings.TrimPrefix(h, "/")); err != nil {
+		if err := r.Hide(strings.TrimPrefix(h, "/")); err != nil {
 			return err
 		}
 	}
 	if api >= 0 {
-		if err := r.attachAPI(api); err != nil {
+		if err := r.AttachAPI(api); err != nil {
 			return err
 		}
 	}
@@ -65,57 +67,29 @@ func forkRoot(overlay int) error {
 		return err
 	}
 	defer unix.Close(rfd)
-	old := root{rfd}
-	if err := old.attach(overlay, forkRootDir, false); err != nil {
+	old := nsinit.Root{FD: rfd}
+	if err := old.Attach(overlay, forkRootDir, false); err != nil {
 		return fmt.Errorf("fork root: %w", err)
 	}
 	// The descriptor attach resolved names the directory under the
 	// mount: open the mount itself.
-	nfd, err := old.open(forkRootDir, false, false)
+	nfd, err := old.Open(forkRootDir, false, false)
 	if err != nil {
 		return fmt.Errorf("fork root: %w", err)
 	}
-	nr := root{nfd}
+	nr := nsinit.Root{FD: nfd}
 	for _, p := range []string{"proc", "sys", "dev", "tmp", "run"} {
-		if err := nr.move("/"+p, p); err != nil {
+		if err := nr.Move("/"+p, p); err != nil {
 			unix.Close(nfd)
 			return fmt.Errorf("fork root: %w", err)
 		}
 	}
-	return pivotTo(nfd, "/"+forkRootDir)
+	return nsinit.PivotTo(nfd, "/"+forkRootDir)
 }
 
 // hostOverlay makes a fork's root without a user namespace: an overlay of
 // the host root (the root mount only, as the init step's) under the layer
 // upper (work: its work directory), as a detached mount.
 func hostOverlay(upper, work string) (int, error) {
-	return newMount("overlay", [][2]string{{"lowerdir", "/"}, {"upperdir", upper}, {"workdir", work}}, 0, nil)
-}
-
-// newMount makes a file system of type fstype with the options opts (key,
-// value) as a detached mount with the MOUNT_ATTR_ flags attrs, through
-// the mount API's descriptors (no path names a mount point); create, if
-// not nil, runs its creation step.
-func newMount(fstype string, opts [][2]string, attrs int, create func(func() error) error) (int, error) {
-	fs, err := unix.Fsopen(fstype, unix.FSOPEN_CLOEXEC)
-	if err != nil {
-		return -1, fmt.Errorf("%s: %w", fstype, err)
-	}
-	defer unix.Close(fs)
-	for _, o := range opts {
-		if err := unix.FsconfigSetString(fs, o[0], o[1]); err != nil {
-			return -1, fmt.Errorf("%s %s=%s: %w", fstype, o[0], o[1], err)
-		}
-	}
-	if create == nil {
-		create = func(f func() error) error { return f() }
-	}
-	if err := create(func() error { return unix.FsconfigCreate(fs) }); err != nil {
-		return -1, fmt.Errorf("%s: %w", fstype, err)
-	}
-	fd, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, attrs)
-	if err != nil {
-		return -1, fmt.Errorf("%s: %w", fstype, err)
-	}
-	return fd, nil
+	return nsinit.NewMount("overlay", [][2]string{{"lowerdir", "/"}, {"upperdir", upper}, {"workdir", work}}, 0, nil)
 }

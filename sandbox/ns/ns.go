@@ -22,6 +22,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tine/internal/nsinit"
+
 	"tine/sandbox"
 	"tine/sandbox/internal/cgroup"
 )
@@ -126,12 +128,12 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		cg.Remove(context.Background())
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
-	in := &instance{id: spec.ID, dir: spec.Dir, sock: filepath.Join(spec.Dir, runDir, agentSocket), cg: cg, done: make(chan struct{})}
+	in := &instance{id: spec.ID, dir: spec.Dir, sock: filepath.Join(spec.Dir, runDir, nsinit.AgentSocket), cg: cg, done: make(chan struct{})}
 	if err := in.applyLimits(spec.Limits, spec.Dir); err != nil {
 		cg.Remove(context.Background())
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
-	cfg := initConfig{
+	cfg := nsinit.Config{
 		Root:          filepath.Join(spec.Dir, rootDir),
 		Upper:         filepath.Join(spec.Dir, upperDir),
 		Work:          filepath.Join(spec.Dir, workDir),
@@ -146,29 +148,29 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		Devices:       pt.Devices,
 		ReadOnly:      pt.ReadOnly,
 	}
+	api := -1
 	if spec.APISocket != "" {
-		fd, err := openAPISocket(spec.APISocket, cfg.RunDir)
-		if err != nil {
+		if api, err = openAPISocket(spec.APISocket, cfg.RunDir); err != nil {
 			cg.Remove(context.Background())
 			return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 		}
-		defer unix.Close(fd)
-		cfg.API, cfg.apiFD = true, fd
+		defer unix.Close(api)
+		cfg.API = true
 	}
-	if err := in.start(r, cfg); err != nil {
+	if err := in.start(r, cfg, api); err != nil {
 		cg.Remove(context.Background())
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
 	return in, nil
 }
 
-// start makes the agent's listening socket, runs the init step with it
-// and a control socket, puts it in the sandbox's cgroups and then sends
-// it cfg.
-func (in *instance) start(r *Runtime, cfg initConfig) error {
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("find this program to run the init step: %w", err)
+// start makes the agent's listening socket, runs the init step (the
+// agent binary, in its nsinit mode) with it and a control socket, puts
+// it in the sandbox's cgroups and then sends it cfg, with the api
+// socket's mount api unless it is -1.
+func (in *instance) start(r *Runtime, cfg nsinit.Config, api int) error {
+	if cfg.TmpfsBytes <= 0 {
+		cfg.TmpfsBytes = sandbox.DefaultTmpfsBytes
 	}
 	os.Remove(in.sock) // left by an earlier run
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: in.sock, Net: "unix"})
@@ -211,29 +213,28 @@ func (in *instance) start(r *Runtime, cfg initConfig) error {
 		}
 		defer closeAll(passed)
 	}
-	if cfg.API {
-		passed = append(passed, cfg.apiFD) // closed by Start
+	if api >= 0 {
+		passed = append(passed, api) // closed by Start
 	}
 	args := []string{"tine-sandbox-init"}
-	env := []string{initEnv + "=" + modeInit}
+	env := []string{initEnv + "=" + nsinit.ModeInit}
 	flags := uintptr(syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET |
 		syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC)
 	if ids != nil {
 		// A new user namespace: through the spawner, whose fork is
-		// cheap (spawn.go). It runs /proc/self/exe, which the sandbox's
-		// root may reach where exe's directory it may not.
+		// cheap (spawn.go).
 		in.ids = ids
-		if err := in.spawn(spawnRequest{Args: args, Env: env, Cloneflags: flags | syscall.CLONE_NEWUSER,
+		if err := in.spawn(spawnRequest{Path: r.agent, Args: args, Env: env, Cloneflags: flags | syscall.CLONE_NEWUSER,
 			Base: ids.base, Size: ids.size}, child, lf); err != nil {
-			return fmt.Errorf("run the init step %s: %w", exe, err)
+			return fmt.Errorf("run the init step %s: %w", r.agent, err)
 		}
 	} else {
-		cmd := &exec.Cmd{Path: exe, Args: args, Env: env, ExtraFiles: []*os.File{child, lf}, // fd 3, fd 4
+		cmd := &exec.Cmd{Path: r.agent, Args: args, Env: env, ExtraFiles: []*os.File{child, lf}, // fd 3, fd 4
 			Stdout: &in.log, Stderr: &in.log,
 			// A sandbox does not outlive the process serving its project.
 			SysProcAttr: &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL}}
 		if err := cmd.Start(); err != nil {
-			return fmt.Errorf("run the init step %s: %w", exe, err)
+			return fmt.Errorf("run the init step %s: %w", r.agent, err)
 		}
 		// Not reaped before Wait: the pid names the child until then.
 		pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
@@ -254,8 +255,8 @@ func (in *instance) start(r *Runtime, cfg initConfig) error {
 		return fail(err)
 	}
 	b, err := json.Marshal(cfg)
-	if err == nil && len(b) > maxMessage {
-		err = fmt.Errorf("%d bytes, more than %d", len(b), maxMessage)
+	if err == nil && len(b) > nsinit.MaxMessage {
+		err = fmt.Errorf("%d bytes, more than %d", len(b), nsinit.MaxMessage)
 	}
 	if err == nil {
 		_, _, err = ctl.WriteMsgUnix(b, rights(passed), nil)
@@ -265,9 +266,6 @@ func (in *instance) start(r *Runtime, cfg initConfig) error {
 	}
 	return nil
 }
-
-// maxMessage bounds one message on the init control socket.
-const maxMessage = 64 << 10
 
 // instance is a running namespace sandbox.
 type instance struct {

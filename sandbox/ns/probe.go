@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"tine/internal/nsinit"
 )
 
 // Check is one prerequisite a probe looked at.
@@ -199,7 +201,7 @@ func (h hostPaths) checkFreezer() Check {
 
 func (h hostPaths) checkSeccomp() Check {
 	c := Check{Name: "seccomp filter"}
-	if auditArch == 0 {
+	if !nsinit.FilterSupported() {
 		c.Detail = "no seccomp filter for this architecture (amd64 only)"
 		return c
 	}

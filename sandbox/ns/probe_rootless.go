@@ -9,6 +9,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"tine/internal/nsinit"
 )
 
 // modeRootlessProbe is initEnv's value for the process probeRootless
@@ -124,7 +126,7 @@ func runRootlessProbe() {
 		}
 	}
 	step("make mounts private", unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""))
-	step("mount proc", unix.Mount("proc", "/proc", "proc", noexec, ""))
+	step("mount proc", unix.Mount("proc", "/proc", "proc", nsinit.NoExec, ""))
 	step("mount a tmpfs", unix.Mount("tmpfs", "/tmp", "tmpfs", 0, "size=64k"))
 	for _, d := range []string{"/tmp/u", "/tmp/w", "/tmp/m"} {
 		step("mkdir", os.Mkdir(d, 0o700))

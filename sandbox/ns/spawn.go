@@ -12,6 +12,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"tine/internal/nsinit"
 )
 
 // The spawner starts init steps in new user namespaces for this program
@@ -36,6 +38,10 @@ const modeSpawn = "spawn"
 
 // spawnRequest asks the spawner to start one init step.
 type spawnRequest struct {
+	// Path is the program to run: the spawner opens it and executes it
+	// through that descriptor, which the new user namespace's root can
+	// do where it may not search the program's directory.
+	Path       string
 	Args, Env  []string
 	Cloneflags uintptr
 	// Base and Size are the user namespace's mapping (idMap).
@@ -96,7 +102,7 @@ func (s *spawner) ask(req []byte, fds []int) (int, *os.File, error) {
 	if err := unix.Sendmsg(fd, req, unix.UnixRights(fds...), nil, 0); err != nil {
 		return 0, nil, fmt.Errorf("%w: %v", errSpawnerGone, err)
 	}
-	b, got, err := readMessage(fd)
+	b, got, err := nsinit.ReadMessage(fd)
 	if err != nil {
 		closeAll(got)
 		return 0, nil, fmt.Errorf("%w: %v", errSpawnerGone, err)
@@ -143,7 +149,7 @@ func runSpawner() {
 	// this one, for as long as the process lives.
 	runtime.LockOSThread()
 	for {
-		b, fds, err := readMessage(3)
+		b, fds, err := nsinit.ReadMessage(3)
 		if err == io.EOF || errors.Is(err, unix.ECONNRESET) {
 			return
 		}
@@ -191,8 +197,15 @@ func spawnOne(b []byte, fds []int) (int, int, error) {
 	if len(files) != spawnFDs || len(req.Args) == 0 || req.Cloneflags&syscall.CLONE_NEWUSER == 0 || req.Size == 0 {
 		return 0, -1, fmt.Errorf("spawner: request with %d descriptors, %d args, flags %#x, mapping size %d", len(files), len(req.Args), req.Cloneflags, req.Size)
 	}
-	cmd := &exec.Cmd{Path: "/proc/self/exe", Args: req.Args, Env: req.Env,
-		Stdout: files[0], Stderr: files[0], ExtraFiles: files[1:],
+	exe, err := os.Open(req.Path)
+	if err != nil {
+		return 0, -1, fmt.Errorf("spawner: %w", err)
+	}
+	defer exe.Close()
+	// The program's descriptor follows the passed ones: fd 5 in the
+	// child, which the init step marks close-on-exec.
+	cmd := &exec.Cmd{Path: "/proc/self/fd/5", Args: req.Args, Env: req.Env,
+		Stdout: files[0], Stderr: files[0], ExtraFiles: []*os.File{files[1], files[2], exe},
 		SysProcAttr: &syscall.SysProcAttr{Cloneflags: req.Cloneflags, Pdeathsig: syscall.SIGKILL}}
 	(&idMap{base: req.Base, size: req.Size}).usernsAttr(cmd.SysProcAttr)
 	if err := cmd.Start(); err != nil {

@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"tine/internal/nsinit"
 )
 
 // User namespaces (docs/adr/0095). Where the host allows it, each sandbox
@@ -194,12 +196,12 @@ func holdUserns(base, size uint32) (int, error) {
 func runHold() {
 	err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, "")
 	if err == nil {
-		if err = unix.Mount("proc", "/proc", "proc", noexec, ""); err != nil {
+		if err = unix.Mount("proc", "/proc", "proc", nsinit.NoExec, ""); err != nil {
 			err = fmt.Errorf("mount proc: %w (is the host's /proc masked?)", err)
 		}
 	}
 	if err == nil {
-		if err = unix.Mount("sysfs", "/sys", "sysfs", noexec|unix.MS_RDONLY, ""); err != nil {
+		if err = unix.Mount("sysfs", "/sys", "sysfs", nsinit.NoExec|unix.MS_RDONLY, ""); err != nil {
 			err = fmt.Errorf("mount sysfs: %w (is the host's /sys masked?)", err)
 		}
 	}
@@ -257,7 +259,7 @@ func (m *idMap) overlay(dir, upper, work, image string) (int, error) {
 	}
 	defer unix.Close(sfd)
 	state := fmt.Sprintf("/proc/self/fd/%d/", sfd)
-	fd, err := newMount("overlay", [][2]string{
+	fd, err := nsinit.NewMount("overlay", [][2]string{
 		{"lowerdir", fmt.Sprintf("/proc/self/fd/%d", lower)},
 		{"upperdir", state + upper},
 		{"workdir", state + work},
@@ -283,12 +285,12 @@ func closeAll(fds []int) {
 }
 
 // initFDs opens (as detached mounts) what the init step of a sandbox in a user namespace
-// builds on, in the order takeFDs reads them: the overlay (made here, see
+// builds on, in the order the init step takes them (nsinit): the overlay (made here, see
 // overlay), the agent's directory, the agent binary and,
 // unless the sandbox is a warm one, the project's mount, idmapped. The
 // init step runs as the sandbox's root, which cannot reach the state
 // directory by its path.
-func (m *idMap) initFDs(c *initConfig) (fds []int, err error) {
+func (m *idMap) initFDs(c *nsinit.Config) (fds []int, err error) {
 	defer func() {
 		if err != nil {
 			closeAll(fds)
@@ -326,25 +328,6 @@ func (m *idMap) initFDs(c *initConfig) (fds []int, err error) {
 // projectIdmapErr explains a project mount that cannot be idmapped.
 func projectIdmapErr(err error) error {
 	return fmt.Errorf("the project mount cannot be seen through the sandbox's uid mapping (a cowfs mount takes idmapped mounts on Linux 6.12 and later): %w", err)
-}
-
-// takeFDs is initFDs's other end, in the init step.
-func (c *initConfig) takeFDs(fds []int) error {
-	want := 4
-	if c.Warm {
-		want = 3
-	}
-	if len(fds) != want {
-		closeAll(fds)
-		return fmt.Errorf("want %d descriptors with the config, got %d", want, len(fds))
-	}
-	c.overlayFD, c.mountFD = fds[0], -1
-	c.runFD, c.agentFD = fds[1], fds[2]
-	c.projectFD = -1
-	if !c.Warm {
-		c.projectFD = fds[3]
-	}
-	return nil
 }
 
 // asSandboxRoot runs f with this thread's file system ids set to the

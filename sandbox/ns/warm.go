@@ -15,6 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tine/internal/nsinit"
+
 	"tine/guestagent/client"
 	"tine/guestagent/proto"
 	"tine/internal/quiet"
@@ -226,7 +228,7 @@ func (p *warmPool) make() (*instance, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("warm sandbox: %w", err)
 	}
-	in := &instance{id: id, dir: dir, sock: filepath.Join(dir, runDir, agentSocket), cg: cg, done: make(chan struct{})}
+	in := &instance{id: id, dir: dir, sock: filepath.Join(dir, runDir, nsinit.AgentSocket), cg: cg, done: make(chan struct{})}
 	// The default limits, which most sandboxes keep: bind then has
 	// nothing to write.
 	if err := in.applyLimits(sandbox.Limits{}, dir); err != nil {
@@ -234,7 +236,7 @@ func (p *warmPool) make() (*instance, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("warm sandbox: %w", err)
 	}
-	err = in.start(p.r, initConfig{
+	err = in.start(p.r, nsinit.Config{
 		Warm:     true,
 		Root:     filepath.Join(dir, rootDir),
 		Upper:    filepath.Join(dir, upperDir),
@@ -242,7 +244,7 @@ func (p *warmPool) make() (*instance, error) {
 		RunDir:   filepath.Join(dir, runDir),
 		Hostname: "tine",
 		Agent:    p.r.agent,
-	})
+	}, -1)
 	if err != nil {
 		cg.Remove(context.Background())
 		os.RemoveAll(dir)
@@ -338,7 +340,7 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	if err := os.Rename(in.dir, spec.Dir); err != nil {
 		return fmt.Errorf("move the warm sandbox's state: %w", err)
 	}
-	in.dir, in.sock = spec.Dir, filepath.Join(spec.Dir, runDir, agentSocket)
+	in.dir, in.sock = spec.Dir, filepath.Join(spec.Dir, runDir, nsinit.AgentSocket)
 	fork := spec.Seed != ""
 	if fork {
 		// A seed cannot go into the layer already mounted (overlayfs

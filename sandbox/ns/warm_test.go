@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"tine/guestagent/client"
+	"tine/internal/nsinit"
 	"tine/sandbox"
 )
 
@@ -191,7 +192,7 @@ func TestWarmForkHostileSeed(t *testing.T) {
 		if err == nil {
 			in.Stop(context.Background())
 			t.Errorf("a fork whose seed has /%s -> %s started", link, target)
-		} else if !errors.Is(err, errSymlink) {
+		} else if !errors.Is(err, nsinit.ErrSymlink) {
 			t.Errorf("fork with /%s a symlink: %v, want a refused symlink", link, err)
 		}
 		if ents, _ := os.ReadDir(target); len(ents) != 0 {

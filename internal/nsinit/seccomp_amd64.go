@@ -1,4 +1,4 @@
-package ns
+package nsinit
 
 import "golang.org/x/sys/unix"
 

@@ -1,4 +1,4 @@
-package ns
+package nsinit
 
 import (
 	"fmt"
@@ -87,3 +87,7 @@ func installFilter() error {
 	}
 	return nil
 }
+
+// FilterSupported reports whether this architecture has a seccomp
+// filter: without one the init step fails.
+func FilterSupported() bool { return auditArch != 0 }
