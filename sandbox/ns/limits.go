@@ -86,16 +86,6 @@ func (in *instance) Usage() (sandbox.Usage, error) {
 		OOMKills: s.OOMKills, Pids: s.Pids}, err
 }
 
-// tmpfsOptions bounds a sandbox memory file system of mode: its size,
-// and its inodes (one per 4 KiB of size), so that neither files nor empty
-// names exhaust the host's memory.
-func tmpfsOptions(mode string, size int64) string {
-	if size <= 0 {
-		size = sandbox.DefaultTmpfsBytes
-	}
-	return fmt.Sprintf("mode=%s,size=%d,nr_inodes=%d", mode, size, max(size/4096, 1024))
-}
-
 // LayerBytes sums the disk blocks of the sandbox's upper layer, stopping
 // once the sum passes max.
 func (in *instance) LayerBytes(max int64) (int64, error) {
