@@ -222,6 +222,8 @@ func TestHostileSyscalls(t *testing.T) {
 	check(e.mustSh("sys", "tine-hostile ptrace 1"), 1)
 	check(e.mustSh("sys", "sleep 100 & p=$!; tine-hostile ptrace $p; kill $p"), 1)
 	check(e.mustSh("sys", fmt.Sprintf("tine-hostile kill %d", os.Getpid())), 1)
+	// The agent binary, bound in the sandbox, run as an init step.
+	check(e.mustSh("sys", "tine-hostile initstep"), 1)
 
 	// Namespaces: the sandbox's /proc/1/ns are its own, none the host's.
 	for _, ns := range []string{"pid", "mnt", "net", "uts", "ipc", "cgroup"} {

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"strconv"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -25,7 +27,7 @@ func report(what string, err error) {
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: hostile syscalls | ptrace PID | kill PID | euid | listen PORT | hog MIB")
+		fmt.Fprintln(os.Stderr, "usage: hostile syscalls | ptrace PID | kill PID | euid | listen PORT | hog MIB | initstep")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
@@ -69,6 +71,8 @@ func main() {
 		b := make([]byte, 100)
 		n, _ := c.Read(b)
 		fmt.Print(string(b[:n]))
+	case "initstep":
+		initStep()
 	case "hog":
 		mib, _ := strconv.Atoi(os.Args[2])
 		var keep [][]byte
@@ -174,4 +178,42 @@ func sethostnameOutside() error {
 		return err
 	}
 	return fmt.Errorf("allowed inside the sandbox's own uts namespace; the test checks the host name")
+}
+
+// initStep runs the agent binary bound in the sandbox as a sandbox's
+// init step, with a config asking for a new root and host name: it must
+// fail (exit 125) without building anything.
+func initStep() {
+	const what = "run /run/tine-agent as an init step"
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
+	if err != nil {
+		fmt.Println("socketpair:", err)
+		os.Exit(1)
+	}
+	for _, d := range []string{"/tmp/is-root", "/tmp/is-upper", "/tmp/is-work"} {
+		os.MkdirAll(d, 0o755)
+	}
+	cfg := `{"Root":"/tmp/is-root","Upper":"/tmp/is-upper","Work":"/tmp/is-work","ProjectPath":"/tmp/is-p",` +
+		`"ProjectSource":"/","RunDir":"/tmp","Agent":"/run/tine-agent","Hostname":"tine-hostile-renamed","TmpfsBytes":1048576}`
+	if _, err := unix.Write(fds[0], []byte(cfg)); err != nil {
+		fmt.Println("send config:", err)
+		os.Exit(1)
+	}
+	ctl := os.NewFile(uintptr(fds[1]), "ctl")
+	null, _ := os.Open(os.DevNull)
+	var out strings.Builder
+	cmd := exec.Command("/run/tine-agent")
+	cmd.Env = []string{"TINE_SANDBOX_INIT=1"}
+	cmd.ExtraFiles = []*os.File{ctl, null}
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	host, _ := os.Hostname()
+	switch {
+	case host == "tine-hostile-renamed":
+		report(what+" (the host name changed)", nil)
+	case cmd.ProcessState != nil && cmd.ProcessState.ExitCode() == 125:
+		report(what, fmt.Errorf("%s", strings.TrimSpace(out.String())))
+	default:
+		report(what+fmt.Sprintf(" (%v: %s)", err, strings.TrimSpace(out.String())), nil)
+	}
 }
