@@ -211,7 +211,7 @@ func (in *instance) start(r *Runtime, cfg nsinit.Config, api int) error {
 		if passed, err = ids.initFDs(&cfg); err != nil {
 			return err
 		}
-		defer closeAll(passed)
+		defer nsinit.CloseAll(passed)
 	}
 	if api >= 0 {
 		passed = append(passed, api) // closed by Start

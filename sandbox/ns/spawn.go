@@ -104,16 +104,16 @@ func (s *spawner) ask(req []byte, fds []int) (int, *os.File, error) {
 	}
 	b, got, err := nsinit.ReadMessage(fd)
 	if err != nil {
-		closeAll(got)
+		nsinit.CloseAll(got)
 		return 0, nil, fmt.Errorf("%w: %v", errSpawnerGone, err)
 	}
 	var r spawnReply
 	if err := json.Unmarshal(b, &r); err != nil {
-		closeAll(got)
+		nsinit.CloseAll(got)
 		return 0, nil, fmt.Errorf("spawner reply: %w", err)
 	}
 	if r.Err != "" || len(got) != 1 || r.Pid <= 0 {
-		closeAll(got)
+		nsinit.CloseAll(got)
 		if r.Err == "" {
 			r.Err = fmt.Sprintf("reply with pid %d and %d descriptors, want a pid and one", r.Pid, len(got))
 		}

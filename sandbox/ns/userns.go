@@ -278,12 +278,6 @@ func rights(fds []int) []byte {
 	return unix.UnixRights(fds...)
 }
 
-func closeAll(fds []int) {
-	for _, f := range fds {
-		unix.Close(f)
-	}
-}
-
 // initFDs opens (as detached mounts) what the init step of a sandbox in a user namespace
 // builds on, in the order the init step takes them (nsinit): the overlay (made here, see
 // overlay), the agent's directory, the agent binary and,
@@ -293,7 +287,7 @@ func closeAll(fds []int) {
 func (m *idMap) initFDs(c *nsinit.Config) (fds []int, err error) {
 	defer func() {
 		if err != nil {
-			closeAll(fds)
+			nsinit.CloseAll(fds)
 			fds = nil
 			err = fmt.Errorf("user namespace: %w", err)
 		}
