@@ -23,7 +23,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tine/internal/nsinit"
-
 	"tine/sandbox"
 	"tine/sandbox/internal/cgroup"
 )
@@ -85,8 +84,8 @@ func makeStateDirs(dir string) error {
 
 // Start creates the sandbox's processes. A sandbox whose Dir does not
 // exist yet takes a warm instance when Warm keeps some (see warm.go);
-// otherwise this program is re-executed as the init step (see Init) in new
-// namespaces and the sandbox's cgroups, which builds the root and
+// otherwise the agent binary runs as the init step (package nsinit) in
+// new namespaces and the sandbox's cgroups, which builds the root and
 // executes the agent. Either way the agent serves a listening socket the
 // host made before it ran, so a connection made once Start returns is
 // answered without any retry.
