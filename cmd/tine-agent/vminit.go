@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"tine/internal/nsinit"
 )
 
 // VMModules is the directory of the vm runtime's initramfs holding the
@@ -42,7 +44,10 @@ func vmInit() error {
 			return fmt.Errorf("vm init: busybox --install: %v: %s", err, out)
 		}
 	}
-	return loopbackUp()
+	if err := nsinit.LoopbackUp(); err != nil {
+		return fmt.Errorf("vm init: %w", err)
+	}
+	return nil
 }
 
 func loadModule(path string) error {
@@ -53,27 +58,6 @@ func loadModule(path string) error {
 	defer f.Close()
 	if err := unix.FinitModule(int(f.Fd()), "", 0); err != nil && err != unix.EEXIST {
 		return fmt.Errorf("vm init: load module %s: %w", path, err)
-	}
-	return nil
-}
-
-// loopbackUp sets IFF_UP on lo, so that services listen on 127.0.0.1.
-func loopbackUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("vm init: loopback: %w", err)
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("vm init: loopback flags: %w", err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("vm init: loopback up: %w", err)
 	}
 	return nil
 }

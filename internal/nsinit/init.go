@@ -173,7 +173,7 @@ func run() error {
 			return fmt.Errorf("set hostname: %w", err)
 		}
 	}
-	if err := loopbackUp(); err != nil {
+	if err := LoopbackUp(); err != nil {
 		return err
 	}
 	// The cgroup namespace starts at the sandbox's group, which the host put

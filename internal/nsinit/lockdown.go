@@ -7,8 +7,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// loopbackUp brings up lo, the only interface of the new network namespace.
-func loopbackUp() error {
+// LoopbackUp brings up lo, the only interface of a new network namespace
+// (and of a VM guest's kernel), so that services listen on 127.0.0.1.
+func LoopbackUp() error {
 	s, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("loopback: %w", err)

@@ -8,10 +8,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// root is the sandbox root being built, as a directory descriptor.
+// Root is the sandbox root being built, as a directory descriptor.
 type Root struct{ FD int }
 
-// open resolves rel (slash-separated, relative to the root) without
+// Open resolves rel (slash-separated, relative to the root) without
 // following any symlink, so nothing the sandbox wrote into its layer can
 // send a mount elsewhere. Missing directories are made when mkdir is set;
 // with file set the last component is made as an empty file.
@@ -67,7 +67,7 @@ func (r Root) Open(rel string, mkdir, file bool) (int, error) {
 // ErrSymlink is root.open's error for a symlink on the way.
 var ErrSymlink = errors.New("a symbolic link, which is not followed")
 
-// mount mounts src on rel inside the root (see open for how rel resolves).
+// mount mounts src on rel inside the root (see Open for how rel resolves).
 func (r Root) mount(src, rel, fstype string, flags uintptr, data string, file bool) error {
 	fd, err := r.Open(rel, true, file)
 	if err != nil {
@@ -181,7 +181,7 @@ func (r Root) devLinks() error {
 	return nil
 }
 
-// attach mounts the detached mount fd at rel (made if missing, as an
+// Attach mounts the detached mount fd at rel (made if missing, as an
 // empty file when file is set).
 func (r Root) Attach(fd int, rel string, file bool) error {
 	target, err := r.Open(rel, true, file)
@@ -195,7 +195,7 @@ func (r Root) Attach(fd int, rel string, file bool) error {
 	return nil
 }
 
-// move moves the mount at from (a path in the current root), with those
+// Move moves the mount at from (a path in the current root), with those
 // under it, to rel.
 func (r Root) Move(from, rel string) error {
 	target, err := r.Open(rel, true, false)
