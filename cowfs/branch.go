@@ -96,7 +96,6 @@ type branch struct {
 	meta        branchMeta
 	savedMeta   branchMeta        // meta as last written to the store
 	lock        *os.File          // flock held while mounted
-	gen         uint64            // bumped by reset (rollback)
 	orphans     map[*inode]*inode // unlinked files still open
 	passthrough bool
 	backings    *backings // the mount's registered backing files
@@ -108,6 +107,11 @@ type branch struct {
 	overlays   overlayFiles   // open overlay files, least recently used first
 	removals   overlayRemover // overlay files being deleted off the request path
 	memUsed    int64          // bytes of fileData.mem held by this branch's files
+	ovSeq      uint64         // numbers overlay files: no name is used twice while the branch is open
+
+	logging *logging    // the files an fsync's commit is logging (fsynclog.go)
+	pend    *liveLog    // the branch's fsync log, if it has one
+	behind  *time.Timer // the commit that stores the log's bytes
 }
 
 func nowNs() int64 { return time.Now().UnixNano() }
@@ -172,13 +176,6 @@ func (b *branch) open(name string, pre *stateDir) (used bool, err error) {
 		if err != nil {
 			return false, fmt.Errorf("open branch %q: %w", name, err)
 		}
-		// Overlay files from an earlier mount hold nothing committed:
-		// the branch ref is the durable state.
-		b.removals.drain()
-		olds, _ := filepath.Glob(filepath.Join(dir, "overlay", "*"))
-		for _, o := range olds {
-			os.Remove(o)
-		}
 		meta, err = f.readMeta(name)
 		if err != nil {
 			lk.Close()
@@ -193,6 +190,21 @@ func (b *branch) open(name string, pre *stateDir) (used bool, err error) {
 		return used, err
 	}
 	b.lock, b.meta, b.savedMeta = lk, meta, meta
+	if !used {
+		// Overlay files from an earlier mount hold nothing committed,
+		// but for those its fsync log names: the branch ref and the
+		// log are the durable state.
+		if err := b.foldLog(); err != nil {
+			b.close()
+			b.name, b.dir, b.root, b.nextIno = "", "", oldRoot, oldNext
+			return used, err
+		}
+		b.removals.drain()
+		olds, _ := filepath.Glob(filepath.Join(dir, "overlay", "*"))
+		for _, o := range olds {
+			os.Remove(o)
+		}
+	}
 	return used, nil
 }
 
@@ -373,6 +385,7 @@ func (b *branch) commit(ctx context.Context) (chunkstore.ID, error) {
 func (b *branch) commitDir(ctx context.Context, top *inode) error {
 	type frame struct {
 		d        *inode
+		path     []string // names from top, kept only while an fsync logs files
 		expanded bool
 	}
 	stack := []frame{{d: top}}
@@ -385,19 +398,34 @@ func (b *branch) commitDir(ctx context.Context, top *inode) error {
 		}
 		if !stack[i].expanded {
 			stack[i].expanded = true
-			for _, c := range d.children {
+			for name, c := range d.children {
 				if c.typ == TypeDir && c.dirty {
-					stack = append(stack, frame{d: c})
+					f := frame{d: c}
+					if b.logging != nil {
+						f.path = append(stack[i].path[:len(stack[i].path):len(stack[i].path)], name)
+					}
+					stack = append(stack, f)
 				}
 			}
 			continue
 		}
+		path := stack[i].path
 		stack = stack[:i]
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		entries := make([]Entry, 0, len(d.children))
 		for name, c := range d.children {
+			if b.logging != nil && c.typ == TypeFile && c.f != nil && b.logging.loggable(c.f) {
+				le, err := b.logFile(c, append(path[:len(path):len(path)], name))
+				if err != nil {
+					return err
+				}
+				e := c.entry(name)
+				e.ID, e.Size = le.id, le.size
+				entries = append(entries, e)
+				continue
+			}
 			if c.typ == TypeFile {
 				if err := b.commitFile(ctx, c); err != nil {
 					return err
@@ -732,6 +760,11 @@ func (b *branch) truncate(in *inode, n int64) error {
 	if n == in.size {
 		return nil
 	}
+	if n < in.size && b.needsLog(fd) {
+		if _, err := b.commitRefs(context.Background(), false); err != nil {
+			return err
+		}
+	}
 	if n > in.size {
 		if err := b.charge(n - in.size); err != nil {
 			return err
@@ -779,6 +812,11 @@ func (b *branch) punch(in *inode, off, end int64) error {
 	fd, err := b.fileOf(in)
 	if err != nil {
 		return err
+	}
+	if b.needsLog(fd) {
+		if _, err := b.commitRefs(context.Background(), false); err != nil {
+			return err
+		}
 	}
 	if off < fd.baseLen() {
 		i := sort.Search(len(fd.refs), func(k int) bool { return fd.offs[k+1] > off })
@@ -852,10 +890,35 @@ func (b *branch) snapshot(ctx context.Context) (chunkstore.ID, error) {
 // same ref log record: one fdatasync. With nothing to update the branch is
 // durable already: its head ref was set after its objects were durable.
 func (b *branch) commitRefs(ctx context.Context, keep bool) (chunkstore.ID, error) {
+	return b.commitWith(ctx, keep, false)
+}
+
+// commitWith is commitRefs; with logged, files with many written bytes go
+// to the branch's fsync log instead of the store (fsynclog.go).
+func (b *branch) commitWith(ctx context.Context, keep, logged bool) (chunkstore.ID, error) {
 	if !b.bound() {
 		return chunkstore.ID{}, errors.New("commit: mount is not bound to a branch")
 	}
+	if logged {
+		b.logging = &logging{files: map[*fileData]loggedEntry{}}
+		defer func() {
+			// A logged file is still changed: the next commit stores it.
+			for _, in := range b.logging.ins {
+				b.dirtyUp(in)
+			}
+			b.logging = nil
+		}()
+	}
 	id, err := b.commit(ctx)
+	if err != nil {
+		return id, err
+	}
+	if logged && len(b.logging.ins) > 0 {
+		if err := b.makeLogDurable(); err != nil {
+			return id, err
+		}
+	}
+	logUp, newLog, moveLog, err := b.logUpdate(id)
 	if err != nil {
 		return id, err
 	}
@@ -863,6 +926,9 @@ func (b *branch) commitRefs(ctx context.Context, keep bool) (chunkstore.ID, erro
 		var ups []chunkstore.RefUpdate
 		if id != b.head {
 			ups = append(ups, chunkstore.RefUpdate{Name: refBranch + b.name, Old: b.head, New: id})
+		}
+		if moveLog {
+			ups = append(ups, logUp)
 		}
 		if b.meta != b.savedMeta {
 			up, err := b.fs.metaUpdate(b.name, b.meta)
@@ -886,6 +952,9 @@ func (b *branch) commitRefs(ctx context.Context, keep bool) (chunkstore.ID, erro
 		err := b.fs.store.UpdateRefs(ups...)
 		if err == nil {
 			b.head, b.savedMeta = id, b.meta
+			if moveLog {
+				b.setLog(newLog)
+			}
 			return id, nil
 		}
 		// Only the snapshot ref can change under us (another branch
@@ -946,10 +1015,14 @@ func (b *branch) resetLocked(snap chunkstore.ID) error {
 			}
 		}
 	})
-	if err := b.fs.store.SetRef(refBranch+b.name, b.head, snap); err != nil {
+	ups := []chunkstore.RefUpdate{{Name: refBranch + b.name, Old: b.head, New: snap}}
+	if b.pend != nil {
+		ups = append(ups, chunkstore.RefUpdate{Name: refPending + b.name, Old: b.pend.id})
+	}
+	if err := b.fs.store.UpdateRefs(ups...); err != nil {
 		return fmt.Errorf("branch %q: move head: %w", b.name, err)
 	}
-	b.gen++
+	b.setLog(nil)
 	if err := b.loadRoot(snap); err != nil {
 		return err
 	}

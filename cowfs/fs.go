@@ -127,6 +127,9 @@ func Open(root string, opts *Options) (*FS, error) {
 	if err == nil {
 		err = f.trimCache()
 	}
+	if err == nil {
+		f.foldLogs()
+	}
 	if err != nil {
 		st.Close()
 		return nil, fmt.Errorf("cowfs: open %s: %w", root, err)
@@ -246,6 +249,16 @@ func (f *FS) Head(ctx context.Context, branchName string) (SnapshotID, error) {
 	if b := f.liveBranch(branchName); b != nil {
 		return b.checkpoint(ctx, false)
 	}
+	if _, ok, err := f.getRef(refPending + branchName); err != nil {
+		return SnapshotID{}, err
+	} else if ok {
+		// Bytes an fsync left in overlay files belong to the head.
+		b, err := f.openBranch(branchName)
+		if err != nil {
+			return SnapshotID{}, err
+		}
+		b.close()
+	}
 	id, ok, err := f.getRef(refBranch + branchName)
 	if err != nil {
 		return id, err
@@ -360,11 +373,13 @@ func (f *FS) branchMany(ctx context.Context, snap SnapshotID, names []string, du
 			}
 			ups = append(ups, chunkstore.RefUpdate{Name: refBranch + name, New: snap},
 				chunkstore.RefUpdate{Name: refBase + name, Old: base, New: snap})
-			// No meta: no quota, nothing charged yet.
-			if meta, ok, err := f.getRef(refMeta + name); err != nil {
-				return err
-			} else if ok {
-				ups = append(ups, chunkstore.RefUpdate{Name: refMeta + name, Old: meta})
+			// No meta (no quota, nothing charged yet) and no fsync log.
+			for _, r := range []string{refMeta + name, refPending + name} {
+				if old, ok, err := f.getRef(r); err != nil {
+					return err
+				} else if ok {
+					ups = append(ups, chunkstore.RefUpdate{Name: r, Old: old})
+				}
 			}
 		}
 		update := f.store.UpdateRefs
@@ -430,6 +445,14 @@ func (f *FS) Rollback(ctx context.Context, name string, snap SnapshotID) error {
 		if err := f.setRef(refBranch+name, snap); err != nil {
 			return err
 		}
+		// The fsync log completes the head left: it goes too.
+		if old, ok, err := f.getRef(refPending + name); err != nil {
+			return err
+		} else if ok {
+			if err := f.store.DeleteRef(refPending+name, old); err != nil {
+				return fmt.Errorf("rollback %q: drop fsync log: %w", name, err)
+			}
+		}
 	}
 	return f.setRef(refBase+name, snap) // durable when it returns
 }
@@ -440,7 +463,7 @@ func (f *FS) DeleteBranch(ctx context.Context, name string) error {
 		return fmt.Errorf("delete %q: %w", name, ErrBusy)
 	}
 	var ups []chunkstore.RefUpdate
-	for _, r := range []string{refBranch + name, refBase + name, refMeta + name} {
+	for _, r := range []string{refBranch + name, refBase + name, refMeta + name, refPending + name} {
 		id, ok, err := f.getRef(r)
 		if err != nil {
 			return err

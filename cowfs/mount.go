@@ -293,6 +293,12 @@ func (b *branch) close() {
 	}
 	b.orphans = nil
 	b.removals.drain()
+	// Overlay files the fsync log still needs stay for the next open.
+	b.pend = nil
+	if b.behind != nil {
+		b.behind.Stop()
+		b.behind = nil
+	}
 	if b.lock != nil {
 		b.lock.Close()
 		b.lock = nil
@@ -1136,13 +1142,7 @@ func (n *node) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) sysc
 	if fsyncTestHook != nil {
 		fsyncTestHook()
 	}
-	n.b.mu.Lock()
-	bound := n.b.bound()
-	n.b.mu.Unlock()
-	if !bound {
-		return 0 // a placeholder holds nothing to commit
-	}
-	if _, err := n.b.checkpoint(context.Background(), true); err != nil {
+	if err := n.b.sync(context.Background()); err != nil {
 		return syscall.EIO
 	}
 	return 0

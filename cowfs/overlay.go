@@ -34,7 +34,8 @@ func (b *branch) overlay(in *inode) (*os.File, error) {
 	if fd.ovPath != "" {
 		f, err = os.OpenFile(fd.ovPath, os.O_RDWR, 0)
 	} else {
-		p := filepath.Join(b.dir, "overlay", strconv.FormatUint(in.ino, 10)+"-"+strconv.FormatUint(b.gen, 10))
+		b.ovSeq++
+		p := filepath.Join(b.dir, "overlay", strconv.FormatUint(in.ino, 10)+"-"+strconv.FormatUint(b.ovSeq, 10))
 		f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 		if errors.Is(err, os.ErrNotExist) {
 			if err = os.MkdirAll(filepath.Dir(p), 0o700); err == nil {
@@ -76,7 +77,9 @@ func (b *branch) dropOverlay(fd *fileData) {
 	b.memFree(fd)
 	b.closeOverlay(fd)
 	if fd.ovPath != "" {
-		b.removals.remove(fd.ovPath)
+		if !b.holdOverlay(fd.ovPath) {
+			b.removals.remove(fd.ovPath)
+		}
 		fd.ovPath = ""
 	}
 }

@@ -10,8 +10,8 @@ import (
 // request path: an unlink on the host disk costs more than the FUSE
 // request that caused it, so `rm -rf` of freshly written files waited
 // for it. Paths are never reused while queued (an overlay's name holds
-// the inode number, unique for the branch's life, and the rollback
-// generation), and a branch drains its queue before it closes or opens
+// the inode number and a number the branch never gives twice while it
+// is open), and a branch drains its queue before it closes or opens
 // again, so a later mount never sees a path disappear. Files left by a
 // crash are removed when the branch is next opened.
 type overlayRemover struct {

@@ -68,6 +68,12 @@ func (f *FS) Verify(ctx context.Context, report func(Problem)) (VerifyStats, err
 			}
 			continue
 		}
+		if name, ok := strings.CutPrefix(ref, refPending); ok {
+			if _, _, err := f.readLog(name); err != nil {
+				problem("/", id, err)
+			}
+			continue
+		}
 		if seen[id] {
 			continue
 		}
