@@ -195,7 +195,7 @@ func (b *branch) open(name string, pre *stateDir) (used bool, err error) {
 		// but for those its fsync log names: the branch ref and the
 		// log are the durable state.
 		if err := b.foldLog(); err != nil {
-			b.close()
+			b.closeLocked()
 			b.name, b.dir, b.root, b.nextIno = "", "", oldRoot, oldNext
 			return used, err
 		}

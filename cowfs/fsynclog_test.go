@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -247,11 +248,12 @@ func TestOverlayNamesNotReused(t *testing.T) {
 	checkFile(t, p, data)
 }
 
-// TestCrashFsyncLog SIGKILLs the serving process right after fsyncs that
-// logged their bytes, then checks that opening the root folds the log in
-// and that every fsync'd byte is there.
-func TestCrashFsyncLog(t *testing.T) {
-	needFUSE(t)
+// crashAfterLoggedFsyncs makes a root whose branch main is served by a
+// re-executed test binary, writes through it (each fsync logs), SIGKILLs
+// it right after the last fsync and checks that the store holds one fsync
+// log. It returns the root and what each path of main must read.
+func crashAfterLoggedFsyncs(t *testing.T) (string, map[string][]byte) {
+	t.Helper()
 	ctx := context.Background()
 	root, mnt := t.TempDir(), t.TempDir()
 	f, err := Open(root, nil)
@@ -261,7 +263,7 @@ func TestCrashFsyncLog(t *testing.T) {
 	base := pattern(7, 3<<20)
 	src := t.TempDir()
 	writeTree(t, src, map[string]string{"base": string(base), "sub/keep": "keep"})
-	snap, err := f.Import(ctx, src, "")
+	snap, err := f.Import(ctx, src, "base")
 	if err == nil {
 		err = f.Branch(ctx, snap, "main")
 	}
@@ -321,7 +323,20 @@ func TestCrashFsyncLog(t *testing.T) {
 	if err != nil || len(logs) != 1 {
 		t.Fatalf("after the kill: fsync logs %v (%v), want one (the test killed too late?)", logs, err)
 	}
-	f, err = Open(root, nil)
+	return root, map[string][]byte{
+		"big": big, "base": base, "sub/keep": []byte("keep"),
+		"sub/deep/grown": append(make([]byte, 2<<20), tail...),
+	}
+}
+
+// TestCrashFsyncLog SIGKILLs the serving process right after fsyncs that
+// logged their bytes, then checks that opening the root folds the log in
+// and that every fsync'd byte is there.
+func TestCrashFsyncLog(t *testing.T) {
+	needFUSE(t)
+	ctx := context.Background()
+	root, want := crashAfterLoggedFsyncs(t)
+	f, err := Open(root, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,19 +345,77 @@ func TestCrashFsyncLog(t *testing.T) {
 		t.Fatalf("Open left %d logs", n)
 	}
 	verifyClean(t, f)
-	mnt2 := t.TempDir()
-	m, err := f.Mount(ctx, "main", mnt2, nil)
+	mnt := t.TempDir()
+	m, err := f.Mount(ctx, "main", mnt, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m.Unmount()
-	checkFile(t, filepath.Join(mnt2, "big"), big)
-	checkFile(t, filepath.Join(mnt2, "base"), base)
-	checkFile(t, filepath.Join(mnt2, "sub", "keep"), []byte("keep"))
-	checkFile(t, filepath.Join(mnt2, "sub", "deep", "grown"), append(make([]byte, 2<<20), tail...))
+	for p, data := range want {
+		checkFile(t, filepath.Join(mnt, p), data)
+	}
 	if ovs, _ := filepath.Glob(filepath.Join(f.branchDir("main"), "overlay", "*")); len(ovs) != 0 {
 		t.Fatalf("overlay files left after the fold: %q", ovs)
 	}
+}
+
+// A log whose overlay files are gone (host-side damage) is not folded:
+// the root opens, the branch says why it cannot open, and a rollback
+// drops the log.
+func TestFsyncLogDamaged(t *testing.T) {
+	needFUSE(t)
+	ctx := context.Background()
+	root, _ := crashAfterLoggedFsyncs(t)
+	ovs, _ := filepath.Glob(filepath.Join(root, "branches", "main", "overlay", "*"))
+	if len(ovs) == 0 {
+		t.Fatal("no overlay files after the kill")
+	}
+	for _, o := range ovs {
+		os.Remove(o)
+	}
+	f, err := Open(root, nil)
+	if err != nil {
+		t.Fatalf("Open with a damaged log: %v", err)
+	}
+	defer f.Close()
+	mnt := t.TempDir()
+	if m, err := f.Mount(ctx, "main", mnt, nil); err == nil {
+		m.Unmount()
+		t.Fatal("a branch whose log cannot be folded mounted")
+	} else if !strings.Contains(err.Error(), "fsync") || !strings.Contains(err.Error(), "rollback") {
+		t.Fatalf("mount error does not say what happened and what to do: %v", err)
+	}
+	pdir := filepath.Join(t.TempDir(), "pool")
+	p, err := f.NewMountPool(ctx, pdir, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := p.Mount(ctx, "main"); err == nil {
+		m.Unmount()
+		t.Fatal("a branch whose log cannot be folded mounted from a pool")
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Head(ctx, "main"); err == nil {
+		t.Fatal("Head of a branch whose log cannot be folded worked")
+	}
+	snap, err := f.Resolve(ctx, "base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Rollback(ctx, "main", snap); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(logRefs(t, f)); n != 0 {
+		t.Fatalf("rollback left %d logs", n)
+	}
+	m, err := f.Mount(ctx, "main", mnt, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Unmount()
+	checkFile(t, filepath.Join(mnt, "base"), pattern(7, 3<<20))
 }
 
 // FuzzDecodeLog feeds damaged fsync logs to the decoder: it must return an

@@ -283,6 +283,11 @@ func (m *Mount) Unmount() error {
 func (b *branch) close() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.closeLocked()
+}
+
+// closeLocked is close for a caller that holds b.mu or owns b alone.
+func (b *branch) closeLocked() {
 	b.walkLoaded(b.root, func(in *inode) {
 		if in.f != nil {
 			b.dropOverlay(in.f)
