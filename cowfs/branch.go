@@ -417,14 +417,16 @@ func (b *branch) commitDir(ctx context.Context, top *inode) error {
 		entries := make([]Entry, 0, len(d.children))
 		for name, c := range d.children {
 			if b.logging != nil && c.typ == TypeFile && c.f != nil && b.logging.loggable(c.f) {
-				le, err := b.logFile(c, append(path[:len(path):len(path)], name))
+				le, ok, err := b.logFile(c, append(path[:len(path):len(path)], name))
 				if err != nil {
 					return err
 				}
-				e := c.entry(name)
-				e.ID, e.Size = le.id, le.size
-				entries = append(entries, e)
-				continue
+				if ok {
+					e := c.entry(name)
+					e.ID, e.Size = le.id, le.size
+					entries = append(entries, e)
+					continue
+				}
 			}
 			if c.typ == TypeFile {
 				if err := b.commitFile(ctx, c); err != nil {

@@ -35,7 +35,9 @@ const (
 	logMinBytes   = 1 << 20 // written bytes that make a file worth logging rather than storing
 	logMaxExtents = 256     // written ranges of one logged file
 	logMaxFiles   = 64      // files of one log
+	logMaxDepth   = 4096    // names in a logged file's path
 	maxLogObject  = 1 << 20 // bytes of an encoded log decodeLog accepts
+	logBudget     = maxLogObject / 2
 	commitBehind  = time.Second
 )
 
@@ -78,7 +80,7 @@ func decodeLog(b []byte) (*fsyncLog, error) {
 		bad := func(format string, a ...any) error {
 			return fmt.Errorf("%w: fsync log file %d: %s", errCorrupt, i, fmt.Sprintf(format, a...))
 		}
-		if len(f.Path) == 0 || len(f.Path) > 4096 {
+		if len(f.Path) == 0 || len(f.Path) > logMaxDepth {
 			return nil, bad("path of %d names", len(f.Path))
 		}
 		for _, n := range f.Path {
@@ -124,6 +126,7 @@ type logging struct {
 	log   fsyncLog
 	files map[*fileData]loggedEntry
 	ins   []*inode
+	bytes int // the encoded log's size, at most: kept under logBudget
 }
 
 // loggedEntry is what the commit's tree holds for a logged file: its
@@ -147,17 +150,26 @@ func (lg *logging) loggable(fd *fileData) bool {
 }
 
 // logFile records a file in the fsync's log instead of storing its written
-// bytes, and returns the entry the tree gets for it (its committed part).
-// Caller holds b.mu.
-func (b *branch) logFile(in *inode, path []string) (loggedEntry, error) {
+// bytes, and returns the entry the tree gets for it (its committed part);
+// ok is false when the log has no room for its path (the commit stores
+// the file). Caller holds b.mu.
+func (b *branch) logFile(in *inode, path []string) (e loggedEntry, ok bool, err error) {
 	lg := b.logging
 	fd := in.f
 	if e, ok := lg.files[fd]; ok {
-		return e, nil // another name of a hard-linked file
+		return e, true, nil // another name of a hard-linked file
 	}
+	size := 100 + 44*len(fd.dirty) // an upper bound of the file's JSON
+	for _, n := range path {
+		size += 8 + 4*(len(n)+2)/3
+	}
+	if len(path) > logMaxDepth || lg.bytes+size > logBudget {
+		return e, false, nil
+	}
+	lg.bytes += size
 	id, err := putFile(b.fs.store, fd.refs)
 	if err != nil {
-		return loggedEntry{}, fmt.Errorf("branch %q: write file object: %w", b.name, err)
+		return e, false, fmt.Errorf("branch %q: write file object: %w", b.name, err)
 	}
 	lf := loggedFile{Size: in.size, Overlay: filepath.Base(fd.ovPath)}
 	for _, n := range path {
@@ -167,10 +179,10 @@ func (b *branch) logFile(in *inode, path []string) (loggedEntry, error) {
 		lf.Extents = append(lf.Extents, [2]int64{x.off, x.end})
 	}
 	lg.log.Files = append(lg.log.Files, lf)
-	e := loggedEntry{id: id, size: fd.baseLen()}
+	e = loggedEntry{id: id, size: fd.baseLen()}
 	lg.files[fd] = e
 	lg.ins = append(lg.ins, in)
-	return e, nil
+	return e, true, nil
 }
 
 // sync is an fsync of the branch: a commit that logs the files with many
@@ -231,9 +243,6 @@ func (b *branch) logUpdate(root chunkstore.ID) (up chunkstore.RefUpdate, newLog 
 	}
 	b.logging.log.Root = root.String()
 	data, err := json.Marshal(&b.logging.log)
-	if err == nil && len(data) > maxLogObject {
-		err = fmt.Errorf("log of %d bytes", len(data))
-	}
 	if err == nil {
 		up.New, err = b.fs.store.Put(data)
 	}

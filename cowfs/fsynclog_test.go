@@ -454,3 +454,49 @@ func FuzzDecodeLog(f *testing.F) {
 		}
 	})
 }
+
+// A file too deep for the log's budget is stored by the fsync instead: an
+// fsync never fails for a long path.
+func TestFsyncLogDeepPath(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	m, _ := mountNew(t, f, "main", nil)
+	name := strings.Repeat("d", 255)
+	dirfd, err := unix.Open(m.Dir(), unix.O_DIRECTORY|unix.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range logBudget / 300 {
+		if err := unix.Mkdirat(dirfd, name, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		next, err := unix.Openat(dirfd, name, unix.O_DIRECTORY|unix.O_RDONLY, 0)
+		unix.Close(dirfd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dirfd = next
+	}
+	fd, err := unix.Openat(dirfd, "deep", unix.O_CREAT|unix.O_RDWR, 0o644)
+	unix.Close(dirfd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fh := os.NewFile(uintptr(fd), "deep")
+	defer fh.Close()
+	data := pattern(11, 2<<20)
+	if _, err := fh.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := fh.Sync(); err != nil {
+		t.Fatalf("fsync of a deep file: %v", err)
+	}
+	if n := len(logRefs(t, f)); n != 0 {
+		t.Fatalf("a file past the log's budget was logged (%d logs)", n)
+	}
+	got := make([]byte, len(data))
+	if _, err := fh.ReadAt(got, 0); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read back: %v", err)
+	}
+	verifyClean(t, f)
+}
