@@ -77,42 +77,7 @@ func crashChild(args []string) {
 func TestCrash(t *testing.T) {
 	needFUSE(t)
 	ctx := context.Background()
-	root := t.TempDir()
-	mnt := t.TempDir()
-	f, err := Open(root, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := t.TempDir()
-	writeTree(t, src, map[string]string{"old": "old content"})
-	snap, err := f.Import(ctx, src, "")
-	if err == nil {
-		err = f.Branch(ctx, snap, "main")
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), crashEnv+"="+root+" "+mnt)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Unmount(mnt, unix.MNT_DETACH)
-	sc := bufio.NewScanner(out)
-	if !sc.Scan() || sc.Text() != "READY" {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("child did not mount: %q", sc.Text())
-	}
+	root, mnt, cmd := serveInChild(t, map[string]string{"old": "old content"})
 	durable := pattern(11, 300<<10)
 	if err := os.WriteFile(filepath.Join(mnt, "durable"), durable, 0o644); err != nil {
 		t.Fatal(err)
@@ -180,7 +145,7 @@ func TestCrash(t *testing.T) {
 	synced2 := last
 	t.Logf("killed the server after %d fsyncs; last fsync'd length %d", syncs, synced2)
 
-	f, err = Open(root, nil)
+	f, err := Open(root, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,4 +187,47 @@ func splitArgs(s string) []string {
 		out = append(out, string(f))
 	}
 	return out
+}
+
+// serveInChild makes a root whose branch main starts as files (imported
+// as snapshot "base") and serves main at a new directory from a
+// re-executed test binary, which the caller kills. The mount is detached
+// at cleanup.
+func serveInChild(t *testing.T, files map[string]string) (root, mnt string, cmd *exec.Cmd) {
+	t.Helper()
+	ctx := context.Background()
+	root, mnt = t.TempDir(), t.TempDir()
+	f, err := Open(root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	writeTree(t, src, files)
+	snap, err := f.Import(ctx, src, "base")
+	if err == nil {
+		err = f.Branch(ctx, snap, "main")
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd = exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), crashEnv+"="+root+" "+mnt)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	if sc := bufio.NewScanner(out); !sc.Scan() || sc.Text() != "READY" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("child did not mount: %q", sc.Text())
+	}
+	return root, mnt, cmd
 }

@@ -32,12 +32,12 @@ import (
 const (
 	refPending = "cowfs/pending/" // + branch: the branch's fsync log
 
-	logMinBytes   = 1 << 20 // written bytes that make a file worth logging rather than storing
-	logMaxExtents = 256     // written ranges of one logged file
-	logMaxFiles   = 64      // files of one log
-	logMaxDepth   = 4096    // names in a logged file's path
-	maxLogObject  = 1 << 20 // bytes of an encoded log decodeLog accepts
-	logBudget     = maxLogObject / 2
+	logMinBytes   = 1 << 20          // written bytes that make a file worth logging rather than storing
+	logMaxExtents = 256              // written ranges of one logged file
+	logMaxFiles   = 64               // files of one log
+	logMaxDepth   = 4096             // names in a logged file's path
+	maxLogObject  = 1 << 20          // bytes of an encoded log decodeLog accepts
+	logBudget     = maxLogObject / 2 // bytes of paths and ranges one log takes, at most (estimated high)
 	commitBehind  = time.Second
 )
 

@@ -1,12 +1,10 @@
 package cowfs
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -254,41 +252,8 @@ func TestOverlayNamesNotReused(t *testing.T) {
 // log. It returns the root and what each path of main must read.
 func crashAfterLoggedFsyncs(t *testing.T) (string, map[string][]byte) {
 	t.Helper()
-	ctx := context.Background()
-	root, mnt := t.TempDir(), t.TempDir()
-	f, err := Open(root, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	base := pattern(7, 3<<20)
-	src := t.TempDir()
-	writeTree(t, src, map[string]string{"base": string(base), "sub/keep": "keep"})
-	snap, err := f.Import(ctx, src, "base")
-	if err == nil {
-		err = f.Branch(ctx, snap, "main")
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), crashEnv+"="+root+" "+mnt)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Unmount(mnt, unix.MNT_DETACH)
-	if sc := bufio.NewScanner(out); !sc.Scan() || sc.Text() != "READY" {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("child did not mount: %q", sc.Text())
-	}
+	root, mnt, cmd := serveInChild(t, map[string]string{"base": string(base), "sub/keep": "keep"})
 	// A new file, an overwrite inside a committed one, a file grown by a
 	// truncate then written, in a new directory: each fsync logs.
 	big := pattern(8, 3<<20)
