@@ -66,6 +66,7 @@ type fileData struct {
 	offs    []int64 // offs[i] is where refs[i] starts; offs[len(refs)] = baseLen
 	dirty   []extent
 	changed bool          // content differs from id
+	gen     uint64        // counts changes of content (write, truncate, punch)
 	mem     []byte        // written bytes kept in memory, when ovPath is "" (see memfile.go)
 	ov      *os.File      // the overlay file while open (see overlay.go)
 	ovPath  string        // the overlay file's path once made
@@ -448,14 +449,44 @@ func (b *branch) commitDir(ctx context.Context, top *inode) error {
 	return nil
 }
 
-// commitFile turns a file's overlay into chunks: unchanged base chunks are
-// kept by reference; only runs of chunks that overlap written bytes, and
-// the bytes past the base, are read and cut again.
+// commitFile turns a file's overlay into chunks (cutFile) and makes them
+// its content. Caller holds b.mu.
 func (b *branch) commitFile(ctx context.Context, in *inode) error {
 	fd := in.f
 	if fd == nil || !fd.changed {
 		return nil
 	}
+	out, err := cutFile(ctx, b.fs.store, b.name, fd, in.size, func(p []byte, off int64) (int, error) {
+		return b.readAt(in, p, off)
+	})
+	if err != nil {
+		return err
+	}
+	return b.installFile(in, out)
+}
+
+// installFile makes refs, the chunks cutFile made of the file's content,
+// its committed content. Caller holds b.mu.
+func (b *branch) installFile(in *inode, refs []fileRef) error {
+	id, err := putFile(b.fs.store, refs)
+	if err != nil {
+		return fmt.Errorf("branch %q: write file object: %w", b.name, err)
+	}
+	fd := in.f
+	fd.setRefs(refs)
+	fd.dirty = nil
+	fd.changed = false
+	b.dropOverlay(fd) // its bytes are in the store now
+	in.id = id
+	return nil
+}
+
+// cutFile stores a file's content (size bytes, read with read) as chunks
+// and returns them: unchanged base chunks of fd are kept by reference;
+// only runs of chunks that overlap written bytes, and the bytes past the
+// base, are read and cut again. It reads fd and never changes it; name is
+// the branch's, for errors.
+func cutFile(ctx context.Context, st *chunkstore.Store, name string, fd *fileData, size int64, read readerAtFunc) ([]fileRef, error) {
 	var out []fileRef
 	n := len(fd.refs)
 	i := 0
@@ -472,37 +503,27 @@ func (b *branch) commitFile(ctx context.Context, in *inode) error {
 		if j == n {
 			break // the run reaches the end of the base: cut it with the tail
 		}
-		refs, err := b.chunkRegion(ctx, in, fd.offs[i], fd.offs[j])
+		refs, err := chunkRegion(ctx, st, name, fd, read, fd.offs[i], fd.offs[j])
 		if err != nil {
-			return err
+			return nil, err
 		}
 		out = append(out, refs...)
 		i = j
 	}
-	if start := fd.offs[i]; start < in.size {
-		refs, err := b.chunkRegion(ctx, in, start, in.size)
+	if start := fd.offs[i]; start < size {
+		refs, err := chunkRegion(ctx, st, name, fd, read, start, size)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		out = append(out, refs...)
 	}
-	id, err := putFile(b.fs.store, out)
-	if err != nil {
-		return fmt.Errorf("branch %q: write file object: %w", b.name, err)
-	}
-	fd.setRefs(out)
-	fd.dirty = nil
-	fd.changed = false
-	b.dropOverlay(fd) // its bytes are in the store now
-	in.id = id
-	return nil
+	return out, nil
 }
 
-// chunkRegion cuts [a, e) of the file's current content into chunks;
-// stretches that hold no data (holes of the base, never written, or
-// punched) stay holes, one ref each whatever their length.
-func (b *branch) chunkRegion(ctx context.Context, in *inode, a, e int64) ([]fileRef, error) {
-	fd := in.f
+// chunkRegion cuts [a, e) of the file's content into chunks; stretches
+// that hold no data (holes of the base, never written, or punched) stay
+// holes, one ref each whatever their length.
+func chunkRegion(ctx context.Context, st *chunkstore.Store, name string, fd *fileData, read readerAtFunc, a, e int64) ([]fileRef, error) {
 	var out []fileRef
 	for a < e {
 		data, next := fd.isData(a, e)
@@ -520,19 +541,16 @@ func (b *branch) chunkRegion(ctx context.Context, in *inode, a, e int64) ([]file
 			}
 			next = min(n, e)
 		}
-		r := io.NewSectionReader(readerAtFunc(func(p []byte, off int64) (int, error) {
-			return b.readAt(in, p, off)
-		}), a, next-a)
-		refs, err := b.fs.store.PutStream(ctx, r)
+		refs, err := st.PutStream(ctx, io.NewSectionReader(read, a, next-a))
 		if err != nil {
-			return nil, fmt.Errorf("branch %q: store file data: %w", b.name, err)
+			return nil, fmt.Errorf("branch %q: store file data: %w", name, err)
 		}
 		var got int64
 		for _, r := range refs {
 			got += int64(r.Size)
 		}
 		if got != next-a {
-			return nil, fmt.Errorf("branch %q: store file data: stored %d bytes of %d", b.name, got, next-a)
+			return nil, fmt.Errorf("branch %q: store file data: stored %d bytes of %d", name, got, next-a)
 		}
 		out = append(out, fileRefs(refs)...)
 		a = next
@@ -716,6 +734,7 @@ func (b *branch) write(in *inode, p []byte, off int64) (int, error) {
 	if n > 0 {
 		fd.addExtent(off, off+int64(n))
 		fd.changed = true
+		fd.gen++
 		if off+int64(n) > in.size {
 			in.size = off + int64(n)
 		}
@@ -797,6 +816,7 @@ func (b *branch) truncate(in *inode, n int64) error {
 	}
 	in.size = n
 	fd.changed = true
+	fd.gen++
 	t := nowNs()
 	in.mtime, in.ctime = t, t
 	return b.touch(in)
@@ -847,6 +867,7 @@ func (b *branch) punch(in *inode, off, end int64) error {
 		}
 	}
 	fd.changed = true
+	fd.gen++
 	t := nowNs()
 	in.mtime, in.ctime = t, t
 	return b.touch(in)

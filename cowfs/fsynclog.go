@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -119,6 +123,7 @@ type liveLog struct {
 	id       chunkstore.ID   // the stored log its ref names
 	overlays map[string]bool // overlay paths the log needs
 	held     []string        // of those, overlay paths no file uses any more
+	ins      []*inode        // the logged files (none after a fold)
 }
 
 // logging collects the files an fsync's commit leaves to the log.
@@ -249,7 +254,7 @@ func (b *branch) logUpdate(root chunkstore.ID) (up chunkstore.RefUpdate, newLog 
 	if err != nil {
 		return up, nil, false, fmt.Errorf("branch %q: store fsync log: %w", b.name, err)
 	}
-	newLog = &liveLog{id: up.New, overlays: map[string]bool{}}
+	newLog = &liveLog{id: up.New, overlays: map[string]bool{}, ins: b.logging.ins}
 	for _, in := range b.logging.ins {
 		newLog.overlays[in.f.ovPath] = true
 	}
@@ -285,14 +290,151 @@ func (b *branch) setLog(l *liveLog) {
 }
 
 // commitLogged stores the bytes the live log holds (the commit after an
-// fsync). A failure leaves the log in place for the next commit.
+// fsync). The logged files are cut into chunks without the branch's lock,
+// from a copy of their state and their overlay files, so that the mount
+// keeps serving meanwhile; a file changed in between is left to the
+// commit that follows, which runs under the lock. A failure leaves the
+// log in place for the next commit.
 func (b *branch) commitLogged() {
+	ctx := context.Background()
+	b.mu.Lock()
+	b.behind = nil
+	l := b.pend
+	if l == nil || !b.bound() {
+		b.mu.Unlock()
+		return
+	}
+	name := b.name
+	var fs []*frozenFile
+	for _, in := range l.ins {
+		if fd := in.f; fd != nil && fd.changed && fd.ovPath != "" && fd.mem == nil {
+			fs = append(fs, freeze(in))
+		}
+	}
+	b.mu.Unlock()
+
+	for _, f := range fs {
+		f.cut(ctx, b.fs.store, name)
+	}
+	if hook := commitLoggedTestHook.Swap(nil); hook != nil {
+		(*hook)()
+	}
+
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.behind = nil
-	if b.pend != nil && b.bound() {
-		b.commitRefs(context.Background(), false)
+	if b.pend != l || !b.bound() || b.name != name {
+		return // another commit, a rollback or an unmount came first
 	}
+	for _, f := range fs {
+		fd := f.in.f
+		if f.err == nil && fd == f.fd && fd.gen == f.gen && fd.ovPath == f.ovPath && fd.changed {
+			if err := b.installFile(f.in, f.out); err != nil {
+				return
+			}
+		}
+	}
+	b.commitRefs(ctx, false)
+}
+
+// commitLoggedTestHook, when set (by tests), runs once after commitLogged
+// cut the files and before it takes the lock again.
+var commitLoggedTestHook atomic.Pointer[func()]
+
+// frozenFile is a copy of a logged file's state, to cut into chunks
+// without the branch's lock.
+type frozenFile struct {
+	in     *inode
+	fd     *fileData // the file's state when frozen, checked again at install
+	gen    uint64
+	ovPath string
+	copy   fileData // refs, offs and written ranges as they were
+	size   int64
+	out    []fileRef
+	err    error
+}
+
+// freeze copies a file's state. Caller holds b.mu.
+func freeze(in *inode) *frozenFile {
+	fd := in.f
+	f := &frozenFile{in: in, fd: fd, gen: fd.gen, ovPath: fd.ovPath, size: in.size}
+	f.copy.refs = append([]fileRef(nil), fd.refs...)
+	f.copy.offs = append([]int64(nil), fd.offs...)
+	f.copy.dirty = append([]extent(nil), fd.dirty...)
+	return f
+}
+
+// cut stores the frozen content as chunks (f.out), reading the overlay
+// file through a descriptor of its own.
+func (f *frozenFile) cut(ctx context.Context, st *chunkstore.Store, name string) {
+	ov, err := os.Open(f.ovPath)
+	if err != nil {
+		f.err = err
+		return
+	}
+	defer ov.Close()
+	fd := &f.copy
+	f.out, f.err = cutFile(ctx, st, name, fd, f.size, func(p []byte, off int64) (int, error) {
+		if off >= f.size {
+			return 0, io.EOF
+		}
+		end := min(off+int64(len(p)), f.size)
+		for pos := off; pos < end; {
+			buf := p[pos-off : end-off]
+			i := fd.extentAfter(pos)
+			if i < len(fd.dirty) && fd.dirty[i].off <= pos {
+				n := min(end, fd.dirty[i].end) - pos
+				m, err := ov.ReadAt(buf[:n], pos)
+				if err != nil && !errors.Is(err, io.EOF) {
+					return int(pos - off), err
+				}
+				clear(buf[m:n])
+				pos += n
+				continue
+			}
+			next := end
+			if i < len(fd.dirty) {
+				next = min(next, fd.dirty[i].off)
+			}
+			if err := readStored(st, fd, buf[:next-pos], pos); err != nil {
+				return int(pos - off), err
+			}
+			pos = next
+		}
+		if n := int(end - off); n < len(p) {
+			return n, io.EOF
+		}
+		return len(p), nil
+	})
+}
+
+// readStored reads the committed chunks of fd at pos into buf (zeros past
+// them), straight from the store.
+func readStored(st *chunkstore.Store, fd *fileData, buf []byte, pos int64) error {
+	for len(buf) > 0 {
+		if pos >= fd.baseLen() {
+			clear(buf)
+			return nil
+		}
+		j := sort.Search(len(fd.refs), func(i int) bool { return fd.offs[i+1] > pos })
+		r := fd.refs[j]
+		in := pos - fd.offs[j]
+		n := min(int64(len(buf)), r.Size-in)
+		if r.ID.IsZero() {
+			clear(buf[:n])
+		} else {
+			d, err := st.Get(r.ID)
+			if err != nil {
+				return err
+			}
+			if int64(len(d)) != r.Size {
+				return fmt.Errorf("chunk %s: %w: %d bytes, ref says %d", r.ID, errCorrupt, len(d), r.Size)
+			}
+			copy(buf[:n], d[in:in+n])
+		}
+		buf = buf[n:]
+		pos += n
+	}
+	return nil
 }
 
 // holdOverlay keeps an overlay file that the live log needs (its file's

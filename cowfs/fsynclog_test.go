@@ -465,3 +465,70 @@ func TestFsyncLogDeepPath(t *testing.T) {
 	}
 	verifyClean(t, f)
 }
+
+// The commit after an fsync cuts the logged files without the branch's
+// lock: the mount serves a write meanwhile, and a file changed meanwhile
+// is stored as it is after the change, never as the cut saw it.
+func TestFsyncLogCutsUnlocked(t *testing.T) {
+	needFUSE(t)
+	ctx := context.Background()
+	f := openTestFS(t)
+	m, _ := mountNew(t, f, "main", nil)
+	p, q := filepath.Join(m.Dir(), "changed"), filepath.Join(m.Dir(), "same")
+	data, other := pattern(12, 3<<20), pattern(13, 2<<20)
+	writeSync(t, q, other, 0)
+	writeSync(t, p, data, 0)
+	_, l, err := f.readLog("main")
+	if err != nil || l == nil || len(l.Files) != 2 {
+		t.Fatalf("log %+v (%v), want two files", l, err)
+	}
+	done := make(chan error, 1)
+	hook := func() {
+		// Served while the cut's result waits: the lock is free.
+		fh, err := os.OpenFile(p, os.O_WRONLY, 0)
+		if err == nil {
+			_, err = fh.WriteAt([]byte("late"), 1<<20)
+			fh.Close()
+		}
+		done <- err
+	}
+	commitLoggedTestHook.Store(&hook)
+	defer commitLoggedTestHook.Store(nil)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * commitBehind):
+		t.Fatal("the commit after the fsync did not run")
+	}
+	copy(data[1<<20:], "late")
+	deadline := time.Now().Add(10 * commitBehind)
+	for len(logRefs(t, f)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := len(logRefs(t, f)); n != 0 {
+		t.Fatalf("%d logs left after the commit", n)
+	}
+	m.b.mu.Lock()
+	same, changed := m.b.root.children["same"].f, m.b.root.children["changed"].f
+	sameStored, changedStored := !same.changed, !changed.changed
+	m.b.mu.Unlock()
+	if !sameStored || !changedStored {
+		t.Fatalf("stored: same %v, changed %v; want both", sameStored, changedStored)
+	}
+	checkFile(t, p, data)
+	checkFile(t, q, other)
+	if err := m.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	mnt := t.TempDir()
+	m2, err := f.Mount(ctx, "main", mnt, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Unmount()
+	checkFile(t, filepath.Join(mnt, "changed"), data)
+	checkFile(t, filepath.Join(mnt, "same"), other)
+	verifyClean(t, f)
+}
