@@ -639,12 +639,9 @@ func (b *branch) chunk(r fileRef) ([]byte, error) {
 	if d, ok := b.chunkCache[r.ID]; ok {
 		return d, nil
 	}
-	d, err := b.fs.store.Get(r.ID)
+	d, err := getChunk(b.fs.store, b.name, r)
 	if err != nil {
-		return nil, fmt.Errorf("branch %q: read chunk %s: %w", b.name, r.ID, err)
-	}
-	if int64(len(d)) != r.Size {
-		return nil, fmt.Errorf("branch %q: chunk %s: %w: %d bytes, ref says %d", b.name, r.ID, errCorrupt, len(d), r.Size)
+		return nil, err
 	}
 	const keep = 16
 	if len(b.chunkOrder) >= keep {
@@ -656,23 +653,46 @@ func (b *branch) chunk(r fileRef) ([]byte, error) {
 	return d, nil
 }
 
+// getChunk reads a chunk of a file of branch name from the store and
+// checks its size.
+func getChunk(st *chunkstore.Store, name string, r fileRef) ([]byte, error) {
+	if r.ID.IsZero() {
+		return nil, nil
+	}
+	d, err := st.Get(r.ID)
+	if err != nil {
+		return nil, fmt.Errorf("branch %q: read chunk %s: %w", name, r.ID, err)
+	}
+	if int64(len(d)) != r.Size {
+		return nil, fmt.Errorf("branch %q: chunk %s: %w: %d bytes, ref says %d", name, r.ID, errCorrupt, len(d), r.Size)
+	}
+	return d, nil
+}
+
 // readAt reads the file's current content. Caller holds b.mu.
 func (b *branch) readAt(in *inode, p []byte, off int64) (int, error) {
 	fd, err := b.fileOf(in)
 	if err != nil {
 		return 0, err
 	}
-	if off >= in.size {
+	return fd.readAt(p, off, in.size, func(buf []byte, pos int64) error { return b.ovRead(in, buf, pos) }, b.chunk)
+}
+
+// readAt reads the content of a file of size bytes at off: its written
+// ranges with written, the rest from its committed chunks, got with
+// chunk (nil for a hole).
+func (fd *fileData) readAt(p []byte, off, size int64, written func(buf []byte, pos int64) error, chunk func(fileRef) ([]byte, error)) (int, error) {
+	if off >= size {
 		return 0, io.EOF
 	}
-	end := min(off+int64(len(p)), in.size)
+	end := min(off+int64(len(p)), size)
 	pos := off
 	for pos < end {
 		buf := p[pos-off : end-off]
 		i := fd.extentAfter(pos)
 		if i < len(fd.dirty) && fd.dirty[i].off <= pos {
 			n := min(end, fd.dirty[i].end) - pos
-			if err := b.ovRead(in, buf[:n], pos); err != nil {
+			if err := written(buf[:n], pos); err != nil {
 				return int(pos - off), err
 			}
 			pos += n
@@ -682,7 +702,7 @@ func (b *branch) readAt(in *inode, p []byte, off int64) (int, error) {
 		if i < len(fd.dirty) {
 			next = min(next, fd.dirty[i].off)
 		}
-		if err := b.readBase(fd, buf[:next-pos], pos); err != nil {
+		if err := fd.readBase(buf[:next-pos], pos, chunk); err != nil {
 			return int(pos - off), err
 		}
 		pos = next
@@ -694,14 +714,15 @@ func (b *branch) readAt(in *inode, p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-func (b *branch) readBase(fd *fileData, buf []byte, pos int64) error {
+// readBase reads the committed chunks at pos (zeros past them).
+func (fd *fileData) readBase(buf []byte, pos int64, chunk func(fileRef) ([]byte, error)) error {
 	for len(buf) > 0 {
 		if pos >= fd.baseLen() {
 			clear(buf)
 			return nil
 		}
 		j := sort.Search(len(fd.refs), func(i int) bool { return fd.offs[i+1] > pos })
-		d, err := b.chunk(fd.refs[j])
+		d, err := chunk(fd.refs[j])
 		if err != nil {
 			return err
 		}

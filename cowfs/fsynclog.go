@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -166,6 +165,9 @@ func (b *branch) logFile(in *inode, path []string) (e loggedEntry, ok bool, err 
 	}
 	size := 100 + 44*len(fd.dirty) // an upper bound of the file's JSON
 	for _, n := range path {
+		if checkEntryName(n) != nil {
+			return e, false, nil // a name decodeLog would refuse
+		}
 		size += 8 + 4*(len(n)+2)/3
 	}
 	if len(path) > logMaxDepth || lg.bytes+size > logBudget {
@@ -373,68 +375,18 @@ func (f *frozenFile) cut(ctx context.Context, st *chunkstore.Store, name string)
 	}
 	defer ov.Close()
 	fd := &f.copy
-	f.out, f.err = cutFile(ctx, st, name, fd, f.size, func(p []byte, off int64) (int, error) {
-		if off >= f.size {
-			return 0, io.EOF
+	written := func(buf []byte, pos int64) error {
+		m, err := ov.ReadAt(buf, pos)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return err
 		}
-		end := min(off+int64(len(p)), f.size)
-		for pos := off; pos < end; {
-			buf := p[pos-off : end-off]
-			i := fd.extentAfter(pos)
-			if i < len(fd.dirty) && fd.dirty[i].off <= pos {
-				n := min(end, fd.dirty[i].end) - pos
-				m, err := ov.ReadAt(buf[:n], pos)
-				if err != nil && !errors.Is(err, io.EOF) {
-					return int(pos - off), err
-				}
-				clear(buf[m:n])
-				pos += n
-				continue
-			}
-			next := end
-			if i < len(fd.dirty) {
-				next = min(next, fd.dirty[i].off)
-			}
-			if err := readStored(st, fd, buf[:next-pos], pos); err != nil {
-				return int(pos - off), err
-			}
-			pos = next
-		}
-		if n := int(end - off); n < len(p) {
-			return n, io.EOF
-		}
-		return len(p), nil
-	})
-}
-
-// readStored reads the committed chunks of fd at pos into buf (zeros past
-// them), straight from the store.
-func readStored(st *chunkstore.Store, fd *fileData, buf []byte, pos int64) error {
-	for len(buf) > 0 {
-		if pos >= fd.baseLen() {
-			clear(buf)
-			return nil
-		}
-		j := sort.Search(len(fd.refs), func(i int) bool { return fd.offs[i+1] > pos })
-		r := fd.refs[j]
-		in := pos - fd.offs[j]
-		n := min(int64(len(buf)), r.Size-in)
-		if r.ID.IsZero() {
-			clear(buf[:n])
-		} else {
-			d, err := st.Get(r.ID)
-			if err != nil {
-				return err
-			}
-			if int64(len(d)) != r.Size {
-				return fmt.Errorf("chunk %s: %w: %d bytes, ref says %d", r.ID, errCorrupt, len(d), r.Size)
-			}
-			copy(buf[:n], d[in:in+n])
-		}
-		buf = buf[n:]
-		pos += n
+		clear(buf[m:]) // past the overlay file's end: zeros
+		return nil
 	}
-	return nil
+	chunk := func(r fileRef) ([]byte, error) { return getChunk(st, name, r) }
+	f.out, f.err = cutFile(ctx, st, name, fd, f.size, func(p []byte, off int64) (int, error) {
+		return fd.readAt(p, off, f.size, written, chunk)
+	})
 }
 
 // holdOverlay keeps an overlay file that the live log needs (its file's

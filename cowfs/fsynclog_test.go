@@ -154,23 +154,13 @@ func TestFsyncLogHeadAndUnmount(t *testing.T) {
 	if n := len(logRefs(t, f)); n != 0 {
 		t.Fatalf("unmount left %d logs", n)
 	}
-	mnt := t.TempDir()
-	m2, err := f.Mount(ctx, "main", mnt, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m2.Unmount()
+	mnt := mountAt(t, f, "main")
 	checkFile(t, filepath.Join(mnt, "d", "base"), want)
 	checkFile(t, filepath.Join(mnt, "new"), data)
 	if err := f.Branch(ctx, snap, "copy"); err != nil {
 		t.Fatal(err)
 	}
-	mc := t.TempDir()
-	m3, err := f.Mount(ctx, "copy", mc, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m3.Unmount()
+	mc := mountAt(t, f, "copy")
 	checkFile(t, filepath.Join(mc, "d", "base"), want)
 	verifyClean(t, f)
 }
@@ -299,23 +289,17 @@ func crashAfterLoggedFsyncs(t *testing.T) (string, map[string][]byte) {
 // and that every fsync'd byte is there.
 func TestCrashFsyncLog(t *testing.T) {
 	needFUSE(t)
-	ctx := context.Background()
 	root, want := crashAfterLoggedFsyncs(t)
 	f, err := Open(root, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	t.Cleanup(func() { f.Close() })
 	if n := len(logRefs(t, f)); n != 0 {
 		t.Fatalf("Open left %d logs", n)
 	}
 	verifyClean(t, f)
-	mnt := t.TempDir()
-	m, err := f.Mount(ctx, "main", mnt, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Unmount()
+	mnt := mountAt(t, f, "main")
 	for p, data := range want {
 		checkFile(t, filepath.Join(mnt, p), data)
 	}
@@ -471,7 +455,6 @@ func TestFsyncLogDeepPath(t *testing.T) {
 // is stored as it is after the change, never as the cut saw it.
 func TestFsyncLogCutsUnlocked(t *testing.T) {
 	needFUSE(t)
-	ctx := context.Background()
 	f := openTestFS(t)
 	m, _ := mountNew(t, f, "main", nil)
 	p, q := filepath.Join(m.Dir(), "changed"), filepath.Join(m.Dir(), "same")
@@ -522,13 +505,20 @@ func TestFsyncLogCutsUnlocked(t *testing.T) {
 	if err := m.Unmount(); err != nil {
 		t.Fatal(err)
 	}
-	mnt := t.TempDir()
-	m2, err := f.Mount(ctx, "main", mnt, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m2.Unmount()
+	mnt := mountAt(t, f, "main")
 	checkFile(t, filepath.Join(mnt, "changed"), data)
 	checkFile(t, filepath.Join(mnt, "same"), other)
 	verifyClean(t, f)
+}
+
+// mountAt mounts branch name at a new directory until cleanup.
+func mountAt(t *testing.T, f *FS, name string) string {
+	t.Helper()
+	mnt := t.TempDir()
+	m, err := f.Mount(context.Background(), name, mnt, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Unmount() })
+	return mnt
 }
