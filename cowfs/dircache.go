@@ -24,9 +24,10 @@ type dirCache struct {
 }
 
 type dirCacheItem struct {
-	id   chunkstore.ID
-	es   []Entry
-	cost int64
+	id      chunkstore.ID
+	es      []Entry
+	cost    int64
+	subdirs uint32 // entries that are directories
 }
 
 // entriesCost is about what es holds in memory.
@@ -70,6 +71,19 @@ func (c *dirCache) get(id chunkstore.ID) ([]Entry, bool) {
 	return copyEntries(el.Value.(*dirCacheItem).es), true
 }
 
+// subdirs returns how many of the cached entries of id are directories.
+func (c *dirCache) subdirs(id chunkstore.ID) (uint32, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.items[id]
+	if !ok {
+		return 0, false
+	}
+	c.lru.MoveToFront(el)
+	c.hits++
+	return el.Value.(*dirCacheItem).subdirs, true
+}
+
 // put keeps a copy of es as id's entries.
 func (c *dirCache) put(id chunkstore.ID, es []Entry) {
 	cost := entriesCost(es)
@@ -84,7 +98,7 @@ func (c *dirCache) put(id chunkstore.ID, es []Entry) {
 	if _, ok := c.items[id]; ok {
 		return
 	}
-	c.items[id] = c.lru.PushFront(&dirCacheItem{id: id, es: copyEntries(es), cost: cost})
+	c.items[id] = c.lru.PushFront(&dirCacheItem{id: id, es: copyEntries(es), cost: cost, subdirs: countSubdirs(es)})
 	c.used += cost
 	for c.used > c.max {
 		el := c.lru.Back()
@@ -93,6 +107,30 @@ func (c *dirCache) put(id chunkstore.ID, es []Entry) {
 		delete(c.items, it.id)
 		c.used -= it.cost
 	}
+}
+
+// countSubdirs returns how many of es are directories.
+func countSubdirs(es []Entry) uint32 {
+	var n uint32
+	for i := range es {
+		if es[i].Type == TypeDir {
+			n++
+		}
+	}
+	return n
+}
+
+// dirSubdirs returns how many entries of directory object id are
+// directories, without copying the entries when the cache holds them.
+func (f *FS) dirSubdirs(id chunkstore.ID) (uint32, error) {
+	if n, ok := f.dirs.subdirs(id); ok {
+		return n, nil
+	}
+	es, err := f.getDir(id)
+	if err != nil {
+		return 0, err
+	}
+	return countSubdirs(es), nil
 }
 
 // getDir reads a directory object through the FS's cache of decoded

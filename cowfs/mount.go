@@ -429,9 +429,13 @@ func (b *branch) fillAttr(in *inode, out *fuse.Attr) {
 	out.Nlink = in.nlink
 	switch in.typ {
 	case TypeDir:
+		// An unloaded directory's link count comes from its entries
+		// alone: a stat builds no inode for each of its children.
 		out.Nlink = 2
-		if b.load(in) == nil {
+		if in.loaded {
 			out.Nlink += in.subdirs
+		} else if n, err := b.fs.dirSubdirs(in.id); err == nil {
+			out.Nlink += n
 		}
 		out.Size = 4096
 	case TypeFile:

@@ -77,3 +77,34 @@ func TestDirLinkCount(t *testing.T) {
 	defer m2.Unmount()
 	compare("after a remount", m2.Dir())
 }
+
+// A stat of a directory not yet listed gives its link count from its
+// directory object alone: the directory stays unloaded (no inode is built
+// for each of its children).
+func TestDirLinkCountUnloaded(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	m, _ := mountNew(t, f, "main", map[string]string{"d/s1/": "", "d/s2/": "", "d/s3/x": "x", "d/f": "f"})
+	var st syscall.Stat_t
+	if err := syscall.Lstat(filepath.Join(m.Dir(), "d"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Nlink != 5 {
+		t.Errorf("d has link count %d, want 5 (2 and its 3 subdirectories)", st.Nlink)
+	}
+	b := m.b
+	b.mu.Lock()
+	d := b.root.children["d"]
+	loaded := d != nil && d.loaded
+	b.mu.Unlock()
+	if d == nil || loaded {
+		t.Errorf("d after a stat: %v, want an unloaded directory", d)
+	}
+	names, err := os.ReadDir(filepath.Join(m.Dir(), "d"))
+	if err != nil || len(names) != 4 {
+		t.Fatalf("d lists %d entries (%v), want 4", len(names), err)
+	}
+	if err := syscall.Lstat(filepath.Join(m.Dir(), "d"), &st); err != nil || st.Nlink != 5 {
+		t.Errorf("d once listed: link count %d (%v), want 5", st.Nlink, err)
+	}
+}
