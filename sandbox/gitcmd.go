@@ -3,8 +3,10 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,7 +61,9 @@ func isCommitID(s string) bool {
 // when a directory's .git is a directory inside it, its HEAD is part of
 // what the snapshot holds, so the same snapshot means the same HEAD and
 // a create from an unchanged project runs no git. A .git file (a linked
-// work tree, whose HEAD lives elsewhere) is never cached.
+// work tree, whose HEAD lives elsewhere) is never cached. A directory
+// with no .git of its own runs no git either: it is no work tree's top
+// (git would find a parent's repository, or none).
 type gitBases struct {
 	mu sync.Mutex
 	m  map[[2]string]GitBase
@@ -68,17 +72,21 @@ type gitBases struct {
 // maxGitBases bounds the cache; it is emptied when full.
 const maxGitBases = 1024
 
-// of returns the GitBase of dir imported as snapshot fs.
-func (c *gitBases) of(dir, fs string) GitBase {
-	key := [2]string{dir, fs}
+// of returns the GitBase of dir imported as snapshot snap.
+func (c *gitBases) of(dir, snap string) GitBase {
+	key := [2]string{dir, snap}
 	c.mu.Lock()
 	b, ok := c.m[key]
 	c.mu.Unlock()
 	if ok {
 		return b
 	}
-	b = gitBaseOf(dir, fs)
-	if st, err := os.Lstat(filepath.Join(dir, ".git")); err != nil || !st.IsDir() {
+	st, err := os.Lstat(filepath.Join(dir, ".git"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return GitBase{}
+	}
+	b = gitBaseOf(dir, snap)
+	if err != nil || !st.IsDir() {
 		return b
 	}
 	c.mu.Lock()

@@ -18,8 +18,9 @@ func git(t *testing.T, dir string, args ...string) string {
 }
 
 // TestGitBaseCache: the same (directory, snapshot) answers from the cache
-// without running git, a new snapshot runs git again, and a linked work
-// tree (a .git file, HEAD outside the directory) is never cached.
+// without running git, a new snapshot runs git again, a linked work tree
+// (a .git file, HEAD outside the directory) is never cached, and a
+// directory with no .git runs no git.
 func TestGitBaseCache(t *testing.T) {
 	dir := t.TempDir()
 	git(t, dir, "init", "-q")
@@ -57,5 +58,25 @@ func TestGitBaseCache(t *testing.T) {
 	}
 	if b := c.of(t.TempDir(), "y"); b.Commit != "" {
 		t.Errorf("a directory outside any repository got a base: %+v", b)
+	}
+
+	// A directory with no .git of its own runs no git at all; one with
+	// a .git does (a git on PATH that leaves a mark tells).
+	bin := t.TempDir()
+	mark := filepath.Join(bin, "ran")
+	if err := os.WriteFile(filepath.Join(bin, "git"), []byte("#!/bin/sh\n: >"+mark+"\nexit 1\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin)
+	c.of(sub, "x2")
+	c.of(t.TempDir(), "y2")
+	if _, err := os.Stat(mark); err == nil {
+		t.Errorf("git ran for a directory with no .git")
+	}
+	if b := c.of(dir, "s3"); b.Commit != "" {
+		t.Errorf("a failing git gave a base: %+v", b)
+	}
+	if _, err := os.Stat(mark); err != nil {
+		t.Errorf("git did not run for a repository's top: %v", err)
 	}
 }
