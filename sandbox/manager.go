@@ -399,6 +399,10 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	if err != nil {
 		return fail(err)
 	}
+	// The first command starts in the project, whose root's attributes
+	// the kernel dropped when the mount was bound: fetch them again
+	// while the runtime starts, not in that command's chdir.
+	go os.Lstat(l.mount.Dir())
 	spec := Spec{ID: m.instanceID(name), Hostname: name, Dir: m.rtDir(name),
 		ProjectPath: info.ProjectPath, ProjectSource: l.mount.Dir(),
 		Hide: []string{m.root, m.fs.Root()}, Limits: info.Limits, Guest: info.Guest, Seed: seed}
