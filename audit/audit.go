@@ -61,6 +61,7 @@ type Log struct {
 
 	mu      sync.Mutex
 	f       *os.File
+	hf      *os.File // the head file, kept open: an append rewrites it in place
 	head    Head
 	changed chan struct{} // closed and replaced at each append
 	err     error         // a failed append: the log takes no more
@@ -86,7 +87,12 @@ func Open(path string) (*Log, error) {
 		f.Close()
 		return nil, fmt.Errorf("audit log %s: %w (run tine audit verify)", path, err)
 	}
-	return &Log{path: path, f: f, head: head, changed: make(chan struct{})}, nil
+	hf, err := os.OpenFile(HeadPath(path), os.O_WRONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("audit log %s: %w", path, err)
+	}
+	return &Log{path: path, f: f, hf: hf, head: head, changed: make(chan struct{})}, nil
 }
 
 // lastHead reads the last record of f.
@@ -154,7 +160,7 @@ func (l *Log) Append(kind string, fields map[string]any) error {
 		return l.err
 	}
 	if l.f == nil {
-		return fmt.Errorf("audit %s: closed", l.path)
+		return fmt.Errorf("audit %s: %w", l.path, ErrClosed)
 	}
 	line, r, err := encode(uint64(l.head.Seq+1), time.Now().UTC(), kind, fb, l.head.Hash)
 	if err != nil {
@@ -166,23 +172,29 @@ func (l *Log) Append(kind string, fields map[string]any) error {
 		return l.err
 	}
 	l.head = Head{Seq: int64(r.Seq), Hash: r.Hash}
-	if err := writeHead(HeadPath(l.path), l.head); err != nil {
-		return fmt.Errorf("audit %s: %w", l.path, err)
+	if _, err := l.hf.WriteAt(headLine(l.head), 0); err != nil {
+		return fmt.Errorf("audit %s: head file %s: %w", l.path, HeadPath(l.path), err)
 	}
 	close(l.changed)
 	l.changed = make(chan struct{})
 	return nil
 }
 
-// Close closes the log; later appends fail.
+// ErrClosed is the error of an append to a closed Log.
+var ErrClosed = errors.New("the log is closed")
+
+// Close closes the log; later appends fail with ErrClosed. Whoever waits on Changed is
+// woken (and opens the log again to go on following it).
 func (l *Log) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f == nil {
 		return nil
 	}
-	err := l.f.Close()
-	l.f = nil
+	err := errors.Join(l.f.Close(), l.hf.Close())
+	l.f, l.hf = nil, nil
+	close(l.changed)
+	l.changed = make(chan struct{})
 	return err
 }
 
@@ -250,16 +262,10 @@ func ParseRecord(line []byte) (*Record, error) {
 	return &r, nil
 }
 
-// writeHead writes the head file in place (one write of a fixed-width
-// line, so a reader never sees a mix of two heads).
-func writeHead(path string, h Head) error {
-	b := fmt.Sprintf("%020d %s\n", h.Seq, h.Hash)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.WriteAt([]byte(b), 0)
-	return errors.Join(err, f.Close())
+// headLine is the head file's content: a fixed-width line, written in
+// place with one write, so that a reader never sees a mix of two heads.
+func headLine(h Head) []byte {
+	return fmt.Appendf(nil, "%020d %s\n", h.Seq, h.Hash)
 }
 
 // ReadHead reads the head file of the log at path; ok is false when it

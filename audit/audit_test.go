@@ -196,3 +196,46 @@ func TestTooBig(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Close wakes whoever waits for the next append and refuses later
+// appends; the head file says the last record, and a log opened again
+// chains on from it.
+func TestCloseWakesAndRefuses(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "a")
+	l, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := l.Append("x", map[string]any{"i": i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ch := l.Changed()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ch:
+	default:
+		t.Error("Close did not wake a waiter on Changed")
+	}
+	if err := l.Append("x", nil); err == nil {
+		t.Error("an append after Close was taken")
+	}
+	h, ok, err := ReadHead(p)
+	if err != nil || !ok || h.Seq != 2 {
+		t.Fatalf("head file after 3 records: %+v %v %v, want seq 2", h, ok, err)
+	}
+	l2, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	if err := l2.Append("y", nil); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := VerifyFile(p); err != nil || len(rep.Problems) != 0 {
+		t.Fatalf("verify after a reopen: %+v %v", rep, err)
+	}
+}

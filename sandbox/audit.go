@@ -78,11 +78,29 @@ func (m *Manager) AuditLog(name string) (*audit.Log, error) {
 // Audit appends a record to a sandbox's audit log (name "" for the
 // daemon's).
 func (m *Manager) Audit(name, kind string, fields map[string]any) error {
-	l, err := m.AuditLog(name)
-	if err != nil {
-		return err
+	for try := 0; ; try++ {
+		l, err := m.AuditLog(name)
+		if err != nil {
+			return err
+		}
+		// A log closed by forgetAudit in between opens again.
+		if err = l.Append(kind, fields); try == 1 || !errors.Is(err, audit.ErrClosed) {
+			return err
+		}
 	}
-	return l.Append(kind, fields)
+}
+
+// forgetAudit closes the open audit log of sandbox name. A removed
+// sandbox's log stays on disk, its history, but holds no descriptor; it
+// opens again when anything appends to it or follows it.
+func (m *Manager) forgetAudit(name string) {
+	m.pol.mu.Lock()
+	l := m.pol.logs[name]
+	delete(m.pol.logs, name)
+	m.pol.mu.Unlock()
+	if l != nil {
+		l.Close()
+	}
 }
 
 // audit records an operation on sandbox name in its log and in the

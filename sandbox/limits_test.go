@@ -437,7 +437,22 @@ func TestAuditLifecycle(t *testing.T) {
 	if ks := e.auditKinds(""); !strings.Contains(strings.Join(ks, ","), "create,") {
 		t.Fatalf("daemon log: %v", ks)
 	}
+	// A removed sandbox's log holds no descriptor of the daemon; a
+	// sandbox made again with the name chains on in the same log.
 	p, _ := e.m.AuditPath("au")
+	if n := fdsTo(t, p); n != 0 {
+		t.Errorf("%d descriptors still open on the removed sandbox's audit log", n)
+	}
+	e.create("au", sandbox.Limits{Pids: 64})
+	if err := e.m.Remove(ctx, "au"); err != nil {
+		t.Fatal(err)
+	}
+	if ks := strings.Join(e.auditKinds("au"), ","); ks != want+",create,stop,remove" {
+		t.Fatalf("records after a second create and remove: %s", ks)
+	}
+	if rep, err := audit.VerifyFile(p); err != nil || !rep.OK() {
+		t.Fatalf("the log of a name used twice does not verify: %+v %v", rep, err)
+	}
 	b, _ := os.ReadFile(p)
 	os.WriteFile(p, []byte(strings.Replace(string(b), `"exit_code":3`, `"exit_code":0`, 1)), 0o600)
 	if rep, _ := audit.VerifyFile(p); rep.OK() {
@@ -447,6 +462,23 @@ func TestAuditLifecycle(t *testing.T) {
 	if rep, _ := audit.VerifyFile(p); rep.OK() {
 		t.Fatal("a truncated log passes verification")
 	}
+}
+
+// fdsTo counts this process's open descriptors on path (or its head
+// file).
+func fdsTo(t *testing.T, path string) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		if to, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err == nil && strings.HasPrefix(to, path) {
+			n++
+		}
+	}
+	return n
 }
 
 // TestLayerBound: a sandbox writing past its OS-layer bound is frozen

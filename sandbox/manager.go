@@ -529,6 +529,7 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 		return fmt.Errorf("remove sandbox %q: %w", name, err)
 	}
 	m.audit(name, "remove", nil)
+	m.forgetAudit(name)
 	return nil
 }
 
