@@ -129,6 +129,19 @@ func TestServicesAndLogs(t *testing.T) {
 	if out := e.mustSh("s", "ps -e -o args= | grep -c '^sleep 1000$'"); strings.TrimSpace(out) != "1" {
 		t.Fatalf("after rollback, service processes: %q", out)
 	}
+
+	// A removed sandbox's service log holds no descriptor (which would
+	// keep the deleted file's space).
+	logDir := filepath.Join(e.root, "sandboxes", "s", "logs")
+	if n := fdsTo(t, logDir); n == 0 {
+		t.Fatalf("no descriptor on %s while the services run: the check below would prove nothing", logDir)
+	}
+	if err := e.m.Remove(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if n := fdsTo(t, logDir); n != 0 {
+		t.Errorf("%d descriptors still open on the removed sandbox's service log", n)
+	}
 }
 
 // TestLogCapped: a service that prints without end leaves at most
@@ -410,4 +423,72 @@ func TestRestartRecovery(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+}
+
+// TestRemoveLeavesNoDescriptors: a sandbox's whole life (a service, a
+// command, a snapshot, a fork, its logs and audit records) leaves no
+// descriptor open in the daemon once the sandbox and its fork are
+// removed. A first round opens what the daemon keeps for good.
+func TestRemoveLeavesNoDescriptors(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	life := func(i int) {
+		name := fmt.Sprintf("fd%d", i)
+		if _, err := e.m.Create(ctx, sandbox.CreateOptions{Name: name, Dir: e.project, Services: []string{"echo up; sleep 1000"}}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitLog(name, "up")
+		e.mustSh(name, "echo hi > /tmp/x")
+		if _, err := e.m.Snapshot(ctx, name, sandbox.SnapshotOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		kids, err := e.m.Fork(ctx, name, sandbox.ForkOptions{N: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.readLogs(kids[0].Name, 0)
+		for _, n := range []string{kids[0].Name, name} {
+			if err := e.m.Remove(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	life(0)
+	before := openFDs(t)
+	for i := 1; i <= 3; i++ {
+		life(i)
+	}
+	// Descriptors closed by goroutines that end after Remove returns.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		after := openFDs(t)
+		if len(after) <= len(before) {
+			break
+		}
+		if time.Now().After(deadline) {
+			var extra []string
+			for fd, to := range after {
+				if before[fd] != to {
+					extra = append(extra, fd+" -> "+to)
+				}
+			}
+			t.Fatalf("%d descriptors before three sandbox lives, %d after; new: %v", len(before), len(after), extra)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// openFDs returns this process's open descriptors and what they name.
+func openFDs(t *testing.T) map[string]string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range ents {
+		to, _ := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		out[e.Name()] = to
+	}
+	return out
 }

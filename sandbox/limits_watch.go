@@ -285,6 +285,9 @@ func (m *Manager) HostEvents(ctx context.Context, name string) <-chan proto.Even
 		<-ctx.Done()
 		m.pol.mu.Lock()
 		delete(m.pol.subs[name], ch)
+		if len(m.pol.subs[name]) == 0 {
+			delete(m.pol.subs, name)
+		}
 		m.pol.mu.Unlock()
 		close(ch)
 	}()

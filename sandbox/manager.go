@@ -530,6 +530,7 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 	}
 	m.audit(name, "remove", nil)
 	m.forgetAudit(name)
+	m.forgetLog(name)
 	return nil
 }
 

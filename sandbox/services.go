@@ -193,6 +193,26 @@ func (lf *logFile) begin(done <-chan struct{}) error {
 	return nil
 }
 
+// forgetLog closes and drops the service log of a removed sandbox: the
+// file went with the sandbox's directory, and an open descriptor would
+// keep its space on disk.
+func (m *Manager) forgetLog(name string) {
+	m.ext.mu.Lock()
+	lf := m.ext.logs[name]
+	delete(m.ext.logs, name)
+	m.ext.mu.Unlock()
+	if lf == nil {
+		return
+	}
+	lf.mu.Lock()
+	defer lf.mu.Unlock()
+	if lf.f != nil {
+		lf.f.Close()
+		lf.f = nil
+	}
+	lf.wake()
+}
+
 // wake tells the followers something changed. Caller holds lf.mu.
 func (lf *logFile) wake() {
 	close(lf.changed)
