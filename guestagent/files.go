@@ -2,6 +2,7 @@ package guestagent
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -76,7 +77,7 @@ func (a *Agent) startPut(c *conn, id uint32, req proto.PutRequest) (*putFile, er
 		return nil, err
 	}
 	var r [8]byte
-	unix.Getrandom(r[:], 0)
+	rand.Read(r[:])
 	tmp := ".tine-put-" + hex.EncodeToString(r[:])
 	fd, err := unix.Openat(dirFD, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
