@@ -183,8 +183,8 @@ func (l *Log) Append(kind string, fields map[string]any) error {
 // ErrClosed is the error of an append to a closed Log.
 var ErrClosed = errors.New("the log is closed")
 
-// Close closes the log; later appends fail with ErrClosed. Whoever waits on Changed is
-// woken (and opens the log again to go on following it).
+// Close closes the log; later appends fail with ErrClosed. Whoever waits
+// on Changed is woken (and opens the log again to go on following it).
 func (l *Log) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()

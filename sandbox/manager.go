@@ -513,6 +513,10 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 	errs := []error{m.Stop(ctx, name)}
 	m.forgetInside(name)
 	m.forgetWatch(name) // its cached exec policy, freeze and watch state
+	// Its open logs close however the removal ends (they open again
+	// if used), the audit log after the removal's record.
+	defer m.forgetLog(name)
+	defer m.forgetAudit(name)
 	// The metadata goes first, so that List does not show a sandbox whose
 	// branch is being deleted (Open's recovery finishes a removal cut
 	// after this).
@@ -529,8 +533,6 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 		return fmt.Errorf("remove sandbox %q: %w", name, err)
 	}
 	m.audit(name, "remove", nil)
-	m.forgetAudit(name)
-	m.forgetLog(name)
 	return nil
 }
 
