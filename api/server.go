@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -205,6 +206,14 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	status := true
+	if v := r.URL.Query().Get("status"); v != "" {
+		var err error
+		if status, err = strconv.ParseBool(v); err != nil {
+			writeError(w, badRequest("query \"status\" %q: want true or false", v))
+			return
+		}
+	}
 	infos, err := s.m.List()
 	if err != nil {
 		writeError(w, err)
@@ -212,6 +221,10 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]Sandbox, 0, len(infos))
 	for _, in := range infos {
+		if !status {
+			out = append(out, Sandbox{Info: *in})
+			continue
+		}
 		st, err := s.m.Status(r.Context(), in.Name)
 		if errors.Is(err, sandbox.ErrNotFound) {
 			continue // removed meanwhile

@@ -530,8 +530,26 @@ func TestStatusSnapshotsLogsPromote(t *testing.T) {
 		return st.State == sandbox.Running && st.Processes >= 2
 	})
 	list, err := e.c.List(ctx)
-	if err != nil || len(list) != 1 || list[0].Name != "s" {
+	if err != nil || len(list) != 1 || list[0].Name != "s" || list[0].Processes < 2 {
 		t.Fatalf("list: %+v, %v", list, err)
+	}
+	// ?status=false: the metadata alone, nothing asked of the agent.
+	brief, err := e.c.ListInfo(ctx)
+	if err != nil || len(brief) != 1 || brief[0].Name != "s" || brief[0].State != sandbox.Running ||
+		brief[0].Processes != 0 || brief[0].Stale.Unknown != "" || brief[0].Stale.Changed != 0 {
+		t.Fatalf("list with status=false: %+v, %v", brief, err)
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", filepath.Join(e.root, api.SocketName))
+	}}}
+	resp, err := hc.Get("http://tine/v1/sandboxes?status=maybe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || !strings.Contains(string(body), `query \"status\"`) {
+		t.Fatalf("list with status=maybe: %d %s, want 400 naming the parameter", resp.StatusCode, body)
 	}
 	if _, err := e.c.Get(ctx, "nope"); !errors.Is(err, sandbox.ErrNotFound) {
 		t.Fatalf("get of an unknown sandbox: %v", err)

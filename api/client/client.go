@@ -198,6 +198,14 @@ func (c *Client) List(ctx context.Context) ([]api.Sandbox, error) {
 	return out, c.call(ctx, "GET", "/sandboxes", nil, &out)
 }
 
+// ListInfo returns every sandbox's metadata alone: no process and port
+// counts, usage or staleness, which List asks each running sandbox's
+// agent and the host directory for.
+func (c *Client) ListInfo(ctx context.Context) ([]api.Sandbox, error) {
+	var out []api.Sandbox
+	return out, c.call(ctx, "GET", "/sandboxes?status=false", nil, &out)
+}
+
 // Get returns one sandbox's status.
 func (c *Client) Get(ctx context.Context, name string) (*api.Sandbox, error) {
 	var sb api.Sandbox

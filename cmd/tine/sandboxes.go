@@ -490,18 +490,23 @@ func (a *app) lsCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, err := cl.List(c.Context())
+			// The table shows metadata only: it needs no status.
+			list := cl.ListInfo
+			if a.json {
+				list = cl.List
+			}
+			sbs, err := list(c.Context())
 			if err != nil {
 				return apiError(err)
 			}
 			if a.json {
-				if list == nil {
-					list = []api.Sandbox{}
+				if sbs == nil {
+					sbs = []api.Sandbox{}
 				}
-				return writeJSON(a.stdout, list)
+				return writeJSON(a.stdout, sbs)
 			}
 			return table(a.stdout, "NAME\tSTATE\tPROJECT\tFROM\tCREATED", func(w io.Writer) {
-				for _, s := range list {
+				for _, s := range sbs {
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, s.ProjectPath, s.From, s.Created.Local().Format(time.DateTime))
 				}
 			})

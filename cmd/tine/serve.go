@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -130,8 +131,14 @@ func (a *app) serve(ctx context.Context, group string, opts sandbox.Options, iop
 	if err != nil {
 		return err
 	}
+	// The host is probed once, from the start (about 80 ms of spawned
+	// probes here): the client pings with GET /v1/info before every
+	// command, and the runtimes this daemon serves with were chosen at
+	// its start anyway.
+	probed := sync.OnceValue(func() *api.Info { return hostInfo(root) })
+	go probed()
 	srv := api.NewServer(m, api.ServerOptions{
-		Info:   func(ctx context.Context) (*api.Info, error) { return hostInfo(root), nil },
+		Info:   func(ctx context.Context) (*api.Info, error) { return probed(), nil },
 		FS:     fsSvc.run,
 		Inside: inside,
 		Images: images,
