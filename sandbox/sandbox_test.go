@@ -273,7 +273,17 @@ func TestForkNameClashLeavesNothing(t *testing.T) {
 // of a snapshot; a new manager on the same state root finds the sandbox
 // stopped, and Start runs it with its files.
 func TestRollbackAndRestart(t *testing.T) {
-	e := newEnv(t, 0)
+	for _, warm := range []int{0, 2} {
+		t.Run(fmt.Sprintf("warm=%d", warm), func(t *testing.T) { testRollbackAndRestart(t, warm) })
+	}
+}
+
+// testRollbackAndRestart: a running sandbox rolled back runs again with
+// the snapshot's files, in the project and in its OS layer, with warm
+// instances ready or none; so does a stopped one once started, and both
+// survive the manager's restart.
+func testRollbackAndRestart(t *testing.T, warm int) {
+	e := newEnvWith(t, sandbox.Options{Warm: warm})
 	ctx := context.Background()
 	e.create("r", sandbox.Limits{})
 	e.mustSh("r", fmt.Sprintf("echo one > %s/f; echo one > /etc/tine-rb", e.project))
@@ -282,11 +292,30 @@ func TestRollbackAndRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.mustSh("r", fmt.Sprintf("echo two > %s/f; echo two > /etc/tine-rb", e.project))
+	if warm > 0 {
+		e.waitWarm(warm)
+	}
 	if err := e.m.Rollback(ctx, "r", s.ID); err != nil {
 		t.Fatal(err)
 	}
 	if out := e.mustSh("r", fmt.Sprintf("cat %s/f /etc/tine-rb", e.project)); out != "one\none\n" {
 		t.Fatalf("after rollback: %q", out)
+	}
+	e.mustSh("r", fmt.Sprintf("echo three > %s/f; echo three > /etc/tine-rb", e.project))
+	if err := e.m.Stop(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Rollback(ctx, "r", s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := e.m.Get("r"); err != nil || info.State != sandbox.Stopped {
+		t.Fatalf("a stopped sandbox after rollback: %+v, %v", info, err)
+	}
+	if err := e.m.Start(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.mustSh("r", fmt.Sprintf("cat %s/f /etc/tine-rb", e.project)); out != "one\none\n" {
+		t.Fatalf("a stopped sandbox rolled back, then started: %q", out)
 	}
 	if err := e.m.Close(ctx); err != nil {
 		t.Fatal(err)
