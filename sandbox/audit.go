@@ -94,12 +94,13 @@ func (m *Manager) Audit(name, kind string, fields map[string]any) error {
 // sandbox's log stays on disk, its history, but holds no descriptor; it
 // opens again when anything appends to it or follows it.
 func (m *Manager) forgetAudit(name string) {
+	// Closed under the lock: the log cannot open again (and chain on
+	// from the file) while an append to this one may still come.
 	m.pol.mu.Lock()
-	l := m.pol.logs[name]
-	delete(m.pol.logs, name)
-	m.pol.mu.Unlock()
-	if l != nil {
+	defer m.pol.mu.Unlock()
+	if l := m.pol.logs[name]; l != nil {
 		l.Close()
+		delete(m.pol.logs, name)
 	}
 }
 
