@@ -1,7 +1,6 @@
 package cowfs
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -195,39 +194,7 @@ func splitArgs(s string) []string {
 // at cleanup.
 func serveInChild(t *testing.T, files map[string]string) (root, mnt string, cmd *exec.Cmd) {
 	t.Helper()
-	ctx := context.Background()
-	root, mnt = t.TempDir(), t.TempDir()
-	f, err := Open(root, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := t.TempDir()
-	writeTree(t, src, files)
-	snap, err := f.Import(ctx, src, "base")
-	if err == nil {
-		err = f.Branch(ctx, snap, "main")
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd = exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), crashEnv+"="+root+" "+mnt)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	root, mnt = rootWithMain(t, files, "base"), t.TempDir()
 	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
-	if sc := bufio.NewScanner(out); !sc.Scan() || sc.Text() != "READY" {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("child did not mount: %q", sc.Text())
-	}
-	return root, mnt, cmd
+	return root, mnt, startServer(t, root, mnt, false)
 }

@@ -121,16 +121,18 @@ func countSubdirs(es []Entry) uint32 {
 }
 
 // dirSubdirs returns how many entries of directory object id are
-// directories, without copying the entries when the cache holds them.
-func (f *FS) dirSubdirs(id chunkstore.ID) (uint32, error) {
+// directories, from the cache (decoding the object into it first when
+// needed), without copying the entries. ok is false when the object
+// cannot be read or is too big to be cached: the caller loads it then,
+// once, rather than decoding it again at every call.
+func (f *FS) dirSubdirs(id chunkstore.ID) (n uint32, ok bool) {
 	if n, ok := f.dirs.subdirs(id); ok {
-		return n, nil
+		return n, true
 	}
-	es, err := f.getDir(id)
-	if err != nil {
-		return 0, err
+	if _, err := f.getDir(id); err != nil {
+		return 0, false
 	}
-	return countSubdirs(es), nil
+	return f.dirs.subdirs(id)
 }
 
 // getDir reads a directory object through the FS's cache of decoded

@@ -1,7 +1,6 @@
 package cowfs
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -61,38 +60,8 @@ func guardChild(args []string) {
 // main and returns it once its fsync is held.
 func startGuardChild(t *testing.T) (cmd *exec.Cmd, root, mnt string) {
 	t.Helper()
-	root, mnt = t.TempDir(), t.TempDir()
-	f, err := Open(root, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	snap, err := f.Import(context.Background(), t.TempDir(), "")
-	if err == nil {
-		err = f.Branch(context.Background(), snap, "main")
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd = exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), guardChildEnv+"="+root+" "+mnt)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(out)
-	if !sc.Scan() || sc.Text() != "BLOCKED" {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("child: %q", sc.Text())
-	}
-	return cmd, root, mnt
+	root, mnt = rootWithMain(t, nil, ""), t.TempDir()
+	return startChild(t, guardChildEnv+"="+root+" "+mnt, "BLOCKED"), root, mnt
 }
 
 // waitOrUnstick waits up to d for cmd to end. If it does not, it aborts

@@ -1,6 +1,7 @@
 package cowfs
 
 import (
+	"bufio"
 	"context"
 	"encoding/hex"
 	"fmt"
@@ -155,4 +156,51 @@ func mapChild(args string) {
 		}
 	}
 	fmt.Println("ok")
+}
+
+// rootWithMain makes a state root whose branch main starts as files,
+// imported with label.
+func rootWithMain(t *testing.T, files map[string]string, label string) string {
+	t.Helper()
+	ctx := context.Background()
+	root := t.TempDir()
+	f, err := Open(root, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := t.TempDir()
+	writeTree(t, src, files)
+	snap, err := f.Import(ctx, src, label)
+	if err == nil {
+		err = f.Branch(ctx, snap, "main")
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// startChild re-executes the test binary with env added and returns it
+// once its first line of output is want.
+func startChild(t *testing.T, env, want string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), env)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if sc := bufio.NewScanner(out); !sc.Scan() || sc.Text() != want {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("child: %q, want %q", sc.Text(), want)
+	}
+	return cmd
 }

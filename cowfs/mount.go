@@ -429,14 +429,7 @@ func (b *branch) fillAttr(in *inode, out *fuse.Attr) {
 	out.Nlink = in.nlink
 	switch in.typ {
 	case TypeDir:
-		// An unloaded directory's link count comes from its entries
-		// alone: a stat builds no inode for each of its children.
-		out.Nlink = 2
-		if in.loaded {
-			out.Nlink += in.subdirs
-		} else if n, err := b.fs.dirSubdirs(in.id); err == nil {
-			out.Nlink += n
-		}
+		out.Nlink = 2 + b.subdirCount(in)
 		out.Size = 4096
 	case TypeFile:
 		out.Size = uint64(in.size)
@@ -449,6 +442,22 @@ func (b *branch) fillAttr(in *inode, out *fuse.Attr) {
 	out.Atime, out.Atimensec = uint64(in.atime/1e9), uint32(in.atime%1e9)
 	out.Mtime, out.Mtimensec = uint64(in.mtime/1e9), uint32(in.mtime%1e9)
 	out.Ctime, out.Ctimensec = uint64(in.ctime/1e9), uint32(in.ctime%1e9)
+}
+
+// subdirCount is how many of directory in's entries are directories. An
+// unloaded directory answers from its cached entries alone, so a stat
+// builds no inode for each of its children; one too big for the cache is
+// loaded, once. An unreadable one counts none. Caller holds b.mu.
+func (b *branch) subdirCount(in *inode) uint32 {
+	if !in.loaded {
+		if n, ok := b.fs.dirSubdirs(in.id); ok {
+			return n
+		}
+	}
+	if b.load(in) != nil {
+		return 0
+	}
+	return in.subdirs
 }
 
 func (n *node) cur() *inode {

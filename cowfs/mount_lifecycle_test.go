@@ -1,7 +1,6 @@
 package cowfs
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"os"
@@ -125,49 +124,17 @@ func startServer(t *testing.T, root, mnt string, pool bool) *exec.Cmd {
 	if pool {
 		arg += " pool"
 	}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), crashEnv+"="+arg)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd := startChild(t, crashEnv+"="+arg, "READY")
 	t.Cleanup(func() {
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	sc := bufio.NewScanner(out)
-	if !sc.Scan() || sc.Text() != "READY" {
-		t.Fatalf("child did not mount: %q", sc.Text())
-	}
 	return cmd
 }
 
 // newRoot makes a state root with branch main holding file a.
 func newRoot(t *testing.T) string {
-	t.Helper()
-	ctx := context.Background()
-	root := t.TempDir()
-	f, err := Open(root, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := t.TempDir()
-	writeTree(t, src, map[string]string{"a": "content of a"})
-	snap, err := f.Import(ctx, src, "")
-	if err == nil {
-		err = f.Branch(ctx, snap, "main")
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return root
+	return rootWithMain(t, map[string]string{"a": "content of a"}, "")
 }
 
 // TestStaleMountCleanedAfterKill SIGKILLs the process serving a mount:

@@ -79,8 +79,9 @@ func TestDirLinkCount(t *testing.T) {
 }
 
 // A stat of a directory not yet listed gives its link count from its
-// directory object alone: the directory stays unloaded (no inode is built
-// for each of its children).
+// cached directory object alone: the directory stays unloaded (no inode
+// is built for each of its children). One too big for the cache is
+// loaded instead.
 func TestDirLinkCountUnloaded(t *testing.T) {
 	needFUSE(t)
 	f := openTestFS(t)
@@ -106,5 +107,24 @@ func TestDirLinkCountUnloaded(t *testing.T) {
 	}
 	if err := syscall.Lstat(filepath.Join(m.Dir(), "d"), &st); err != nil || st.Nlink != 5 {
 		t.Errorf("d once listed: link count %d (%v), want 5", st.Nlink, err)
+	}
+
+	// A directory too big for the directory cache is loaded by its first
+	// stat, and not decoded again by later ones.
+	f2 := openTestFS(t)
+	f2.dirs.max = 64
+	m2, _ := mountNew(t, f2, "main", map[string]string{"d/s1/": "", "d/f": "f"})
+	for i := 0; i < 2; i++ {
+		if err := syscall.Lstat(filepath.Join(m2.Dir(), "d"), &st); err != nil || st.Nlink != 3 {
+			t.Fatalf("uncached d: link count %d (%v), want 3", st.Nlink, err)
+		}
+	}
+	b2 := m2.b
+	b2.mu.Lock()
+	d2 := b2.root.children["d"]
+	loaded = d2 != nil && d2.loaded
+	b2.mu.Unlock()
+	if !loaded {
+		t.Error("a directory too big for the cache stayed unloaded after a stat: each stat would decode it again")
 	}
 }
