@@ -23,7 +23,6 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"golang.org/x/sys/unix"
 
 	"tine/internal/atomicfile"
 )
@@ -169,7 +168,7 @@ func (s *Store) Add(ctx context.Context, img v1.Image, name string) (*Image, err
 	if err := writeJSON(filepath.Join(tmp, "image.json"), im); err != nil {
 		return nil, fmt.Errorf("image %s: %w", name, err)
 	}
-	if err := syncFS(tmp); err != nil {
+	if err := atomicfile.SyncFS(tmp); err != nil {
 		return nil, fmt.Errorf("image %s: %w", name, err)
 	}
 	s.mu.Lock()
@@ -353,15 +352,4 @@ func readJSON(path string, v any) error {
 		return fmt.Errorf("%s: more than %d bytes", path, maxJSON)
 	}
 	return json.Unmarshal(b, v)
-}
-
-// syncFS writes out the file system holding dir (the unpacked files
-// among what it holds).
-func syncFS(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return unix.Syncfs(int(f.Fd()))
 }

@@ -926,60 +926,6 @@ func (m *Manager) forkFrom(ctx context.Context, name string, s *SnapshotInfo, na
 // the disk (fsync) and on the kernel.
 const forkParallel = 16
 
-// Rollback returns the sandbox to snapshot id (its id or its label),
-// which must be one of its own: the project and OS layer become the snapshot's and its processes
-// start again.
-func (m *Manager) Rollback(ctx context.Context, name, id string) error {
-	done, err := m.ops.enter()
-	if err != nil {
-		return err
-	}
-	defer done()
-	s, err := m.findSnapshot(name, id)
-	if err != nil {
-		return fmt.Errorf("rollback sandbox %q: %w", name, err)
-	}
-	id = s.ID
-	info, err := m.Get(name)
-	if err != nil {
-		return err
-	}
-	snap, err := m.fs.Resolve(ctx, s.FS)
-	if err != nil {
-		return err
-	}
-	rt, err := m.runtimeOf(info)
-	if err != nil {
-		return fmt.Errorf("rollback: %w", err)
-	}
-	wasRunning := false
-	if _, err := m.running(name); err == nil {
-		wasRunning = true
-	}
-	if err := m.Stop(ctx, name); err != nil {
-		return err
-	}
-	old := m.rtDir(name) + ".old"
-	if err := os.Rename(m.rtDir(name), old); err != nil {
-		return fmt.Errorf("rollback sandbox %q: %w", name, err)
-	}
-	if err := rt.CopyState(ctx, filepath.Join(m.snapDir(id), "runtime"), m.rtDir(name)); err != nil {
-		os.RemoveAll(m.rtDir(name))
-		return errors.Join(fmt.Errorf("rollback sandbox %q: %w", name, err), os.Rename(old, m.rtDir(name)))
-	}
-	if err := os.RemoveAll(old); err != nil {
-		return fmt.Errorf("rollback sandbox %q: remove the old layer: %w", name, err)
-	}
-	if err := m.fs.Rollback(ctx, info.Branch, snap); err != nil {
-		return fmt.Errorf("rollback sandbox %q: %w", name, err)
-	}
-	m.audit(name, "rollback", map[string]any{"snapshot": id})
-	if wasRunning {
-		return m.Start(ctx, name)
-	}
-	return nil
-}
-
 // Diff lists the project's changes since snapshot snap of the sandbox (its
 // id or its label), or since its origin when snap is "".
 func (m *Manager) Diff(ctx context.Context, name, snap string) ([]cowfs.Change, error) {

@@ -19,15 +19,19 @@ import (
 //   - a sandbox directory without sandbox.json (Create or Fork
 //     interrupted before the sandbox existed): its branch and directory
 //     are deleted;
-//   - runtime.old beside a sandbox's runtime directory (Rollback
-//     interrupted): put back when the runtime directory is missing,
-//     deleted otherwise;
+//   - a rollback interrupted after its rollback.json was written:
+//     finished; a copy of an OS layer (runtime.new) one left before
+//     that: deleted (rollback.go);
+//   - runtime.old beside a sandbox's runtime directory (a rollback of an
+//     earlier version of tine interrupted): put back when the runtime
+//     directory is missing, deleted otherwise;
 //   - a sandbox whose branch is missing (made deferred by Create or Fork,
 //     and lost by a crash before any commit of the store): made again
 //     from the sandbox's origin snapshot, which is all it held;
 //   - a snapshot directory without snapshot.json (Snapshot interrupted):
 //     deleted;
-//   - temporary metadata files: deleted.
+//   - temporary files and directories (".tmp-" names: metadata, and
+//     copies of OS layers): deleted.
 //
 // Entries whose names could not be tine's are left alone and reported.
 func (m *Manager) recover(ctx context.Context) error {
@@ -79,8 +83,16 @@ sandboxes:
 		} else if remade, err := m.remakeBranch(ctx, info); err != nil {
 			// The others still open: this one is reported and can be removed.
 			did("sandbox %q: its branch is missing and was not made again (%v); it cannot start: remove it", name, err)
-		} else if remade {
-			did("sandbox %q: its branch, made just before a crash and never committed, was lost; made it again from its origin snapshot", name)
+		} else {
+			if remade {
+				did("sandbox %q: its branch, made just before a crash and never committed, was lost; made it again from its origin snapshot", name)
+			}
+			if what, err := m.recoverRollback(ctx, info); err != nil {
+				errs = append(errs, fmt.Errorf("sandbox %q: %w", name, err))
+				continue
+			} else if what != "" {
+				did("%s", what)
+			}
 		}
 		old := m.rtDir(name) + ".old"
 		if _, err := os.Lstat(old); err == nil {
@@ -158,13 +170,13 @@ type Reclaimer interface {
 // m.id differs between state roots.
 func (m *Manager) instanceID(name string) string { return "tine-" + m.id + "-" + name }
 
-// removeTemps deletes the temporary files writeJSON leaves when
-// interrupted.
+// removeTemps deletes what writeJSON and Runtime.CopyState leave when
+// interrupted: files and directories whose names start with ".tmp-".
 func removeTemps(dir string) {
 	ents, _ := os.ReadDir(dir)
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), ".tmp-") {
-			os.Remove(filepath.Join(dir, e.Name()))
+			os.RemoveAll(filepath.Join(dir, e.Name()))
 		}
 	}
 }

@@ -202,8 +202,10 @@ type Runtime interface {
 	// is made (from Seed when given).
 	Start(ctx context.Context, spec Spec) (Instance, error)
 	// CopyState copies a sandbox's runtime state (Spec.Dir) from one
-	// directory to another that does not exist yet. The sandbox owning
-	// from is stopped or frozen.
+	// directory to another that does not exist yet, atomically and
+	// durably: after a crash, to is missing or whole (and what is left
+	// beside it has a name starting with ".tmp-"). The sandbox owning from
+	// is stopped or frozen.
 	CopyState(ctx context.Context, from, to string) error
 }
 

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"golang.org/x/sys/unix"
 )
 
 // WriteFile replaces path with data, atomically and durably. The file is
@@ -54,4 +56,16 @@ func SyncDir(dir string) error {
 		err = cerr
 	}
 	return err
+}
+
+// SyncFS writes out every dirty file of the file system holding path
+// (syncfs(2)): one call makes a whole tree of new files durable, where an
+// fsync of each file and directory would take one disk flush apiece.
+func SyncFS(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Syncfs(int(f.Fd()))
 }

@@ -138,3 +138,42 @@ func TestCopyLayer(t *testing.T) {
 		})
 	}
 }
+
+// TestCopyStateAtomic: CopyState puts a whole copy at its destination or
+// nothing: a copy cut short (its context cancelled) leaves neither the
+// destination nor its temporary directory, and a temporary directory
+// that a crash left is replaced.
+func TestCopyStateAtomic(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: whiteouts, owners and trusted.* attributes")
+	}
+	base := t.TempDir()
+	from := filepath.Join(base, "from")
+	makeLayer(t, filepath.Join(from, upperDir), 3)
+	var r Runtime
+	to := filepath.Join(base, "to")
+	tmp := filepath.Join(base, ".tmp-to")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.CopyState(ctx, from, to); err == nil {
+		t.Fatal("a cancelled copy succeeded")
+	}
+	for _, p := range []string{to, tmp} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Fatalf("%s left by a copy cut short", p)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(tmp, upperDir, "stale"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CopyState(context.Background(), from, to); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(tmp); err == nil {
+		t.Fatalf("%s left after the copy", tmp)
+	}
+	want, got := manifest(t, filepath.Join(from, upperDir)), manifest(t, filepath.Join(to, upperDir))
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("copy differs from its source:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -22,6 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tine/internal/atomicfile"
 	"tine/internal/nsinit"
 	"tine/sandbox"
 	"tine/sandbox/internal/cgroup"
@@ -356,11 +357,33 @@ func (in *instance) Stop(ctx context.Context) error {
 // CopyState copies the sandbox's upper layer from one runtime directory to
 // a new one, keeping owners, modes, xattrs (overlayfs's own among them),
 // whiteouts and hard links, with reflinks where the file system has them.
+// The copy is atomic and durable: it is made in a temporary directory
+// beside to, written out with syncfs and renamed into
+// place, so that after a crash to is either missing or whole (and a
+// directory named ".tmp-" and to's name may be left beside it).
 func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
-	if err := os.MkdirAll(to, 0o700); err != nil {
+	tmp := filepath.Join(filepath.Dir(to), ".tmp-"+filepath.Base(to))
+	if err := os.RemoveAll(tmp); err != nil {
 		return fmt.Errorf("copy sandbox state to %s: %w", to, err)
 	}
-	return copyLayer(ctx, filepath.Join(from, upperDir), filepath.Join(to, upperDir))
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
+		return fmt.Errorf("copy sandbox state to %s: %w", to, err)
+	}
+	err := copyLayer(ctx, filepath.Join(from, upperDir), filepath.Join(tmp, upperDir))
+	if err == nil {
+		err = atomicfile.SyncFS(tmp)
+	}
+	if err == nil {
+		err = os.Rename(tmp, to)
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		return fmt.Errorf("copy sandbox state to %s: %w", to, err)
+	}
+	if err := atomicfile.SyncDir(filepath.Dir(to)); err != nil {
+		return fmt.Errorf("copy sandbox state to %s: %w", to, err)
+	}
+	return nil
 }
 
 // tail keeps the last 4 KiB written to it: the init step's and the

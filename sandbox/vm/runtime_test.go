@@ -106,7 +106,7 @@ func TestCopyStateOfStoppedState(t *testing.T) {
 	}
 	to := filepath.Join(dir, "b")
 	// A temporary directory left by a copy cut short is replaced.
-	stale := filepath.Join(dir, ".b.tmp")
+	stale := filepath.Join(dir, ".tmp-b")
 	os.MkdirAll(filepath.Join(stale, imageDir), 0o700)
 	os.WriteFile(filepath.Join(stale, manifestName), []byte("{half"), 0o600)
 	if err := r.CopyState(ctx, from, to); err != nil {

@@ -81,7 +81,7 @@ func (r *Runtime) writeState(to string, fill func(tmp string) (manifest, error))
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(filepath.Dir(abs), "."+filepath.Base(abs)+".tmp")
+	tmp := filepath.Join(filepath.Dir(abs), ".tmp-"+filepath.Base(abs))
 	if err := os.RemoveAll(tmp); err != nil {
 		return fmt.Errorf("vm runtime: %w", err)
 	}
