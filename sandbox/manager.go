@@ -351,6 +351,9 @@ func (m *Manager) Start(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	if _, err := os.Lstat(m.rollbackFile(name)); err == nil {
+		return fmt.Errorf("start sandbox %q: a rollback of it did not finish: run the rollback again, or restart the daemon, which finishes it", name)
+	}
 	if err := m.start(ctx, info, ""); err != nil {
 		return err
 	}

@@ -19,12 +19,13 @@ import (
 //   - a sandbox directory without sandbox.json (Create or Fork
 //     interrupted before the sandbox existed): its branch and directory
 //     are deleted;
-//   - a rollback interrupted after its rollback.json was written:
-//     finished; a copy of an OS layer (runtime.new) one left before
-//     that: deleted (rollback.go);
-//   - runtime.old beside a sandbox's runtime directory (a rollback of an
-//     earlier version of tine interrupted): put back when the runtime
-//     directory is missing, deleted otherwise;
+//   - a rollback interrupted (its rollback.json left): finished when the
+//     snapshot's OS layer was wholly copied, undone otherwise
+//     (rollback.go);
+//   - runtime.old beside a sandbox's runtime directory without
+//     rollback.json (a rollback interrupted in its cleanup, or one of an
+//     earlier tine): put back when the runtime directory is missing,
+//     deleted otherwise;
 //   - a sandbox whose branch is missing (made deferred by Create or Fork,
 //     and lost by a crash before any commit of the store): made again
 //     from the sandbox's origin snapshot, which is all it held;

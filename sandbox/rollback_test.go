@@ -15,10 +15,10 @@ import (
 )
 
 // TestRollbackCrashRecovery: a rollback cut short by a crash is undone
-// when it had not begun (the snapshot's OS layer copied, rollback.json not
-// written) and finished when it had, wherever it stopped: the OS layer and
-// the project then both hold the snapshot's files, never one without the
-// other.
+// when the snapshot's OS layer was not yet wholly copied, and finished
+// when it was: the OS layer and the project then both hold the snapshot's
+// files, or both what they held before, never one without the other. A
+// sandbox whose rollback did not finish does not start.
 func TestRollbackCrashRecovery(t *testing.T) {
 	e := newEnv(t, 0)
 	ctx := context.Background()
@@ -66,7 +66,7 @@ func TestRollbackCrashRecovery(t *testing.T) {
 		if err := e.m.Start(ctx, "r"); err != nil {
 			t.Fatal(err)
 		}
-		for _, p := range []string{"rollback.json", "runtime.new", ".tmp-runtime.new"} {
+		for _, p := range []string{"rollback.json", "runtime.old", ".tmp-runtime"} {
 			if _, err := os.Lstat(filepath.Join(dir, p)); err == nil {
 				t.Errorf("%s left after recovery", p)
 			}
@@ -74,34 +74,58 @@ func TestRollbackCrashRecovery(t *testing.T) {
 		return strings.Join(e.m.Recovered(), "\n"), e.mustSh("r", fmt.Sprintf("cat %s/f /etc/tine-rb", e.project))
 	}
 
-	// Copied, half into its temporary directory and whole beside the
-	// layer, but not marked: nothing changes.
-	rec, got := crash(func() {
-		copyLayer(filepath.Join(dir, "runtime.new"))
-		copyLayer(filepath.Join(dir, ".tmp-runtime.new"))
-	})
-	if got != "two\ntwo\n" || !strings.Contains(rec, "removed the OS layer") {
-		t.Fatalf("rollback cut short before it began: files %q, recovered %q", got, rec)
-	}
-	// Marked, the layer not yet moved: finished.
-	rec, got = crash(func() {
-		copyLayer(filepath.Join(dir, "runtime.new"))
-		mark()
-	})
-	if got != "one\none\n" || !strings.Contains(rec, "finished its rollback to "+s.ID) {
-		t.Fatalf("rollback cut short after rollback.json: files %q, recovered %q", got, rec)
-	}
-	// Marked, the layer moved, the project not yet rolled back: finished.
-	write("three")
-	rec, got = crash(func() {
-		if err := os.RemoveAll(filepath.Join(dir, "runtime")); err != nil {
+	rt := filepath.Join(dir, "runtime")
+	old := filepath.Join(dir, "runtime.old")
+	moveAside := func() {
+		t.Helper()
+		if err := os.Rename(rt, old); err != nil {
 			t.Fatal(err)
 		}
-		copyLayer(filepath.Join(dir, "runtime"))
+	}
+	// Marked, the layer not yet moved aside: undone.
+	rec, got := crash(mark)
+	if got != "two\ntwo\n" || !strings.Contains(rec, "it was undone") {
+		t.Fatalf("rollback cut short after rollback.json: files %q, recovered %q", got, rec)
+	}
+	// Moved aside, the snapshot's layer half copied: undone.
+	rec, got = crash(func() {
 		mark()
+		moveAside()
+		copyLayer(filepath.Join(dir, ".tmp-runtime"))
 	})
-	if got != "one\none\n" || !strings.Contains(rec, "finished its rollback") {
+	if got != "two\ntwo\n" || !strings.Contains(rec, "it was undone") {
+		t.Fatalf("rollback cut short in the copy: files %q, recovered %q", got, rec)
+	}
+	// Copied, the project not yet rolled back: finished.
+	rec, got = crash(func() {
+		mark()
+		moveAside()
+		copyLayer(rt)
+	})
+	if got != "one\none\n" || !strings.Contains(rec, "finished its rollback to "+s.ID) {
 		t.Fatalf("rollback cut short before the project's: files %q, recovered %q", got, rec)
+	}
+	// Done but for the old layer's removal: it is removed.
+	write("three")
+	rec, got = crash(func() {
+		if err := os.MkdirAll(old, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if got != "three\nthree\n" || !strings.Contains(rec, "removed the old OS layer") {
+		t.Fatalf("rollback cut short in its cleanup: files %q, recovered %q", got, rec)
+	}
+	// A sandbox whose rollback did not finish does not start.
+	if err := e.m.Stop(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	mark()
+	if err := e.m.Start(ctx, "r"); err == nil || !strings.Contains(err.Error(), "rollback of it did not finish") {
+		t.Fatalf("start with rollback.json: %v", err)
+	}
+	os.Remove(filepath.Join(dir, "rollback.json"))
+	if err := e.m.Start(ctx, "r"); err != nil {
+		t.Fatal(err)
 	}
 	// A finished rollback leaves nothing that a later restart would
 	// roll back again.
