@@ -523,7 +523,12 @@ func (m *Manager) Remove(ctx context.Context, name string) error {
 	// The metadata goes first, so that List does not show a sandbox whose
 	// branch is being deleted (Open's recovery finishes a removal cut
 	// after this).
+	// Its removal is made durable before the branch goes: a sandbox.json
+	// back after a crash, its branch gone, would look like a sandbox whose
+	// new branch was lost, and be made again.
 	if err := os.Remove(filepath.Join(m.dir(name), "sandbox.json")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	} else if err := atomicfile.SyncDir(m.dir(name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
 	if err := m.fs.DeleteBranch(ctx, branchName(name)); err != nil && !errors.Is(err, cowfs.ErrNoBranch) {
@@ -823,7 +828,17 @@ func (m *Manager) RemoveSnapshot(id string) error {
 	if _, err := m.GetSnapshot(id); err != nil {
 		return err
 	}
-	return os.RemoveAll(m.snapDir(id))
+	// snapshot.json goes first, durably: a removal cut short then leaves
+	// a directory that Open deletes, never a listed snapshot with part of
+	// its OS layer.
+	dir := m.snapDir(id)
+	if err := os.Remove(filepath.Join(dir, "snapshot.json")); err != nil {
+		return fmt.Errorf("remove snapshot %s: %w", id, err)
+	}
+	if err := atomicfile.SyncDir(dir); err != nil {
+		return fmt.Errorf("remove snapshot %s: %w", id, err)
+	}
+	return os.RemoveAll(dir)
 }
 
 // Fork makes n new running sandboxes, NAME-1 .. NAME-n (or o.Names),
