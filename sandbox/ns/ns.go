@@ -115,6 +115,8 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 		}
 	} else if spec.Seed != "" {
 		return nil, fmt.Errorf("start sandbox %s: state %s exists, so it cannot start from %s", spec.ID, spec.Dir, spec.Seed)
+	} else if err := finishForkLayer(spec.Dir); err != nil {
+		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
 	if err := makeStateDirs(spec.Dir); err != nil {
 		return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)

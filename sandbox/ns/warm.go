@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tine/internal/atomicfile"
 	"tine/internal/nsinit"
 
 	"tine/guestagent/client"
@@ -346,7 +347,16 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		// A seed cannot go into the layer already mounted (overlayfs
 		// caches what it looked up): the bind builds a new root over a
 		// copy of it (docs/adr/0093).
-		if err := copyLayer(ctx, filepath.Join(spec.Seed, upperDir), filepath.Join(spec.Dir, forkUpper)); err != nil {
+		// Copied whole and durably before it takes its name, as CopyState
+		// does: a fork's OS layer survives a crash once the fork is made.
+		tmp := filepath.Join(spec.Dir, ".tmp-"+forkUpper)
+		if err := copyLayer(ctx, filepath.Join(spec.Seed, upperDir), tmp); err != nil {
+			return err
+		}
+		if err := atomicfile.SyncFS(tmp); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, filepath.Join(spec.Dir, forkUpper)); err != nil {
 			return err
 		}
 		if err := os.Mkdir(filepath.Join(spec.Dir, forkWork), 0o700); err != nil {
@@ -428,6 +438,27 @@ func swapForkLayer(dir string) error {
 			return fmt.Errorf("fork layer: %w", err)
 		}
 		os.RemoveAll(old)
+	}
+	return atomicfile.SyncDir(dir)
+}
+
+// finishForkLayer completes, in a stopped sandbox's state directory dir,
+// a swapForkLayer that a crash cut short: a fork's layer, whole once it
+// has its name, replaces the warm root's, and what the swap would have
+// removed goes.
+func finishForkLayer(dir string) error {
+	if _, err := os.Lstat(filepath.Join(dir, forkUpper)); err == nil {
+		if err := os.RemoveAll(filepath.Join(dir, upperDir)); err != nil {
+			return fmt.Errorf("fork layer: %w", err)
+		}
+		if err := os.Rename(filepath.Join(dir, forkUpper), filepath.Join(dir, upperDir)); err != nil {
+			return fmt.Errorf("fork layer: %w", err)
+		}
+	}
+	for _, n := range []string{forkWork, upperDir + ".warm", workDir + ".warm", ".tmp-" + forkUpper} {
+		if err := os.RemoveAll(filepath.Join(dir, n)); err != nil {
+			return fmt.Errorf("fork layer: %w", err)
+		}
 	}
 	return nil
 }

@@ -237,3 +237,49 @@ func warmRuntime(t *testing.T, userns bool, limit time.Duration) (*Runtime, stri
 	t.Cleanup(func() { w.Close() })
 	return rt, dir, ctx
 }
+
+// TestFinishForkLayer: a start finds the state a crash leaves in the
+// middle of a warm fork's layer swap and completes it: the fork's layer,
+// not the warm root's, becomes the sandbox's.
+func TestFinishForkLayer(t *testing.T) {
+	for _, cut := range []string{"before the swap", "between its renames"} {
+		t.Run(cut, func(t *testing.T) {
+			dir := t.TempDir()
+			mk := func(p, content string) {
+				t.Helper()
+				if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, p), []byte(content), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			mk(filepath.Join(forkUpper, "etc", "f"), "fork")
+			mk(filepath.Join(forkWork, "x"), "")
+			mk(filepath.Join(".tmp-"+forkUpper, "etc", "f"), "half")
+			if cut == "before the swap" {
+				mk(filepath.Join(upperDir, "etc", "warm"), "")
+			} else {
+				mk(filepath.Join(upperDir+".warm", "etc", "warm"), "")
+			}
+			if err := finishForkLayer(dir); err != nil {
+				t.Fatal(err)
+			}
+			if b, err := os.ReadFile(filepath.Join(dir, upperDir, "etc", "f")); err != nil || string(b) != "fork" {
+				t.Fatalf("the fork's file after the swap was finished: %q, %v", b, err)
+			}
+			for _, n := range []string{forkUpper, forkWork, upperDir + ".warm", ".tmp-" + forkUpper, filepath.Join(upperDir, "etc", "warm")} {
+				if _, err := os.Lstat(filepath.Join(dir, n)); err == nil {
+					t.Errorf("%s left", n)
+				}
+			}
+			// Done again, it changes nothing.
+			if err := finishForkLayer(dir); err != nil {
+				t.Fatal(err)
+			}
+			if b, err := os.ReadFile(filepath.Join(dir, upperDir, "etc", "f")); err != nil || string(b) != "fork" {
+				t.Fatalf("after a second pass: %q, %v", b, err)
+			}
+		})
+	}
+}
