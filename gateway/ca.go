@@ -14,6 +14,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"tine/internal/atomicfile"
 )
 
 // CA is a sandbox's own certificate authority: the gateway terminates the
@@ -64,7 +66,8 @@ func newCA(der []byte, key *ecdsa.PrivateKey) (*CA, error) {
 }
 
 // LoadOrNewCA reads the CA kept at path (certificate and key, PEM), or
-// makes one and writes it there (mode 0600) when there is none.
+// makes one and writes it there (mode 0600, atomically and durably: the
+// sandbox's OS layer comes to trust it) when there is none.
 func LoadOrNewCA(path, sandbox string) (*CA, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -77,7 +80,7 @@ func LoadOrNewCA(path, sandbox string) (*CA, error) {
 			return nil, err
 		}
 		out := append(ca.CertPEM(), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})...)
-		if err := os.WriteFile(path, out, 0o600); err != nil {
+		if err := atomicfile.WriteFile(path, out, 0o600); err != nil {
 			return nil, fmt.Errorf("sandbox CA: write %s: %w", path, err)
 		}
 		return ca, nil

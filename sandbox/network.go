@@ -15,6 +15,7 @@ import (
 
 	"tine/gateway"
 	"tine/guestagent/proto"
+	"tine/internal/atomicfile"
 	"tine/netpolicy"
 )
 
@@ -76,7 +77,7 @@ func (m *Manager) initNetwork(name string, p *netpolicy.Policy, forkedFrom strin
 		}
 		// The fork's layer already trusts the parent's CA: it keeps it.
 		if b, err := os.ReadFile(m.caFile(forkedFrom)); err == nil {
-			if err := os.WriteFile(m.caFile(name), b, 0o600); err != nil {
+			if err := atomicfile.WriteFile(m.caFile(name), b, 0o600); err != nil {
 				return err
 			}
 		}
