@@ -164,8 +164,14 @@ func (b *branch) open(name string, pre *stateDir) (used bool, err error) {
 	var lk *os.File
 	var meta branchMeta
 	if pre != nil && os.Rename(pre.path, dir) == nil {
-		// A new state directory: no overlay files, no settings file.
+		// A new state directory: no overlay files and no settings file,
+		// but the branch's settings (a quota set before its first mount)
+		// may be in the store.
 		lk, used = pre.lock, true
+		if meta, err = f.readMeta(name); err != nil {
+			lk.Close()
+			return used, err
+		}
 	} else {
 		// The overlay directory is made by the first write (a directory
 		// costs a metadata update, which is slow next to the rest of a

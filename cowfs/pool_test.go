@@ -338,3 +338,35 @@ func TestPoolSkipsPlaceholderUnmountedFromOutside(t *testing.T) {
 		t.Fatalf("fork (-want +got):\n%s", diff)
 	}
 }
+
+// TestPoolMountKeepsQuota: a branch whose quota was set before its first
+// mount keeps it when a pooled mount binds it (the pool's ready-made state
+// directory holds no settings, but the store does).
+func TestPoolMountKeepsQuota(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	snap := importTree(t, f, poolFiles)
+	ctx := context.Background()
+	if err := f.Branch(ctx, snap, "q"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetQuota(ctx, "q", 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	p := newTestPool(t, f, 1)
+	m, err := p.Mount(ctx, "q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Unmount() })
+	err = os.WriteFile(filepath.Join(m.Dir(), "big"), make([]byte, 1<<20), 0o644)
+	if !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EDQUOT) {
+		t.Fatalf("1 MiB into a 64 KiB quota through a pooled mount: %v", err)
+	}
+	if err := m.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	if _, q, err := f.BranchUsage(ctx, "q"); err != nil || q != 64<<10 {
+		t.Fatalf("quota after the mount: %d, %v", q, err)
+	}
+}

@@ -308,15 +308,34 @@ func TestMemoryHogModest(t *testing.T) {
 	t.Log("512 MiB held with no memory limit: the host survived")
 }
 
-// TestDiskFill: the project stops at its quota with ENOSPC; writes
-// outside the project land in the sandbox's upper layer, not on the
-// host's files (their bound: TestLayerBound, TestTmpfsBounds).
+// TestDiskFill: the project stops at its quota with ENOSPC, on a mount
+// of its own or a pooled one, and so does a fork's; writes outside the
+// project land in the sandbox's upper layer, not on the host's files
+// (their bound: TestLayerBound, TestTmpfsBounds).
 func TestDiskFill(t *testing.T) {
-	e := newEnv(t, 0)
+	for _, pool := range []int{0, 2} {
+		t.Run(fmt.Sprintf("pool=%d", pool), func(t *testing.T) { testDiskFill(t, pool) })
+	}
+}
+
+func testDiskFill(t *testing.T, pool int) {
+	e := newEnv(t, pool)
 	e.create("fill", sandbox.Limits{ProjectBytes: 1 << 20})
 	out, code := e.sh("fill", fmt.Sprintf("head -c 4194304 /dev/zero > %s/fill", e.project))
 	if code == 0 || !strings.Contains(out, "No space left") {
 		t.Fatalf("4 MiB into a 1 MiB project: exit %d: %q", code, out)
+	}
+	e.mustSh("fill", fmt.Sprintf("rm %s/fill", e.project))
+	forks, err := e.m.Fork(context.Background(), "fill", sandbox.ForkOptions{N: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, code = e.sh(forks[0].Name, fmt.Sprintf("head -c 4194304 /dev/zero > %s/fill", e.project))
+	if code == 0 || !strings.Contains(out, "No space left") {
+		t.Fatalf("4 MiB into a fork of a 1 MiB project: exit %d: %q", code, out)
+	}
+	if pool > 0 {
+		return // the rest is the same with a pool
 	}
 	if _, err := os.Stat(filepath.Join(e.project, "fill")); err == nil {
 		t.Fatal("the fill reached the host project")
