@@ -145,3 +145,64 @@ func TestOpenRefusesLooseStateRoot(t *testing.T) {
 		}
 	}
 }
+
+// TestModeZero: a file or directory with no permission bits shows mode 0
+// and is closed to other users, as on any file system (go-fuse shows
+// 0644/0755 for a zero mode unless told not to).
+func TestModeZero(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	ctx := context.Background()
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"imported": "secret\n"})
+	os.Chmod(src, 0o755)
+	os.Chmod(filepath.Join(src, "imported"), 0)
+	snap, err := f.Import(ctx, src, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Branch(ctx, snap, "z"); err != nil {
+		t.Fatal(err)
+	}
+	parent, err := os.MkdirTemp("", "cowfs-mode0-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(parent)
+	os.Chmod(parent, 0o755)
+	mnt := filepath.Join(parent, "mnt")
+	os.Mkdir(mnt, 0o755)
+	m, err := f.Mount(ctx, "z", mnt, &MountOptions{AllowOther: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Unmount()
+	if err := os.WriteFile(filepath.Join(mnt, "written"), []byte("secret\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(mnt, "dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"written", "dir"} {
+		if err := os.Chmod(filepath.Join(mnt, n), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range []string{"imported", "written", "dir"} {
+		st, err := os.Stat(filepath.Join(mnt, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != 0 {
+			t.Errorf("%s: mode %v after chmod 0", n, st.Mode())
+		}
+	}
+	if err := asNobody("stat", filepath.Join(mnt, "written")); err != nil {
+		t.Fatalf("nobody cannot stat in the mount at all, so the checks below prove nothing: %v", err)
+	}
+	for _, c := range [][]string{{"cat", filepath.Join(mnt, "imported")}, {"cat", filepath.Join(mnt, "written")}, {"ls", filepath.Join(mnt, "dir")}} {
+		if err := asNobody(c[0], c[1:]...); err == nil {
+			t.Errorf("nobody ran %q on a mode 000 entry", c)
+		}
+	}
+}

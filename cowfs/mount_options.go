@@ -65,6 +65,10 @@ func fuseOptions(fsName string, opts *MountOptions) *gofs.Options {
 		AttrTimeout:     &to,
 		NegativeTimeout: &to,
 		RootStableAttr:  &gofs.StableAttr{Ino: 1},
+		// Mode 000 is a mode like any other: without this go-fuse shows
+		// a file with no permission bits as 0644 and a directory as 0755,
+		// and the kernel's permission checks follow what it shows.
+		NullPermissions: true,
 		MountOptions: fuse.MountOptions{
 			FsName:      fsName,
 			Name:        "cowfs",
