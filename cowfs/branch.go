@@ -795,8 +795,9 @@ func (b *branch) toOverlay(in *inode, a, e int64) error {
 	return nil
 }
 
-// truncate sets a file's size; growth is charged to the quota as if
-// written, though it stores nothing (a hole). Caller holds b.mu.
+// truncate sets a file's size, and its mtime and ctime to now even when
+// the size stays; growth is charged to the quota as if written, though it
+// stores nothing (a hole). Caller holds b.mu.
 func (b *branch) truncate(in *inode, n int64) error {
 	if n < 0 {
 		return limitErr(syscall.EFBIG, "size %d out of range", n)
@@ -806,7 +807,12 @@ func (b *branch) truncate(in *inode, n int64) error {
 		return err
 	}
 	if n == in.size {
-		return nil
+		// Nothing to cut or grow, but a truncation (O_TRUNC, ftruncate)
+		// marks the file changed all the same, as Linux does: make and its
+		// kind compare these times.
+		t := nowNs()
+		in.mtime, in.ctime = t, t
+		return b.touch(in)
 	}
 	if n < in.size && b.needsLog(fd) {
 		if _, err := b.commitRefs(context.Background(), false); err != nil {

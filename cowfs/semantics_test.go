@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -542,5 +543,47 @@ func TestVerifyReportsDamage(t *testing.T) {
 	}
 	if len(want) > 0 {
 		t.Errorf("problems not reported at %v (stats %+v)", want, st)
+	}
+}
+
+// TestTruncateSameSizeSetsTimes: a truncation that leaves the size as it
+// is (ftruncate to the size, O_TRUNC of an empty file) still sets mtime
+// and ctime to now, as Linux file systems do: make decides on them.
+func TestTruncateSameSizeSetsTimes(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	m, _ := mountNew(t, f, "main", map[string]string{"three": "abc", "empty": ""})
+	old := time.Unix(1000, 0)
+	for _, c := range []struct {
+		name string
+		op   func(p string) error
+	}{
+		{"three", func(p string) error { return os.Truncate(p, 3) }},
+		{"empty", func(p string) error {
+			fh, err := os.OpenFile(p, os.O_WRONLY|os.O_TRUNC, 0)
+			if err == nil {
+				err = fh.Close()
+			}
+			return err
+		}},
+	} {
+		p := filepath.Join(m.Dir(), c.name)
+		if err := os.Chtimes(p, old, old); err != nil {
+			t.Fatal(err)
+		}
+		before := time.Now().Add(-time.Second)
+		if err := c.op(p); err != nil {
+			t.Fatal(err)
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		if mt := time.Unix(st.Mtim.Unix()); mt.Before(before) {
+			t.Errorf("%s: mtime %v after a truncation to its size, want now", c.name, mt)
+		}
+		if ct := time.Unix(st.Ctim.Unix()); ct.Before(before) {
+			t.Errorf("%s: ctime %v after a truncation to its size, want now", c.name, ct)
+		}
 	}
 }
