@@ -101,7 +101,9 @@ type branch struct {
 	passthrough bool
 	backings    *backings // the mount's registered backing files
 	rootNode    *node
-	keepCache   bool // plain opens and directory opens keep the kernel's caches (MountOptions.NoKeepCache)
+	mountDir    string         // where the mount serving b is (serve)
+	writing     map[*inode]int // files open for writing: their handles (see flushMapped)
+	keepCache   bool           // plain opens and directory opens keep the kernel's caches (MountOptions.NoKeepCache)
 
 	chunkCache map[chunkstore.ID][]byte // small cache of decoded chunks
 	chunkOrder []chunkstore.ID
@@ -132,7 +134,7 @@ func (f *FS) newBranch() *branch {
 	root := &inode{ino: 1, typ: TypeDir, mode: 0o755, parents: map[*inode]int{},
 		loaded: true, children: map[string]*inode{}}
 	return &branch{fs: f, root: root, nextIno: 2, linked: map[uint64]*inode{},
-		chunkCache: map[chunkstore.ID][]byte{}, orphans: map[*inode]*inode{}}
+		chunkCache: map[chunkstore.ID][]byte{}, orphans: map[*inode]*inode{}, writing: map[*inode]int{}}
 }
 
 // bound reports whether open has bound b to a branch. Caller holds b.mu

@@ -247,6 +247,9 @@ func (f *FS) Resolve(ctx context.Context, spec string) (SnapshotID, error) {
 // branch head points at it; take a Snapshot to keep it for good.
 func (f *FS) Head(ctx context.Context, branchName string) (SnapshotID, error) {
 	if b := f.liveBranch(branchName); b != nil {
+		if err := b.flushMapped(); err != nil {
+			return SnapshotID{}, err
+		}
 		return b.checkpoint(ctx, false)
 	}
 	if _, ok, err := f.getRef(refPending + branchName); err != nil {
@@ -287,9 +290,13 @@ func (f *FS) mounted(name string) bool {
 
 // Snapshot records the branch's current state as a snapshot and returns
 // its id. It walks nothing and copies no data: for a mounted branch it
-// writes only what changed since the previous commit.
+// writes only what changed since the previous commit, writes made
+// through shared mappings included (mapped.go).
 func (f *FS) Snapshot(ctx context.Context, branchName string) (SnapshotID, error) {
 	if b := f.liveBranch(branchName); b != nil {
+		if err := b.flushMapped(); err != nil {
+			return SnapshotID{}, err
+		}
 		id, err := b.snapshot(ctx)
 		if err != nil {
 			return id, fmt.Errorf("snapshot %q: %w", branchName, err)

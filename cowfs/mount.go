@@ -88,6 +88,7 @@ func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, e
 	b.backings = f.newBackings()
 	root := &node{b: b, in: b.root}
 	b.rootNode = root
+	b.mountDir = dir
 	srv, conn, id, err := mountFUSE(dir, root, b.backings, fuseOptions(fsName+"@"+f.tag, opts), !opts.NoURing)
 	if err != nil {
 		b.backings.forget()
@@ -562,6 +563,19 @@ type handle struct {
 	bk   *backing // the backing file the kernel serves it with (kinds 1 and 2)
 	kind int      // 0 plain, 1 passthrough, 2 direct
 	keep bool     // a plain open keeps the kernel's page cache
+	// writer: opened for writing, so it may back a shared writable
+	// mapping, whose dirty pages the kernel holds (see flushMapped)
+	writer bool
+}
+
+// newHandle makes the handle of an open of in with flags and counts it
+// among the branch's writers if it may write. Caller holds b.mu.
+func (b *branch) newHandle(n *node, in *inode, flags uint32, keep bool) *handle {
+	h := &handle{n: n, in: in, keep: keep, writer: flags&syscall.O_ACCMODE != syscall.O_RDONLY}
+	if h.writer {
+		b.writing[in]++
+	}
+	return h
 }
 
 var _ gofs.FileReleaser = (*handle)(nil)
@@ -571,6 +585,11 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	h.in.opens--
+	if h.writer {
+		if b.writing[h.in]--; b.writing[h.in] <= 0 {
+			delete(b.writing, h.in)
+		}
+	}
 	if h.kind != 1 {
 		h.in.cachedOpens--
 	}
@@ -629,7 +648,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 			return nil, 0, toErrno(err)
 		}
 	}
-	h := &handle{n: n, in: in, keep: b.keepCache}
+	h := b.newHandle(n, in, flags, b.keepCache)
 	// A passthrough open while the file is unchanged and no cached open
 	// exists (the kernel allows one kind at a time), with the backing of
 	// the passthrough opens there are.
@@ -764,7 +783,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 		return nil, nil, 0, toErrno(err)
 	}
 	ch := n.child(ctx, c, out)
-	h := &handle{n: ch.Operations().(*node), in: c, keep: b.keepCache}
+	h := b.newHandle(ch.Operations().(*node), c, flags, b.keepCache)
 	c.opens++
 	c.cachedOpens++
 	return ch, h, h.openFlags(), 0

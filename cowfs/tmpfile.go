@@ -27,7 +27,7 @@ func (n *node) Tmpfile(ctx context.Context, flags, mode uint32, out *fuse.EntryO
 	c.f.changed = true
 	b.orphans[c] = c
 	ch := n.child(ctx, c, out)
-	h := &handle{n: ch.Operations().(*node), in: c}
+	h := b.newHandle(ch.Operations().(*node), c, flags, false)
 	c.opens++
 	c.cachedOpens++
 	return ch, h, 0, 0
