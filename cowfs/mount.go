@@ -1273,16 +1273,23 @@ func (fd *fileData) seek(pos, size int64, data bool) (int64, bool) {
 	return size, true
 }
 
+// Statfs reports the space the branch can still take: the free space of
+// the disk holding the store, and within it the quota's remainder when
+// the branch has a quota.
 func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	b := n.b
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	const bs = 4096
-	total := uint64(1) << 50
-	free := total
-	if q := b.meta.QuotaBytes; q > 0 {
+	total, free := uint64(1)<<50, uint64(1)<<50
+	var st unix.Statfs_t
+	if unix.Statfs(b.fs.root, &st) == nil {
+		total, free = st.Blocks*uint64(st.Bsize), st.Bavail*uint64(st.Bsize)
+	}
+	b.mu.Lock()
+	q, used := b.meta.QuotaBytes, b.meta.UsedBytes
+	b.mu.Unlock()
+	if q > 0 {
 		total = uint64(q)
-		free = uint64(max(q-b.meta.UsedBytes, 0))
+		free = min(free, uint64(max(q-used, 0)))
 	}
 	out.Bsize, out.Frsize = bs, bs
 	out.Blocks, out.Bfree, out.Bavail = total/bs, free/bs, free/bs

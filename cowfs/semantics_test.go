@@ -587,3 +587,28 @@ func TestTruncateSameSizeSetsTimes(t *testing.T) {
 		}
 	}
 }
+
+// TestStatfsWithoutQuota: a branch with no quota reports the size and
+// free space of the disk that holds the store, not a made-up petabyte,
+// so that programs that check for space before writing are told the
+// truth.
+func TestStatfsWithoutQuota(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	m, _ := mountNew(t, f, "main", map[string]string{"a": "a"})
+	var mnt, disk unix.Statfs_t
+	if err := unix.Statfs(m.Dir(), &mnt); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Statfs(f.Root(), &disk); err != nil {
+		t.Fatal(err)
+	}
+	gotTotal, wantTotal := mnt.Blocks*uint64(mnt.Bsize), disk.Blocks*uint64(disk.Bsize)
+	gotFree, wantFree := mnt.Bavail*uint64(mnt.Bsize), disk.Bavail*uint64(disk.Bsize)
+	if gotTotal > wantTotal || gotTotal < wantTotal-wantTotal/100 {
+		t.Errorf("statfs size %d, the store's disk %d", gotTotal, wantTotal)
+	}
+	if diff := int64(gotFree) - int64(wantFree); diff > 64<<20 || diff < -64<<20 {
+		t.Errorf("statfs free %d, the store's disk %d", gotFree, wantFree)
+	}
+}
