@@ -332,6 +332,9 @@ func TestHostileXattrFlood(t *testing.T) {
 	f := openTestFS(t)
 	m, base := mountNew(t, f, "main", map[string]string{"a": "a"})
 	p := filepath.Join(m.Dir(), "a")
+	if err := unix.Setxattr(p, "user.", nil, 0); !errors.Is(err, syscall.EINVAL) {
+		t.Errorf("setxattr of the bare name %q: %v, want EINVAL", "user.", err)
+	}
 	set, refused := 0, error(nil)
 	for i := 0; i < 65_537; i++ {
 		if err := unix.Setxattr(p, fmt.Sprintf("user.%d", i), nil, 0); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -1298,8 +1299,11 @@ func (n *node) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
 	return 0
 }
 
+// xattrNamespaces are the xattr namespaces cowfs keeps.
+var xattrNamespaces = []string{"user.", "trusted.", "security."}
+
 func xattrAllowed(name string) bool {
-	for _, p := range []string{"user.", "trusted.", "security."} {
+	for _, p := range xattrNamespaces {
 		if len(name) > len(p) && name[:len(p)] == p {
 			return true
 		}
@@ -1325,6 +1329,9 @@ func (n *node) Getxattr(ctx context.Context, attr string, dest []byte) (uint32, 
 }
 
 func (n *node) Setxattr(ctx context.Context, attr string, data []byte, flags uint32) syscall.Errno {
+	if slices.Contains(xattrNamespaces, attr) {
+		return syscall.EINVAL // a namespace with no name in it, as Linux answers
+	}
 	if !xattrAllowed(attr) {
 		return syscall.EOPNOTSUPP
 	}
