@@ -55,8 +55,9 @@ type differ struct {
 	out   []Change
 	stack []dirPair
 	// skip, when set, leaves out a path and everything below it. isDir
-	// is the path's type in the new tree, or in the old one when deleted.
-	skip func(dir *dirPair, p string, isDir bool) (bool, error)
+	// is the path's type in the new tree, or in the old one when deleted;
+	// b is its entry in the new tree (nil when deleted).
+	skip func(dir *dirPair, p string, isDir bool, b *Entry) (bool, error)
 	// enter, when set, prepares a directory pair before its entries are
 	// merged (reads its ignore rules).
 	enter func(parent, dir *dirPair) error
@@ -101,7 +102,7 @@ func (d *differ) run(ea, eb *Entry) error {
 		p := join(top.p, nameOf(a, b))
 		if d.skip != nil {
 			isDir := (b != nil && b.Type == TypeDir) || (b == nil && a.Type == TypeDir)
-			if skip, err := d.skip(top, p, isDir); err != nil || skip {
+			if skip, err := d.skip(top, p, isDir, b); err != nil || skip {
 				if err != nil {
 					return err
 				}

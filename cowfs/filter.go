@@ -9,9 +9,12 @@ import (
 // DiffOptions narrows what DiffWith reports, and so what the patch, tar
 // and promote consumers of a diff carry.
 type DiffOptions struct {
-	// GitInternals reports changes under any ".git" directory. They are
+	// GitInternals reports changes under any ".git" directory, and in any
+	// directory laid out as a git repository (see isGitDir). They are
 	// left out by default: a git command run inside a sandbox rewrites
-	// .git/index and friends, which must never be promoted as files.
+	// .git/index and friends, which must never be promoted as files, and
+	// a repository's config names commands that git runs (core.fsmonitor,
+	// hooks) when someone runs git in that directory on the host.
 	GitInternals bool
 	// GitIgnore leaves out paths that the .gitignore files of the new
 	// snapshot ignore.
@@ -24,7 +27,9 @@ const maxIgnoreFile = 1 << 20
 // DiffWith is Diff with the paths that opts excludes left out. A path is
 // left out with everything below it: without GitInternals, any path with
 // a component named ".git" (a repository's directory, or the file that
-// points a worktree or submodule at one); with GitIgnore, any path that
+// points a worktree or submodule at one) and any directory the new
+// snapshot has laid out as a git repository, whatever its name (a bare
+// repository: git takes it for one when run inside it); with GitIgnore, any path that
 // the .gitignore files of the new snapshot ignore, read with git's rules
 // (see docs/export.md). A path is judged by its type in the new snapshot,
 // or in the old one when it was deleted.
@@ -40,9 +45,14 @@ func (f *FS) DiffWith(ctx context.Context, a, b SnapshotID, opts DiffOptions) ([
 	d := &differ{f: f, ctx: ctx}
 	var buf []bool
 	if !opts.GitInternals || opts.GitIgnore {
-		d.skip = func(dir *dirPair, p string, isDir bool) (bool, error) {
+		d.skip = func(dir *dirPair, p string, isDir bool, b *Entry) (bool, error) {
 			if !opts.GitInternals && nameAt(p) == ".git" {
 				return true, nil
+			}
+			if !opts.GitInternals && b != nil && b.Type == TypeDir {
+				if git, err := f.isGitDir(b); err != nil || git {
+					return git, err
+				}
 			}
 			return opts.GitIgnore && dir.ign.ignored(p, isDir, &buf), nil
 		}
@@ -54,6 +64,28 @@ func (f *FS) DiffWith(ctx context.Context, a, b SnapshotID, opts DiffOptions) ([
 		return nil, err
 	}
 	return d.out, nil
+}
+
+// isGitDir reports whether directory e is laid out as a git repository's
+// own directory, as git tells one: a HEAD (file or symlink), an objects
+// directory and a refs directory in it.
+func (f *FS) isGitDir(e *Entry) (bool, error) {
+	es, err := f.getDir(e.ID)
+	if err != nil {
+		return false, err
+	}
+	var head, objects, refs bool
+	for i := range es {
+		switch c := &es[i]; c.Name {
+		case "HEAD":
+			head = c.Type == TypeFile || c.Type == TypeSymlink
+		case "objects":
+			objects = c.Type == TypeDir
+		case "refs":
+			refs = c.Type == TypeDir
+		}
+	}
+	return head && objects && refs, nil
 }
 
 // nameAt is the last component of slash-separated path p.

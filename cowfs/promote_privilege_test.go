@@ -341,3 +341,53 @@ func TestPromoteLeavesGitInternals(t *testing.T) {
 		t.Fatalf("main.go = %q", b)
 	}
 }
+
+// TestPromoteLeavesRepositoryLookalikes: a directory a sandbox lays out as
+// a git repository under any name (HEAD, objects/, refs/, and a config
+// naming a command for git to run) is not promoted: run in it on the
+// host, git would take it for a repository and run the command. A
+// directory with only some of those names is promoted as usual.
+func TestPromoteLeavesRepositoryLookalikes(t *testing.T) {
+	ctx := context.Background()
+	f := openTestFS(t)
+	project := t.TempDir()
+	writeTree(t, project, map[string]string{"main.go": "package main\n"})
+	base, err := f.Import(ctx, project, "")
+	must(t, err)
+	mark := filepath.Join(t.TempDir(), "ran")
+	must(t, f.Branch(ctx, base, "agent"))
+	m, err := f.Mount(ctx, "agent", t.TempDir(), nil)
+	must(t, err)
+	t.Cleanup(func() { m.Unmount() })
+	writeTree(t, m.Dir(), map[string]string{
+		"evil/HEAD":          "ref: refs/heads/master\n",
+		"evil/objects/":      "",
+		"evil/refs/heads/":   "",
+		"evil/config":        "[core]\n\trepositoryformatversion = 0\n\tbare = false\n\tworktree = ..\n\tfsmonitor = \"touch " + mark + "; false\"\n",
+		"src/evil2/HEAD":     "ref: refs/heads/master\n",
+		"src/evil2/objects/": "",
+		"src/evil2/refs/":    "",
+		"notrepo/HEAD":       "just a file\n",
+		"notrepo/refs/":      "",
+	})
+	snap, err := f.Snapshot(ctx, "agent")
+	must(t, err)
+	res, err := f.Promote(ctx, base, snap, project, PromoteOptions{})
+	must(t, err)
+	for _, c := range res.Changes {
+		if strings.HasPrefix(c.Path, "evil") || strings.HasPrefix(c.Path, "src/evil2") {
+			t.Errorf("promoted %s", c.Path)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(project, "notrepo", "HEAD")); err != nil {
+		t.Errorf("a directory that is no repository was not promoted: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(project, "evil")); err == nil {
+		// Had it come, git status there would run its fsmonitor.
+		cmd := exec.Command("git", "status")
+		cmd.Dir = filepath.Join(project, "evil")
+		cmd.Run()
+		_, err := os.Stat(mark)
+		t.Fatalf("the lookalike reached the host (its command ran: %v)", err == nil)
+	}
+}
