@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -214,16 +216,16 @@ func (im *importer) walk(dirfd int, name, path string) (*importNode, error) {
 		if n.e.Xattrs, err = readXattrs(fh); err != nil {
 			return nil, err
 		}
-		refs, err := im.f.store.PutStream(im.ctx, fh)
+		refs, err := im.content(fh, &st)
 		if err != nil {
 			return nil, fmt.Errorf("import: store %s: %w", path, err)
 		}
 		var total int64
 		for _, r := range refs {
-			total += int64(r.Size)
+			total += r.Size
 		}
 		n.e.Size = total
-		if n.e.ID, err = putFile(im.f.store, fileRefs(refs)); err != nil {
+		if n.e.ID, err = putFile(im.f.store, refs); err != nil {
 			return nil, fmt.Errorf("import: store file object of %s: %w", path, err)
 		}
 		im.mu.Lock()
@@ -393,4 +395,54 @@ func readXattrs(fh *os.File) ([]Xattr, error) {
 		xs = append(xs, Xattr{Name: name, Value: v[:vs]})
 	}
 	return xs, nil
+}
+
+// content stores the bytes of regular file fh (st its stat) and returns
+// its pieces. A sparse file (fewer blocks than its size needs) is read
+// region by region with SEEK_DATA and SEEK_HOLE, its holes becoming hole
+// pieces unread: a file of a terabyte of holes costs what its data does,
+// not a terabyte of reading.
+func (im *importer) content(fh *os.File, st *unix.Stat_t) ([]fileRef, error) {
+	if st.Blocks*512 >= st.Size {
+		refs, err := im.f.store.PutStream(im.ctx, fh)
+		return fileRefs(refs), err
+	}
+	fd := int(fh.Fd())
+	var out []fileRef
+	for pos := int64(0); pos < st.Size; {
+		data, err := unix.Seek(fd, pos, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			data = st.Size // only a hole is left
+		} else if err != nil {
+			return nil, fmt.Errorf("seek data: %w", err)
+		}
+		data = min(data, st.Size)
+		out = appendHole(out, data-pos)
+		if data >= st.Size {
+			break
+		}
+		hole, err := unix.Seek(fd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return nil, fmt.Errorf("seek hole: %w", err)
+		}
+		hole = min(hole, st.Size)
+		refs, err := im.f.store.PutStream(im.ctx, io.NewSectionReader(fh, data, hole-data))
+		if err != nil {
+			return nil, err
+		}
+		var got int64
+		for _, r := range fileRefs(refs) {
+			if r.ID.IsZero() {
+				out = appendHole(out, r.Size)
+			} else {
+				out = append(out, r)
+			}
+			got += r.Size
+		}
+		if got < hole-data {
+			break // the file shrank while it was read: it ends here
+		}
+		pos = hole
+	}
+	return out, nil
 }
