@@ -57,7 +57,7 @@ func (a *app) auditCommand() *cobra.Command {
 func fieldsText(raw json.RawMessage) string {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(raw, &m) != nil {
-		return string(raw)
+		return shown(string(raw))
 	}
 	keys := make([]string, 0, len(m))
 	for k := range m {
@@ -69,7 +69,7 @@ func fieldsText(raw json.RawMessage) string {
 		if i > 0 {
 			b.WriteByte(' ')
 		}
-		fmt.Fprintf(&b, "%s=%s", k, m[k])
+		fmt.Fprintf(&b, "%s=%s", k, shown(string(m[k])))
 	}
 	return b.String()
 }

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
-	"unicode"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -165,24 +163,6 @@ func (a *app) printMessage(m api.Message) {
 		body = s
 	}
 	fmt.Fprintf(a.stdout, "%-5d %s  %-16s %s\n", m.ID, m.Time.Local().Format(time.DateTime), m.From, printable(body))
-}
-
-// printable escapes control characters and invalid UTF-8.
-func printable(s string) string {
-	var b strings.Builder
-	for i, r := range s {
-		switch {
-		case r == unicode.ReplacementChar && !strings.HasPrefix(s[i:], "\uFFFD"):
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r == '\\':
-			b.WriteString(`\\`)
-		case unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == '\u2028' || r == '\u2029':
-			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
 }
 
 // messageToText says in words which sandboxes a policy lets a sandbox

@@ -149,24 +149,24 @@ func (a *app) printPromoteGit(res *api.PromoteResponse) {
 		fmt.Fprintf(w, "kept commit %s\n", short(k))
 	}
 	for _, ch := range g.Changes {
-		fmt.Fprintf(w, "%s %s %s\n", ch.Status, ch.Mode, ch.Path)
+		fmt.Fprintf(w, "%s %s %s\n", ch.Status, ch.Mode, shown(ch.Path))
 	}
 	for _, p := range g.Merged {
-		fmt.Fprintf(w, "merged line by line: %s\n", p)
+		fmt.Fprintf(w, "merged line by line: %s\n", shown(p))
 	}
 	for _, r := range g.Refused {
-		fmt.Fprintf(w, "left out: %s: %s\n", r.Path, r.Reason)
+		fmt.Fprintf(w, "left out: %s: %s", shown(r.Path), shownLine(r.Reason+"\n"))
 	}
 	for _, m := range g.Merge {
-		fmt.Fprintf(w, "conflict: %s: %s (host: %s, sandbox: %s)\n", m.Path, m.Reason, m.Ours, m.Theirs)
+		fmt.Fprintf(w, "conflict: %s: %s", shown(m.Path), shownLine(fmt.Sprintf("%s (host: %s, sandbox: %s)\n", m.Reason, m.Ours, m.Theirs)))
 		for _, h := range m.Hunks {
 			fmt.Fprintf(w, "  host, line %d:\n", h.OursStart)
 			for _, l := range h.Ours {
-				fmt.Fprintf(w, "  < %s", ended(l))
+				fmt.Fprintf(w, "  < %s", shownLine(ended(l)))
 			}
 			fmt.Fprintf(w, "  sandbox, line %d:\n", h.TheirsStart)
 			for _, l := range h.Theirs {
-				fmt.Fprintf(w, "  > %s", ended(l))
+				fmt.Fprintf(w, "  > %s", shownLine(ended(l)))
 			}
 		}
 	}
@@ -187,32 +187,32 @@ func short(id string) string { return id[:min(12, len(id))] }
 func (a *app) printPromote(res *api.PromoteResponse, req api.PromoteRequest) {
 	w := a.stdout
 	if res.HostChanged > 0 {
-		fmt.Fprintf(w, "the host changed %d path(s) since the sandbox's base (%s)\n", res.HostChanged, strings.Join(res.HostExamples, ", "))
+		fmt.Fprintf(w, "the host changed %d path(s) since the sandbox's base (%s)\n", res.HostChanged, shownAll(res.HostExamples, ", "))
 	}
 	for _, ch := range res.Changes {
 		fmt.Fprintf(w, "%s %s\n", changeLetter(ch.Kind), changePath(ch))
 	}
 	for _, p := range res.Merged {
-		fmt.Fprintf(w, "merged line by line: %s\n", p)
+		fmt.Fprintf(w, "merged line by line: %s\n", shown(p))
 	}
 	for _, m := range res.Merge {
-		fmt.Fprintf(w, "conflict: %s: %s (host: %s, sandbox: %s)\n", m.Path, m.Reason, m.Ours, m.Theirs)
+		fmt.Fprintf(w, "conflict: %s: %s", shown(m.Path), shownLine(fmt.Sprintf("%s (host: %s, sandbox: %s)\n", m.Reason, m.Ours, m.Theirs)))
 		for _, h := range m.Hunks {
 			fmt.Fprintf(w, "  host, line %d:\n", h.OursStart)
 			for _, l := range h.Ours {
-				fmt.Fprintf(w, "  < %s", ended(l))
+				fmt.Fprintf(w, "  < %s", shownLine(ended(l)))
 			}
 			fmt.Fprintf(w, "  sandbox, line %d:\n", h.TheirsStart)
 			for _, l := range h.Theirs {
-				fmt.Fprintf(w, "  > %s", ended(l))
+				fmt.Fprintf(w, "  > %s", shownLine(ended(l)))
 			}
 		}
 	}
 	for _, cf := range res.Conflicts {
-		fmt.Fprintf(w, "conflict: %s: %s\n", cf.Path, cf.Reason)
+		fmt.Fprintf(w, "conflict: %s: %s", shown(cf.Path), shownLine(cf.Reason+"\n"))
 	}
 	for _, r := range res.Refused {
-		fmt.Fprintf(w, "refused: %s: %s\n", r.Path, r.Reason)
+		fmt.Fprintf(w, "refused: %s: %s", shown(r.Path), shownLine(r.Reason+"\n"))
 	}
 	switch {
 	case res.Applied:

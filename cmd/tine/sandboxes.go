@@ -336,12 +336,7 @@ func changePath(ch api.Change) string {
 	if ch.PathB64 != "" {
 		return "base64:" + ch.PathB64
 	}
-	for _, r := range ch.Path {
-		if r < 0x20 || r == 0x7f {
-			return fmt.Sprintf("%q", ch.Path)
-		}
-	}
-	return ch.Path
+	return shown(ch.Path)
 }
 
 func (a *app) psCommand() *cobra.Command {
@@ -363,11 +358,11 @@ func (a *app) psCommand() *cobra.Command {
 			}
 			return table(a.stdout, "PID\tPPID\tUSER\tSTATE\tRSS\tCOMMAND", func(w io.Writer) {
 				for _, p := range ps {
-					cmd := strings.Join(p.Argv, " ")
+					cmd := shownAll(p.Argv, " ")
 					if cmd == "" {
-						cmd = "[" + p.Comm + "]"
+						cmd = "[" + shown(p.Comm) + "]"
 					}
-					user := p.User
+					user := shown(p.User)
 					if user == "" {
 						user = fmt.Sprint(p.UID)
 					}
@@ -464,14 +459,14 @@ func (a *app) statusCommand() *cobra.Command {
 				fmt.Fprintf(w, "stale      yes: since the sandbox was made, %s has %d files changed, %d added, %d removed\n",
 					s.From, st.Changed, st.Added, st.Removed)
 				for _, e := range st.Examples {
-					fmt.Fprintf(w, "             %s\n", e)
+					fmt.Fprintf(w, "             %s\n", shown(e))
 				}
 			}
 			if gs := st.Git; gs != nil {
 				if gs.Unknown != "" {
 					fmt.Fprintf(w, "git        unknown: %s\n", gs.Unknown)
 				} else {
-					fmt.Fprintf(w, "git        HEAD moved %d commit(s) since %s, %d path(s) changed %s\n", gs.Commits, short(gs.Base), gs.Changed, strings.Join(gs.Examples, " "))
+					fmt.Fprintf(w, "git        HEAD moved %d commit(s) since %s, %d path(s) changed %s\n", gs.Commits, short(gs.Base), gs.Changed, shownAll(gs.Examples, " "))
 				}
 			}
 			return nil

@@ -1,0 +1,31 @@
+package main
+
+import "testing"
+
+// TestShown: names, lines and messages that would steer a terminal (an
+// escape sequence, a C1 control, a bidirectional override, a newline,
+// bytes that are not UTF-8) are printed escaped; other text, other
+// scripts included, as it is.
+func TestShown(t *testing.T) {
+	for _, c := range []struct{ in, name, line, msg string }{
+		{"plain.go", "plain.go", "plain.go", "plain.go"},
+		{"héllo wörld", "héllo wörld", "héllo wörld", "héllo wörld"},
+		{"a\tb", `"a\tb"`, "a\tb", `a\u0009b`},
+		{"r\x1b[1;35mRED", `"r\x1b[1;35mRED"`, `r\u001b[1;35mRED`, `r\u001b[1;35mRED`},
+		{"c1\u009b2J", `"c1\u009b2J"`, `c1\u009b2J`, `c1\u009b2J`},
+		{"evil\u202egnp.exe", `"evil\u202egnp.exe"`, `evil\u202egnp.exe`, `evil\u202egnp.exe`},
+		{"two\nlines", `"two\nlines"`, `two\u000alines`, `two\u000alines`},
+		{"bad\xffbyte", `"bad\xffbyte"`, `bad\xffbyte`, `bad\xffbyte`},
+		{`back\slash`, `back\slash`, `back\slash`, `back\\slash`},
+	} {
+		if got := shown(c.in); got != c.name {
+			t.Errorf("shown(%q) = %s, want %s", c.in, got, c.name)
+		}
+		if got := shownLine(c.in + "\n"); got != c.line+"\n" {
+			t.Errorf("shownLine(%q) = %q, want %q", c.in, got, c.line+"\n")
+		}
+		if got := printable(c.in); got != c.msg {
+			t.Errorf("printable(%q) = %s, want %s", c.in, got, c.msg)
+		}
+	}
+}
