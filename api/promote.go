@@ -110,6 +110,10 @@ func (s *Server) promote(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("give at most one of \"resume\" and \"abort\""))
 		return
 	}
+	if req.Verify != "" && (req.Resume || req.Abort) {
+		writeError(w, badRequest("\"verify\" goes with a new promotion, not \"resume\" or \"abort\""))
+		return
+	}
 	ctx := context.WithoutCancel(r.Context())
 	if req.Git || req.GitBranch != "" {
 		s.promoteGit(w, ctx, name, req)
@@ -124,10 +128,6 @@ func (s *Server) promote(w http.ResponseWriter, r *http.Request) {
 		res, err = s.m.AbortPromote(ctx, name)
 	default:
 		res, err = s.m.Promote(ctx, name, req.options())
-	}
-	if req.Verify != "" && (req.Resume || req.Abort) {
-		writeError(w, badRequest("\"verify\" goes with a new promotion, not \"resume\" or \"abort\""))
-		return
 	}
 	e, inBody := promoteErr(err)
 	if res == nil || !inBody {

@@ -100,6 +100,11 @@ func (m *Manager) Promote(ctx context.Context, name string, o PromoteOptions) (r
 	if dir, err = filepath.Abs(dir); err != nil {
 		return nil, err
 	}
+	done, err := m.claimPromotion(name, dir)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if j, _ := m.readJournal(name); j != nil {
 		return nil, fmt.Errorf("promote sandbox %q: a promotion into %s stopped partway (started %s); finish it with `tine promote --resume %s` or undo it with `tine promote --abort %s`", name, j.Dir, j.Started.Format(time.RFC3339), name, name)
 	}
@@ -140,6 +145,39 @@ func (m *Manager) Promote(ctx context.Context, name string, o PromoteOptions) (r
 	err = m.applyMerged(ctx, info, res, &journal{Sandbox: name, Dir: dir, Ours: ours.String(), Merged: merged.String(),
 		Theirs: theirs.String(), Partial: len(res.Merge) > 0, Privileges: o.Privileges, Umask: o.Umask}, o)
 	return res, err
+}
+
+// ErrPromoting reports a promotion refused because another one of the
+// same sandbox, or into the same directory, is under way: two at once
+// would share one journal, or each merge against a host the other is
+// changing.
+var ErrPromoting = errors.New("another promotion is under way")
+
+// claimPromotion marks a promotion of sandbox name into dir as under way
+// until the function it returns is called, or fails with ErrPromoting.
+func (m *Manager) claimPromotion(name, dir string) (func(), error) {
+	if d, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = d
+	}
+	sb, d := "sandbox "+name, "directory "+dir
+	m.ext.mu.Lock()
+	defer m.ext.mu.Unlock()
+	switch {
+	case m.ext.promoting[sb]:
+		return nil, fmt.Errorf("promote sandbox %q: %w (of this sandbox); wait for it to end", name, ErrPromoting)
+	case m.ext.promoting[d]:
+		return nil, fmt.Errorf("promote sandbox %q into %s: %w (into that directory); wait for it to end", name, dir, ErrPromoting)
+	}
+	if m.ext.promoting == nil {
+		m.ext.promoting = map[string]bool{}
+	}
+	m.ext.promoting[sb], m.ext.promoting[d] = true, true
+	return func() {
+		m.ext.mu.Lock()
+		defer m.ext.mu.Unlock()
+		delete(m.ext.promoting, sb)
+		delete(m.ext.promoting, d)
+	}, nil
 }
 
 // applied reports whether promotion r wrote its changes.

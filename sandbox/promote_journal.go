@@ -97,6 +97,14 @@ func (m *Manager) endJournal(ctx context.Context, name string, abort bool) (*Pro
 	if j == nil {
 		return nil, fmt.Errorf("%s the promotion of sandbox %q: none stopped partway (no journal)", what, name)
 	}
+	done, err := m.claimPromotion(name, j.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	if j, err = m.readJournal(name); err != nil || j == nil {
+		return nil, fmt.Errorf("%s the promotion of sandbox %q: it ended meanwhile (%v)", what, name, err)
+	}
 	res, err := resumeJournal(ctx, m.fs, j, abort)
 	if err != nil {
 		return res, fmt.Errorf("%s the promotion of sandbox %q: %w", what, name, err)

@@ -13,8 +13,8 @@ import (
 	"tine/guestagent/proto"
 )
 
-// extra is the Manager's state for services, logs, snapshot labels and
-// recovery.
+// extra is the Manager's state for services, logs, snapshot labels,
+// promotions under way and recovery.
 type extra struct {
 	mu   sync.Mutex
 	logs map[string]*logFile
@@ -23,6 +23,9 @@ type extra struct {
 	snapMu sync.Mutex
 	// recovered lists what Open found half-made and cleaned up.
 	recovered []string
+	// promoting holds "sandbox NAME" and "directory DIR" for each
+	// promotion under way (claimPromotion).
+	promoting map[string]bool
 }
 
 // Limits on services, which are persisted with the sandbox's metadata.
