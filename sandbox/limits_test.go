@@ -256,12 +256,17 @@ func TestFreezeThaw(t *testing.T) {
 }
 
 // TestIdleAndLifetime: a sandbox idle for its Idle window is frozen and
-// thawed by the next command; one past its Lifetime is removed, also
-// when the lifetime ran out while no manager was open.
+// thawed by the next command, but never under a command that runs, even
+// one started in its first second; one past its Lifetime is removed,
+// also when the lifetime ran out while no manager was open.
 func TestIdleAndLifetime(t *testing.T) {
 	e := newEnv(t, 0)
 	lim := sandbox.Limits{Pids: 64}
 	lim.Idle = 2 * time.Second
+	e.create("busy", lim)
+	if out := e.mustSh("busy", "sleep 4; echo done"); out != "done\n" {
+		t.Fatalf("a command longer than the idle window, started at once: %q", out)
+	}
 	e.create("idle", lim)
 	deadline := time.Now().Add(15 * time.Second)
 	for e.m.Frozen("idle") != "idle" {

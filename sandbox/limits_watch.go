@@ -99,16 +99,10 @@ func (m *Manager) watchOnce(ctx context.Context, now time.Time) {
 			continue // not running
 		}
 		m.pol.mu.Lock()
-		if m.pol.watch == nil {
-			m.pol.watch = map[string]*watchState{}
-		}
-		w := m.pol.watch[name]
-		if w == nil {
-			// A sandbox's cgroup counts OOM kills from 0: kills made
-			// before the loop first saw it are reported too.
-			w = &watchState{cpu: u.CPUNanos, lastActive: now, layer: -1}
-			m.pol.watch[name] = w
-		}
+		// A sandbox's cgroup counts OOM kills from 0: kills made before
+		// the loop first saw it are reported too. The CPU it used before
+		// counts as activity now.
+		w := m.watchOf(name)
 		oom := u.OOMKills - min(u.OOMKills, w.oom)
 		w.oom = u.OOMKills
 		if u.CPUNanos > w.cpu+idleCPU || w.execs > 0 {
@@ -156,18 +150,31 @@ func (m *Manager) touch(name string) {
 // function counts its end.
 func (m *Manager) execStarted(name string) func() {
 	m.pol.mu.Lock()
-	if w := m.pol.watch[name]; w != nil {
-		w.execs++
-	}
+	m.watchOf(name).execs++
 	m.pol.mu.Unlock()
 	return func() {
 		m.pol.mu.Lock()
-		if w := m.pol.watch[name]; w != nil {
-			w.execs = max(w.execs-1, 0)
-			w.lastActive = time.Now()
-		}
+		w := m.watchOf(name)
+		w.execs = max(w.execs-1, 0)
+		w.lastActive = time.Now()
 		m.pol.mu.Unlock()
 	}
+}
+
+// watchOf returns the watch state of sandbox name, made now if the loop
+// has not looked at the sandbox yet: a command started in a sandbox's
+// first second must count too, or the idle clock freezes it under the
+// command. Caller holds pol.mu.
+func (m *Manager) watchOf(name string) *watchState {
+	if m.pol.watch == nil {
+		m.pol.watch = map[string]*watchState{}
+	}
+	w := m.pol.watch[name]
+	if w == nil {
+		w = &watchState{lastActive: time.Now(), layer: -1}
+		m.pol.watch[name] = w
+	}
+	return w
 }
 
 // Freeze stops every process of a running sandbox with the cgroup
