@@ -102,6 +102,30 @@ func TestExecStreamsAndExitCode(t *testing.T) {
 	}
 }
 
+// TestExecEnvDefaults: a command gets PATH and HOME when its request
+// sets none of them, also when it sets other variables (git needs HOME,
+// a shell PATH), and TERM on a terminal; what the request sets wins.
+func TestExecEnvDefaults(t *testing.T) {
+	c, _ := startAgent(t)
+	show := `echo "$PATH|$HOME|$TERM|$FOO"`
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{nil, defaultPath + "|/root||\n"},
+		{[]string{"FOO=1"}, defaultPath + "|/root||1\n"},
+		{[]string{"PATH=/bin", "HOME=/h"}, "/bin|/h||\n"},
+	} {
+		out, _, x := run(t, c, proto.ExecRequest{Argv: []string{"/bin/sh", "-c", show}, Env: tc.env}, "")
+		if out != tc.want || x.Code != 0 {
+			t.Errorf("env %q: %q (exit %+v), want %q", tc.env, out, x, tc.want)
+		}
+	}
+	if got := withDefaults([]string{"A=1"}, 0, true); !slices.Contains(got, "TERM=xterm") {
+		t.Errorf("on a terminal: %q, want TERM=xterm", got)
+	}
+}
+
 // TestExecConcurrent: several execs stream at once over one connection.
 func TestExecConcurrent(t *testing.T) {
 	c, _ := startAgent(t)

@@ -1,10 +1,13 @@
 package guestagent
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,10 +18,57 @@ import (
 	"tine/guestagent/proto"
 )
 
-// defaultPath is the PATH of a process whose request sets no environment,
-// and where a command without a slash is looked up when the environment
-// has no PATH.
+// defaultPath is the PATH of a process whose request sets none.
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// withDefaults is env with what a login would have given the command and
+// env does not set: PATH, HOME (uid's home in /etc/passwd, else /root
+// for root and / for others) and, on a terminal, TERM. A request that
+// sets some variables keeps these: git needs HOME, a shell PATH.
+func withDefaults(env []string, uid uint32, tty bool) []string {
+	has := func(k string) bool {
+		for _, kv := range env {
+			if strings.HasPrefix(kv, k+"=") {
+				return true
+			}
+		}
+		return false
+	}
+	out := env[:len(env):len(env)]
+	if !has("PATH") {
+		out = append(out, "PATH="+defaultPath)
+	}
+	if !has("HOME") {
+		out = append(out, "HOME="+homeOf(uid))
+	}
+	if tty && !has("TERM") {
+		out = append(out, "TERM=xterm")
+	}
+	return out
+}
+
+// homeOf is uid's home directory in /etc/passwd, or /root for root and /
+// for others when it names none.
+func homeOf(uid uint32) string {
+	home := "/"
+	if uid == 0 {
+		home = "/root"
+	}
+	f, err := os.Open("/etc/passwd")
+	if err != nil {
+		return home
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(io.LimitReader(f, 4<<20))
+	want := strconv.FormatUint(uint64(uid), 10)
+	for sc.Scan() {
+		parts := strings.Split(sc.Text(), ":")
+		if len(parts) >= 6 && parts[2] == want && strings.HasPrefix(parts[5], "/") {
+			return parts[5]
+		}
+	}
+	return home
+}
 
 // execution is one process started by an exec request.
 type execution struct {
@@ -60,10 +110,11 @@ func (e *execution) start(req proto.ExecRequest) (<-chan exitStatus, error) {
 	if len(req.Argv) == 0 {
 		return nil, errors.New("empty argv")
 	}
-	env := req.Env
-	if len(env) == 0 {
-		env = []string{"PATH=" + defaultPath}
+	uid := uint32(0)
+	if req.UID != nil {
+		uid = *req.UID
 	}
+	env := withDefaults(req.Env, uid, req.TTY)
 	path, err := lookPath(req.Argv[0], env)
 	if err != nil {
 		return nil, err

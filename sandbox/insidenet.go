@@ -60,7 +60,8 @@ func (m *Manager) apiURL(name string) string {
 
 // commandEnv adds TINE_API_SOCKET (when the runtime bound the API's
 // socket) and TINE_API_URL (when the API is served over HTTP too) to a
-// command's environment, unless the command sets them itself.
+// command's environment, unless the command sets them itself (the guest
+// agent adds PATH, HOME and TERM where missing).
 func (m *Manager) commandEnv(name string, l *live, env []string) []string {
 	var add []string
 	if l.apiSocket {
@@ -72,10 +73,7 @@ func (m *Manager) commandEnv(name string, l *live, env []string) []string {
 	if len(add) == 0 {
 		return env
 	}
-	out := make([]string, 0, len(env)+len(add)+1)
-	if len(env) == 0 {
-		out = append(out, "PATH="+defaultPath)
-	}
+	out := make([]string, 0, len(env)+len(add))
 	out = append(out, env...)
 	for _, kv := range add {
 		k, _, _ := strings.Cut(kv, "=")
@@ -85,10 +83,6 @@ func (m *Manager) commandEnv(name string, l *live, env []string) []string {
 	}
 	return out
 }
-
-// defaultPath is the PATH of a command whose environment is empty (as the
-// guest agent sets it).
-const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 func hasVar(env []string, k string) bool {
 	for _, kv := range env {
