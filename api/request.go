@@ -314,6 +314,8 @@ func statusOf(err error) (int, *Error) {
 	}
 	msg := err.Error()
 	switch {
+	case errors.Is(err, sandbox.ErrBadName):
+		return http.StatusBadRequest, &Error{Code: "bad_request", Message: msg}
 	case errors.Is(err, sandbox.ErrNotFound), errors.Is(err, oci.ErrNotFound):
 		return http.StatusNotFound, &Error{Code: "not_found", Message: msg}
 	case errors.Is(err, sandbox.ErrExists):

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"tine/cowfs"
@@ -235,8 +236,8 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (*Info, error) {
 
 // create is Create, recording forkedFrom in the metadata.
 func (m *Manager) create(ctx context.Context, o CreateOptions, forkedFrom string) (*Info, error) {
-	if !nameRE().MatchString(o.Name) {
-		return nil, fmt.Errorf("create sandbox %q: bad name (want 1-63 of [A-Za-z0-9._-])", o.Name)
+	if err := m.checkName(o.Name); err != nil {
+		return nil, fmt.Errorf("create sandbox %q: %w", o.Name, err)
 	}
 	if (o.Dir == "") == (o.Snapshot == "") {
 		return nil, fmt.Errorf("create sandbox %q: give exactly one of Dir and Snapshot", o.Name)
@@ -620,6 +621,11 @@ func dialAgent(ctx context.Context, name string, l *live) (*client.Client, error
 		if err == nil {
 			return c, nil
 		}
+		if errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENAMETOOLONG) || errors.Is(err, syscall.ENOTSOCK) ||
+			errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
+			// A path no socket can be reached at: no retry would change it.
+			return nil, fmt.Errorf("sandbox %q: %w", name, err)
+		}
 		select {
 		case <-ctx.Done():
 			return nil, fmt.Errorf("sandbox %q: %w", name, err)
@@ -866,8 +872,11 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 		}
 	}
 	for _, c := range names {
-		if !nameRE().MatchString(c) {
-			return nil, fmt.Errorf("fork sandbox %q: bad name %q (want 1-63 of [A-Za-z0-9._-])", name, c)
+		if err := m.checkName(c); err != nil {
+			return nil, fmt.Errorf("fork sandbox %q: fork %q: %w", name, c, err)
+		}
+		if _, err := os.Lstat(m.dir(c)); err == nil {
+			return nil, fmt.Errorf("fork sandbox %q: a sandbox named %q %w; name the forks with --names", name, c, ErrExists)
 		}
 	}
 	s, save, err := m.snapshot(ctx, name, SnapshotOptions{})
@@ -887,7 +896,8 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 		return nil, errors.Join(err, serr)
 	}
 	if err != nil {
-		return nil, err
+		// The forks are gone; so goes the snapshot taken for them.
+		return nil, errors.Join(err, m.RemoveSnapshot(s.ID))
 	}
 	m.audit(name, "fork", map[string]any{"snapshot": s.ID, "forks": names})
 	return out, nil
@@ -938,6 +948,28 @@ func (m *Manager) forkFrom(ctx context.Context, name string, s *SnapshotInfo, na
 		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
 	}
 	return out, nil
+}
+
+// maxSocketPath is the longest path a Unix socket may be bound at or
+// reached by (sun_path holds 108 bytes with the NUL).
+const maxSocketPath = 107
+
+// agentSocketTail is the agent's socket below a sandbox's directory (the
+// ns runtime's, the longest socket path there).
+const agentSocketTail = "/runtime/run/agent.sock"
+
+// checkName checks a new sandbox's name: its form, and that the sockets
+// in its directory fit the kernel's bound on socket paths under this
+// state root.
+func (m *Manager) checkName(name string) error {
+	if !nameRE().MatchString(name) {
+		return fmt.Errorf("%w %q (want 1-63 of [A-Za-z0-9._-], starting with a letter or digit)", ErrBadName, name)
+	}
+	if p := m.dir(name) + agentSocketTail; len(p) > maxSocketPath {
+		most := maxSocketPath - len(p) + len(name)
+		return fmt.Errorf("%w %q: too long for state root %s, its agent's socket %s would pass the %d bytes a socket path may have; use at most %d characters, or a shorter --root", ErrBadName, name, m.root, p, maxSocketPath, max(most, 0))
+	}
+	return nil
 }
 
 // forkParallel is how many forks are made at once: each mostly waits on

@@ -21,6 +21,8 @@ var (
 	ErrExists = errors.New("already exists")
 	// ErrNotRunning reports a sandbox whose processes are not running.
 	ErrNotRunning = errors.New("not running")
+	// ErrBadName reports a name a new sandbox cannot have.
+	ErrBadName = errors.New("bad name")
 )
 
 // State says whether a sandbox's processes run.

@@ -43,7 +43,7 @@ func sbErr(name string, err error) error {
 		return fmt.Errorf("%v; list its snapshots with \"tine snapshots %s\"", err, name)
 	case errors.Is(err, sandbox.ErrNotRunning):
 		return fmt.Errorf("sandbox %q is stopped; start it with \"tine start %s\"", name, name)
-	case errors.Is(err, sandbox.ErrExists):
+	case errors.Is(err, sandbox.ErrExists) && strings.Contains(err.Error(), "create sandbox"):
 		return fmt.Errorf("sandbox %q already exists; choose another --name or remove it with \"tine rm %s\"", name, name)
 	}
 	return apiError(err)
