@@ -304,6 +304,13 @@ func (m *Manager) prepare(ctx context.Context, info *Info, o CreateOptions) (str
 		if err != nil {
 			return "", err
 		}
+		// A directory reached through a symlink (given as one, or the
+		// working directory entered through one) is the one it names: the
+		// import walks without following any, and the project appears at
+		// its real path, which the link reaches inside the sandbox too.
+		if dir, err = filepath.EvalSymlinks(dir); err != nil {
+			return "", fmt.Errorf("project directory %s: %w", o.Dir, err)
+		}
 		if snap, err = m.fs.Import(ctx, dir, ""); err != nil {
 			return "", err
 		}

@@ -44,3 +44,24 @@ func TestNamesCheckedUpFront(t *testing.T) {
 		t.Fatalf("a refused fork left p-1: %v", err)
 	}
 }
+
+// TestCreateFromSymlink: a project directory given as a symlink to it is
+// the directory it names: the sandbox is made from it and shows it at its
+// real path.
+func TestCreateFromSymlink(t *testing.T) {
+	e := newEnv(t, 0)
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(e.project, link); err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.m.Create(context.Background(), sandbox.CreateOptions{Name: "viaLink", Dir: link})
+	if err != nil {
+		t.Fatalf("create from a symlink to the project: %v", err)
+	}
+	if info.ProjectPath != e.project {
+		t.Errorf("project path %s, want %s", info.ProjectPath, e.project)
+	}
+	if out := e.mustSh("viaLink", "cat "+e.project+"/src/main.txt"); out != "v1\n" {
+		t.Fatalf("the project in the sandbox: %q", out)
+	}
+}
