@@ -391,12 +391,18 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, snap)
 }
 
+// snapshots lists a sandbox's snapshots, a removed sandbox's too: they
+// stay, and this is where their ids are found. A name with none that is
+// no sandbox is not found.
 func (s *Server) snapshots(w http.ResponseWriter, r *http.Request) {
-	name, ok := s.known(w, r)
+	name, ok := pathName(w, r)
 	if !ok {
 		return
 	}
 	snaps, err := s.m.Snapshots(name)
+	if err == nil && len(snaps) == 0 {
+		_, err = s.m.Get(name)
+	}
 	if err != nil {
 		writeError(w, err)
 		return

@@ -593,4 +593,15 @@ func TestStatusSnapshotsLogsPromote(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(e.project, "f")); string(b) != "one\n" {
 		t.Fatalf("the host's file after promote: %q", b)
 	}
+	// A removed sandbox's snapshots stay listed; an unknown name is not
+	// found.
+	if err := e.c.Remove(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if snaps, err := e.c.Snapshots(ctx, "s"); err != nil || len(snaps) != 1 {
+		t.Fatalf("snapshots of the removed sandbox: %+v, %v", snaps, err)
+	}
+	if _, err := e.c.Snapshots(ctx, "never-made"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("snapshots of an unknown sandbox: %v", err)
+	}
 }
