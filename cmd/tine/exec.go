@@ -97,8 +97,11 @@ func (a *app) exec(ctx context.Context, sb string, argv []string, o *execOpts) e
 		req.Env = append(append([]string(nil), s.Env...), o.env...)
 	}
 	// Signals go to the command, not to tine: the stream ends when the
-	// command does.
-	ctx = context.WithoutCancel(ctx)
+	// command does. The third SIGINT, SIGTERM or SIGHUP ends tine itself
+	// (the daemon then ends the command), for a command that cannot act
+	// on them: one in a frozen sandbox, or one not started yet.
+	ctx, giveUp := context.WithCancel(context.WithoutCancel(ctx))
+	defer giveUp()
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	defer signal.Stop(sigs)
@@ -118,10 +121,19 @@ func (a *app) exec(ctx context.Context, sb string, argv []string, o *execOpts) e
 			req.Rows, req.Cols = r.Rows, r.Cols
 		}
 	}
+	gaveUp := make(chan os.Signal, 1)
 	go func() {
+		ending := 0
 		for {
 			select {
 			case s := <-sigs:
+				if s == syscall.SIGINT || s == syscall.SIGTERM || s == syscall.SIGHUP {
+					if ending++; ending == 3 {
+						gaveUp <- s
+						giveUp()
+						return
+					}
+				}
 				select {
 				case sigOut <- proto.Signal{Signal: int(s.(syscall.Signal))}:
 				default:
@@ -132,6 +144,12 @@ func (a *app) exec(ctx context.Context, sb string, argv []string, o *execOpts) e
 		}
 	}()
 	exit, err := cl.Exec(ctx, sb, req, io)
+	select {
+	case s := <-gaveUp:
+		fmt.Fprintf(a.stderr, "tine exec: stopped waiting for %s in sandbox %s after the third %v; the daemon ends it\n", argv[0], sb, s)
+		return exitCode(128 + int(s.(syscall.Signal)))
+	default:
+	}
 	if err != nil {
 		return sbErr(sb, err)
 	}

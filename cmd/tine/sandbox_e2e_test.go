@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -271,6 +272,40 @@ func TestSandboxEndToEnd(t *testing.T) {
 		t.Errorf("after restart: %q", out)
 	}
 
+	// A command that ignores the signals tine forwards: the third SIGINT
+	// ends tine (exit 130), and the daemon ends the command.
+	cmd := exec.Command(tineBin, "--root", c.root, "exec", "a", "--", "sh", "-c", "trap '' INT TERM HUP; echo ready; sleep 60")
+	var stdout, stderr syncBuf
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(stdout.String(), "ready"); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the command did not start: %q %q", stdout.String(), stderr.String())
+		}
+	}
+	for range 3 {
+		cmd.Process.Signal(syscall.SIGINT)
+		time.Sleep(100 * time.Millisecond)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	select {
+	case <-waited:
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("tine exec still waits after three SIGINTs: %q", stderr.String())
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 130 || !strings.Contains(stderr.String(), "stopped waiting") {
+		t.Errorf("three SIGINTs: exit %d, %q", code, stderr.String())
+	}
+	for deadline := time.Now().Add(20 * time.Second); strings.Contains(c.ok("ps", "a"), "sleep 60"); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the command still runs after tine exec gave up on it")
+		}
+	}
+
 	// rm: a running sandbox needs -f.
 	if _, errOut, code := c.run("", "rm", "a"); code != 1 || !strings.Contains(errOut, "rm -f") {
 		t.Errorf("rm of a running sandbox: exit %d, %q", code, errOut)
@@ -316,4 +351,22 @@ func TestCompletion(t *testing.T) {
 	if _, _, code := tine(t, "completion", "tcsh"); code != 2 {
 		t.Errorf("completion tcsh: exit %d, want 2", code)
 	}
+}
+
+// syncBuf is a bytes.Buffer safe to read while a process writes it.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
