@@ -36,12 +36,17 @@ type ExecIO struct {
 // interactive (WebSocket) endpoint. Ending ctx kills the command. A
 // Stdin that blocks (a terminal) is left reading when Exec returns.
 func (c *Client) Exec(ctx context.Context, name string, req api.ExecRequest, io ExecIO) (proto.Exit, error) {
-	if io.Stdin != nil || req.TTY || io.Resize != nil || io.Signals != nil {
-		return c.execWS(ctx, name, req, io)
-	}
 	b, err := json.Marshal(req)
 	if err != nil {
 		return proto.Exit{}, err
+	}
+	if len(b) > api.MaxRequestBytes {
+		return proto.Exit{}, &Error{Status: 400, Code: "bad_request", Message: fmt.Sprintf(
+			"exec %s in sandbox %q: the request (arguments and environment) is %d bytes, over the %d the API takes; pass large input on stdin or in a file",
+			argvText(req.Argv), name, len(b), api.MaxRequestBytes)}
+	}
+	if io.Stdin != nil || req.TTY || io.Resize != nil || io.Signals != nil {
+		return c.execWS(ctx, name, req, io)
 	}
 	resp, err := c.do(ctx, "POST", sandboxPath(name, "/exec"), bytes.NewReader(b), "application/json")
 	if err != nil {
@@ -52,7 +57,7 @@ func (c *Client) Exec(ctx context.Context, name string, req api.ExecRequest, io 
 	for {
 		ev, err := lr.event()
 		if err != nil {
-			return proto.Exit{}, fmt.Errorf("exec %q in sandbox %q: %w", req.Argv, name, err)
+			return proto.Exit{}, fmt.Errorf("exec %s in sandbox %q: %w", argvText(req.Argv), name, err)
 		}
 		if ex, done, err := deliver(ev, io); done {
 			return ex, err
@@ -137,7 +142,7 @@ func (c *Client) execWS(ctx context.Context, name string, req api.ExecRequest, e
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	fail := func(err error) (proto.Exit, error) {
-		return proto.Exit{}, fmt.Errorf("exec %q in sandbox %q: %w", req.Argv, name, err)
+		return proto.Exit{}, fmt.Errorf("exec %s in sandbox %q: %w", argvText(req.Argv), name, err)
 	}
 	u := "ws://tine/" + api.Version + sandboxPath(name, "/exec/ws")
 	conn, resp, err := websocket.Dial(ctx, u, &websocket.DialOptions{HTTPClient: c.http})
@@ -235,4 +240,16 @@ func codeOfStatus(status int) string {
 		return "conflict"
 	}
 	return "internal"
+}
+
+// argvText names a command in an error: its program and how many
+// arguments follow, not all of them (they may be a megabyte).
+func argvText(argv []string) string {
+	if len(argv) == 0 {
+		return "(no command)"
+	}
+	if len(argv) == 1 {
+		return fmt.Sprintf("%q", argv[0])
+	}
+	return fmt.Sprintf("%q with %d arguments", argv[0], len(argv)-1)
 }
