@@ -234,8 +234,9 @@ type Staleness struct {
 	Changed int `json:"changed"`
 	Added   int `json:"added"`
 	Removed int `json:"removed"`
-	// Partial says the walk stopped at its bound (entries or time) and
-	// the counts cover only what it saw.
+	// Partial says the walk stopped at its bound (entries or time), or
+	// met paths too long to name (deeper than PATH_MAX), and the counts
+	// cover only what it saw.
 	Partial bool `json:"partial,omitempty"`
 	// Examples names up to 10 of the paths counted.
 	Examples []string `json:"examples,omitempty"`

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -123,6 +124,10 @@ func compareHost(ctx context.Context, fs *cowfs.FS, snap cowfs.SnapshotID, dir s
 			return s, err
 		}
 		names, err := readNames(filepath.Join(dir, it.rel))
+		if errors.Is(err, unix.ENAMETOOLONG) {
+			s.Partial = true
+			continue
+		}
 		if err != nil {
 			// Replaced or gone since the parent was looked at.
 			note(&s.Changed, it.rel+"/")
@@ -153,7 +158,11 @@ func compareHost(ctx context.Context, fs *cowfs.FS, snap cowfs.SnapshotID, dir s
 				p := path.Join(it.rel, e.Name)
 				i, j = i+1, j+1
 				var st unix.Stat_t
-				if err := unix.Lstat(filepath.Join(dir, p), &st); err != nil {
+				if err := unix.Lstat(filepath.Join(dir, p), &st); errors.Is(err, unix.ENAMETOOLONG) {
+					// Deeper than a path can name: not compared (Partial).
+					s.Partial = true
+					continue
+				} else if err != nil {
 					note(&s.Removed, p)
 					continue
 				}
