@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"tine/api/client"
 	"tine/cowfs"
 	"tine/guestagent/proto"
+	"tine/internal/syncbuf"
 	"tine/internal/testagent"
 	"tine/oci"
 	"tine/sandbox"
@@ -182,24 +182,6 @@ func TestCreateExec(t *testing.T) {
 	}
 }
 
-// syncBuffer is a buffer written by one goroutine and read by another.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // waitFor polls until cond holds or fails the test after 20 seconds.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -220,7 +202,7 @@ func TestExecInteractive(t *testing.T) {
 	stdinR, stdinW := io.Pipe()
 	resize := make(chan proto.Resize, 1)
 	sigs := make(chan proto.Signal, 1)
-	var out syncBuffer
+	var out syncbuf.Buffer
 	done := make(chan error, 1)
 	var ex proto.Exit
 	go func() {
@@ -262,7 +244,7 @@ func TestExecTimeoutAndDisconnect(t *testing.T) {
 	}
 	for _, interactive := range []bool{false, true} {
 		ctx, cancel := context.WithCancel(ctxT(t))
-		var buf syncBuffer
+		var buf syncbuf.Buffer
 		done := make(chan error, 1)
 		eio := client.ExecIO{Stdout: &buf}
 		if interactive {
@@ -559,7 +541,7 @@ func TestStatusSnapshotsLogsPromote(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lb syncBuffer
+	var lb syncbuf.Buffer
 	go io.Copy(&lb, logs)
 	waitFor(t, "the service's output in the logs", func() bool { return strings.Contains(lb.String(), "service-up") })
 	logs.Close()

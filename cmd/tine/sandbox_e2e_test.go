@@ -10,7 +10,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +18,7 @@ import (
 
 	"tine/api"
 	"tine/cowfs"
+	"tine/internal/syncbuf"
 	"tine/sandbox/ns"
 )
 
@@ -275,7 +275,7 @@ func TestSandboxEndToEnd(t *testing.T) {
 	// A command that ignores the signals tine forwards: the third SIGINT
 	// ends tine (exit 130), and the daemon ends the command.
 	cmd := exec.Command(tineBin, "--root", c.root, "exec", "a", "--", "sh", "-c", "trap '' INT TERM HUP; echo ready; sleep 60")
-	var stdout, stderr syncBuf
+	var stdout, stderr syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -351,22 +351,4 @@ func TestCompletion(t *testing.T) {
 	if _, _, code := tine(t, "completion", "tcsh"); code != 2 {
 		t.Errorf("completion tcsh: exit %d, want 2", code)
 	}
-}
-
-// syncBuf is a bytes.Buffer safe to read while a process writes it.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

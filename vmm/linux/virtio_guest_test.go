@@ -2,7 +2,6 @@ package linux
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"io"
 	"net"
@@ -10,12 +9,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"tine/chunkstore"
 	"tine/guestagent"
+	"tine/internal/syncbuf"
 	"tine/vmm/disk"
 	"tine/vmm/virtio"
 )
@@ -28,24 +27,6 @@ const (
 	envGuestHelper = "TINE_GUEST_HELPER"
 	guestEchoPort  = 5000
 )
-
-// syncBuf is a bytes.Buffer safe for the device goroutines.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestVirtioGuest boots Linux with the four virtio devices on a real KVM
 // (inside the nested harness): the guest's init loads the virtio modules,
@@ -74,7 +55,7 @@ func TestVirtioGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 	img.WriteAt([]byte("tine-disk-marker"), 0)
-	var serialOut, hvc syncBuf
+	var serialOut, hvc syncbuf.Buffer
 	vs := &virtio.Vsock{GuestCID: 3}
 	m, err := NewMachine(context.Background(), MachineConfig{
 		Kernel: kernel, Initrd: initrd, MemSize: 256 << 20,
