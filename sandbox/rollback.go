@@ -88,6 +88,12 @@ func (m *Manager) Rollback(ctx context.Context, name, id string) error {
 // sandbox is stopped.
 func (m *Manager) beginRollback(name string, mark rollbackMark) error {
 	old := m.oldRtDir(name)
+	if _, err := os.Lstat(m.rtDir(name)); errors.Is(err, os.ErrNotExist) {
+		// A layer an undo could not put back is the sandbox's: back first.
+		if err := os.Rename(old, m.rtDir(name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
 	if err := os.RemoveAll(old); err != nil {
 		return err
 	}
