@@ -24,8 +24,8 @@ type Error struct {
 // ExecRequest asks the agent to run a command.
 type ExecRequest struct {
 	Argv []string `json:"argv"`
-	// Env is the whole environment of the process (KEY=value); when empty
-	// the process gets PATH only.
+	// Env is the environment of the process (KEY=value); the agent adds
+	// PATH and HOME where it sets none, and TERM on a TTY.
 	Env []string `json:"env,omitempty"`
 	// Dir is the working directory; empty means "/".
 	Dir string  `json:"dir,omitempty"`
