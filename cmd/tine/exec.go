@@ -77,6 +77,12 @@ func (a *app) exec(ctx context.Context, sb string, argv []string, o *execOpts) e
 			return usageErr("--env %q: want KEY=VALUE", e)
 		}
 	}
+	if o.timeout < 0 {
+		return usageErr("--timeout %s: want a duration of 0 (none) or more, such as 30s", o.timeout)
+	}
+	if o.cwd != "" && !strings.HasPrefix(o.cwd, "/") {
+		return usageErr("--cwd %q: want an absolute path in the sandbox (without --cwd: the project directory)", o.cwd)
+	}
 	if o.user != "" {
 		uid, gid, err := lookupUser(o.user)
 		if err != nil {

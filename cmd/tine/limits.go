@@ -96,11 +96,18 @@ func (lf *limitFlags) apply(l *sandbox.Limits) error {
 	if lf.f.Changed("device") {
 		l.Devices = lf.devices
 	}
-	if lf.f.Changed("lifetime") {
-		l.Lifetime = lf.lifetime
-	}
-	if lf.f.Changed("idle") {
-		l.Idle = lf.idle
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+		into *time.Duration
+	}{{"lifetime", lf.lifetime, &l.Lifetime}, {"idle", lf.idle, &l.Idle}} {
+		if !lf.f.Changed(d.flag) {
+			continue
+		}
+		if d.v < 0 {
+			return usageErr("--%s %s: want a duration of 0 (never) or more, such as 30m", d.flag, d.v)
+		}
+		*d.into = d.v
 	}
 	if err := l.Check(); err != nil {
 		return usageErr("%v", err)

@@ -272,6 +272,22 @@ func TestSandboxEndToEnd(t *testing.T) {
 		t.Errorf("after restart: %q", out)
 	}
 
+	// Bad flag values are usage errors that name the flag.
+	for _, args := range [][]string{
+		{"exec", "--timeout", "-1s", "a", "--", "true"},
+		{"exec", "--cwd", "sub", "a", "--", "true"},
+		{"create", "--from", proj, "--lifetime", "-5s"},
+		{"create", "--from", proj, "--idle", "-5s"},
+	} {
+		flag := args[1]
+		if args[0] == "create" {
+			flag = args[3]
+		}
+		if _, errOut, code := c.run("", args...); code != 2 || !strings.Contains(errOut, flag) {
+			t.Errorf("tine %q: exit %d, %q; want 2 and the flag named", args, code, errOut)
+		}
+	}
+
 	// A command that ignores the signals tine forwards: the third SIGINT
 	// ends tine (exit 130), and the daemon ends the command.
 	cmd := exec.Command(tineBin, "--root", c.root, "exec", "a", "--", "sh", "-c", "trap '' INT TERM HUP; echo ready; sleep 60")
