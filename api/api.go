@@ -22,11 +22,29 @@ const SocketName = "tine.sock"
 type Error struct {
 	// Code is a stable machine-readable word: bad_request (400),
 	// not_found (404), exists, not_running, conflict (409), too_large
-	// (413), denied (403), internal (500), not_implemented (501).
+	// (413), denied (403), internal (500), not_implemented (501), and for
+	// an exec whose command did not start command_not_found,
+	// command_not_executable or bad_dir (422).
 	Code string `json:"code"`
 	// Message names the thing and says what to do.
 	Message string `json:"message"`
+	// ExitCode is, for an exec whose command did not start, the exit
+	// status a shell gives: 127 (command_not_found) or 126.
+	ExitCode int `json:"exit_code,omitempty"`
 }
+
+// Codes of an exec whose command did not start (HTTP 422), as a shell
+// tells them apart; Error.ExitCode carries the shell's exit status.
+const (
+	// CodeCommandNotFound: not in PATH, no such path, or its interpreter
+	// is missing (exit status 127).
+	CodeCommandNotFound = "command_not_found"
+	// CodeCommandNotExecutable: found but not executable (126).
+	CodeCommandNotExecutable = "command_not_executable"
+	// CodeBadDir: the working directory does not exist or is not a
+	// directory (126).
+	CodeBadDir = "bad_dir"
+)
 
 func (e *Error) Error() string { return e.Message }
 

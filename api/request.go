@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"tine/cowfs"
+	"tine/guestagent/proto"
 	"tine/oci"
 	"tine/sandbox"
 )
@@ -313,6 +314,13 @@ func statusOf(err error) (int, *Error) {
 		return codeStatus(e.Code), e
 	}
 	msg := err.Error()
+	if se := (*sandbox.StartError)(nil); errors.As(err, &se) {
+		code := map[string]string{proto.CodeNotFound: CodeCommandNotFound, proto.CodeNotExecutable: CodeCommandNotExecutable,
+			proto.CodeBadDir: CodeBadDir}[se.Code]
+		if code != "" {
+			return http.StatusUnprocessableEntity, &Error{Code: code, Message: msg, ExitCode: se.ExitStatus()}
+		}
+	}
 	switch {
 	case errors.Is(err, sandbox.ErrBadName):
 		return http.StatusBadRequest, &Error{Code: "bad_request", Message: msg}
@@ -345,6 +353,8 @@ func codeStatus(code string) int {
 		return http.StatusRequestEntityTooLarge
 	case "not_implemented":
 		return http.StatusNotImplemented
+	case CodeCommandNotFound, CodeCommandNotExecutable, CodeBadDir:
+		return http.StatusUnprocessableEntity
 	}
 	return http.StatusInternalServerError
 }

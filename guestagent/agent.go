@@ -204,7 +204,11 @@ func (c *conn) sendJSON(k proto.Kind, id uint32, v any) error {
 
 // fail ends stream id with an error frame.
 func (c *conn) fail(id uint32, err error) {
-	c.sendJSON(proto.KindError, id, proto.Error{Message: err.Error()})
+	e := proto.Error{Message: err.Error()}
+	if se := (*startError)(nil); errors.As(err, &se) {
+		e.Code = se.code
+	}
+	c.sendJSON(proto.KindError, id, e)
 }
 
 // register adds a stream; it fails when the id is in use.

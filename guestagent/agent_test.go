@@ -3,6 +3,7 @@ package guestagent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -99,6 +100,68 @@ func TestExecStreamsAndExitCode(t *testing.T) {
 	}
 	if _, err := c.Exec(ctxT(t), proto.ExecRequest{Argv: []string{"no-such-command-here"}}); err == nil || !strings.Contains(err.Error(), "not found") {
 		t.Fatalf("missing command: %v", err)
+	}
+}
+
+// TestExecStartFailures: a command that cannot start fails with the code
+// a shell's exit status comes from (not found: 127; not executable or no
+// working directory: 126) and a message naming the command or the
+// directory; the connection serves the next command.
+func TestExecStartFailures(t *testing.T) {
+	c, _ := startAgent(t)
+	dir := t.TempDir()
+	write := func(name, content string, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	plain := write("plain.txt", "not a program\n", 0o644)
+	garbage := write("garbage", "\x7fELF, but not really", 0o755)
+	noInterp := write("no-interp", "#!/no/such/interpreter\necho hi\n", 0o755)
+	locked := filepath.Join(dir, "locked")
+	if err := os.Mkdir(locked, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	nobody := uint32(65534)
+	for _, tc := range []struct {
+		argv       []string
+		dir        string
+		uid        *uint32
+		code, want string
+		status     int
+	}{
+		{[]string{"no-such-command-here"}, "", nil, proto.CodeNotFound, "no-such-command-here: command not found (PATH ", 127},
+		{[]string{"/no/such/path", "arg"}, "", nil, proto.CodeNotFound, "/no/such/path: no such file or directory", 127},
+		{[]string{"./missing"}, dir, nil, proto.CodeNotFound, "./missing: no such file or directory", 127},
+		{[]string{noInterp}, "", nil, proto.CodeNotFound, noInterp + ": cannot execute: its interpreter", 127},
+		{[]string{plain}, "", nil, proto.CodeNotExecutable, plain + ": permission denied", 126},
+		{[]string{dir}, "", nil, proto.CodeNotExecutable, dir + ": is a directory", 126},
+		{[]string{garbage}, "", nil, proto.CodeNotExecutable, garbage + ": exec format error", 126},
+		{[]string{plain + "/x"}, "", nil, proto.CodeNotExecutable, plain + "/x: not a directory", 126},
+		{[]string{"true"}, "/no/such/dir", nil, proto.CodeBadDir, "working directory /no/such/dir: no such file or directory", 126},
+		{[]string{"true"}, plain, nil, proto.CodeBadDir, "working directory " + plain + ": not a directory", 126},
+		{[]string{"no-such-command-here"}, "/no/such/dir", nil, proto.CodeBadDir, "working directory /no/such/dir", 126},
+		{[]string{"true"}, locked, &nobody, proto.CodeBadDir, "working directory " + locked + ": permission denied (uid 65534", 126},
+	} {
+		if tc.uid != nil && os.Geteuid() != 0 {
+			continue // running as another user needs root
+		}
+		_, err := c.Exec(ctxT(t), proto.ExecRequest{Argv: tc.argv, Dir: tc.dir, UID: tc.uid})
+		ae := (*client.AgentError)(nil)
+		if !errors.As(err, &ae) {
+			t.Errorf("%q in %q: %v, want an agent's error", tc.argv, tc.dir, err)
+			continue
+		}
+		if ae.Code != tc.code || ae.ExitStatus() != tc.status || !strings.Contains(ae.Message, tc.want) {
+			t.Errorf("%q in %q: code %q (status %d), %q; want %q (%d) and %q", tc.argv, tc.dir, ae.Code, ae.ExitStatus(), ae.Message, tc.code, tc.status, tc.want)
+		}
+	}
+	// The same connection runs the next command; a command that runs and
+	// fails has no start error, only its exit.
+	if out, _, x := run(t, c, proto.ExecRequest{Argv: []string{"sh", "-c", "echo ok; exit 127"}}, ""); out != "ok\n" || x.Code != 127 {
+		t.Fatalf("after the failures: %q, exit %+v", out, x)
 	}
 }
 

@@ -99,7 +99,10 @@ func (a *Agent) exec(c *conn, id uint32, req proto.ExecRequest) {
 	done, err := e.start(req)
 	if err != nil {
 		c.unregister(id)
-		c.fail(id, fmt.Errorf("exec %q: %w", req.Argv, err))
+		if se := (*startError)(nil); !errors.As(err, &se) {
+			err = fmt.Errorf("exec %q: %w", req.Argv, err) // a start error names what failed
+		}
+		c.fail(id, err)
 		return
 	}
 	go e.run(done, req.Timeout)
@@ -115,13 +118,20 @@ func (e *execution) start(req proto.ExecRequest) (<-chan exitStatus, error) {
 		uid = *req.UID
 	}
 	env := withDefaults(req.Env, uid, req.TTY)
-	path, err := lookPath(req.Argv[0], env)
-	if err != nil {
-		return nil, err
-	}
 	dir := req.Dir
 	if dir == "" {
 		dir = "/"
+	}
+	// The directory first, as the child changes into it before the exec
+	// (a relative command path is looked up there).
+	if st, err := os.Stat(dir); err != nil {
+		return nil, &startError{proto.CodeBadDir, fmt.Sprintf("working directory %s: %s", dir, errnoText(err))}
+	} else if !st.IsDir() {
+		return nil, &startError{proto.CodeBadDir, fmt.Sprintf("working directory %s: not a directory", dir)}
+	}
+	path, err := lookPath(req.Argv[0], env)
+	if err != nil {
+		return nil, err
 	}
 	sys := &syscall.SysProcAttr{Setpgid: true}
 	if req.UID != nil || req.GID != nil {
@@ -185,7 +195,7 @@ func (e *execution) start(req proto.ExecRequest) (<-chan exitStatus, error) {
 		if e.tty == nil {
 			closeAll([][2]*os.File{{e.outs[0], e.outs[1]}})
 		}
-		return nil, fmt.Errorf("start %s in %s: %w", path, dir, err)
+		return nil, startFailure(path, dir, sys.Credential, err)
 	}
 	e.a.mu.Lock()
 	e.a.execs[e] = struct{}{}
@@ -385,5 +395,90 @@ func lookPath(name string, env []string) (string, error) {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("%s: not found in PATH %s", name, path)
+	return "", &startError{proto.CodeNotFound, fmt.Sprintf("%s: command not found (PATH %s)", name, path)}
+}
+
+// startError is a command that did not start for a reason the host can
+// act on: code is proto.CodeNotFound, CodeNotExecutable or CodeBadDir,
+// and msg names the command or the directory.
+type startError struct {
+	code, msg string
+}
+
+func (e *startError) Error() string { return e.msg }
+
+// startFailure is the error of a ForkExec of path in dir, as cred when
+// not nil, that failed: a startError where the exec itself failed, as a
+// shell tells them apart (ENOENT: not found; anything else: not
+// executable), or a plain error where the fork did (no memory, no pids
+// left).
+func startFailure(path, dir string, cred *syscall.Credential, err error) error {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return fmt.Errorf("start %s in %s: %w", path, dir, err)
+	}
+	abs := path
+	if !filepath.IsAbs(abs) {
+		abs = filepath.Join(dir, abs)
+	}
+	switch errno {
+	case syscall.EAGAIN, syscall.ENOMEM, syscall.ENOSPC, syscall.EINTR, syscall.EMFILE, syscall.ENFILE:
+		return fmt.Errorf("start %s in %s: %w", path, dir, err)
+	case syscall.ENOENT:
+		if st, serr := os.Stat(dir); serr != nil || !st.IsDir() {
+			// Removed since it was checked.
+			return &startError{proto.CodeBadDir, fmt.Sprintf("working directory %s: no such file or directory", dir)}
+		}
+		if _, serr := os.Stat(abs); serr == nil {
+			return &startError{proto.CodeNotFound, fmt.Sprintf("%s: cannot execute: its interpreter (#! line or ELF loader) is missing", path)}
+		}
+		return &startError{proto.CodeNotFound, fmt.Sprintf("%s: no such file or directory", path)}
+	case syscall.EACCES:
+		// The child's chdir, as another user, fails with the same errno
+		// as its exec: the mode bits tell which it was.
+		if cred != nil && cred.Uid != 0 && !searchable(dir, cred.Uid, cred.Gid) {
+			return &startError{proto.CodeBadDir, fmt.Sprintf("working directory %s: permission denied (uid %d, gid %d)", dir, cred.Uid, cred.Gid)}
+		}
+		if st, serr := os.Stat(abs); serr == nil && st.IsDir() {
+			return &startError{proto.CodeNotExecutable, fmt.Sprintf("%s: is a directory", path)}
+		}
+	}
+	return &startError{proto.CodeNotExecutable, fmt.Sprintf("%s: %s", path, errno.Error())}
+}
+
+// searchable says whether uid, in group gid and no other, may search dir
+// and every directory above it, by their mode bits (ACLs are not read).
+func searchable(dir string, uid, gid uint32) bool {
+	if !filepath.IsAbs(dir) {
+		return true
+	}
+	p := "/"
+	for _, part := range strings.Split(filepath.Clean(dir), "/") {
+		p = filepath.Join(p, part)
+		var st unix.Stat_t
+		if unix.Stat(p, &st) != nil {
+			return true // not for this check to say
+		}
+		bit := st.Mode & 0o001
+		switch {
+		case st.Uid == uid:
+			bit = st.Mode & 0o100
+		case st.Gid == gid:
+			bit = st.Mode & 0o010
+		}
+		if bit == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// errnoText is the system's text of err's errno ("no such file or
+// directory"), or err's whole text when it carries none.
+func errnoText(err error) string {
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno.Error()
+	}
+	return err.Error()
 }

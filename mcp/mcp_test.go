@@ -133,6 +133,12 @@ func TestForkTestPromote(t *testing.T) {
 	if ex.ExitCode != 3 {
 		t.Errorf("exit 3: got %+v", ex)
 	}
+	// A command that cannot start is a result, as in a shell.
+	ex = mcp.ExecOut{}
+	call(t, cs, tool("exec", map[string]any{"sandbox": "base", "argv": []string{"nosuchcmd"}}), &ex)
+	if ex.ExitCode != 127 || !strings.Contains(ex.Stderr, "nosuchcmd: command not found") {
+		t.Errorf("nosuchcmd: got %+v", ex)
+	}
 
 	// snapshot, break it, roll back.
 	var snap mcp.SnapshotOut

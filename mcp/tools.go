@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -359,6 +360,11 @@ func (t *tools) exec(ctx context.Context, req *sdk.CallToolRequest, in ExecIn) (
 	stdout := &progressWriter{mu: &mu, stream: "stdout", notify: notify}
 	stderr := &progressWriter{mu: &mu, stream: "stderr", notify: notify}
 	ex, err := t.c.Exec(ctx, in.Sandbox, er, client.ExecIO{Stdout: stdout, Stderr: stderr})
+	if ce := (*client.Error)(nil); errors.As(err, &ce) && ce.ExitCode != 0 {
+		// The command did not start: the exit status and message a shell
+		// gives (127 not found, 126 not executable).
+		return nil, ExecOut{ExitCode: ce.ExitCode, Stderr: strings.ToValidUTF8(ce.Message, "\uFFFD") + "\n"}, nil
+	}
 	if err != nil {
 		return nil, ExecOut{}, err
 	}

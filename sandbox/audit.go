@@ -164,6 +164,9 @@ func (m *Manager) auditExec(name string, req proto.ExecRequest, d string, p *cli
 	fields := map[string]any{"argv": req.Argv, "cwd": req.Dir, "uid": user, "tty": req.TTY, "policy": d}
 	if err != nil {
 		fields["error"] = err.Error()
+		if se := (*StartError)(nil); errors.As(err, &se) {
+			fields["exit_code"] = se.ExitStatus() // what a shell would give
+		}
 		m.Audit(name, "exec", fields)
 		return p, err
 	}

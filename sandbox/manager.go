@@ -678,7 +678,12 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 		}
 	}
 	p, err := c.Exec(ctx, req)
-	if err != nil {
+	if ae := (*client.AgentError)(nil); errors.As(err, &ae) && ae.ExitStatus() != 0 && !errors.Is(err, client.ErrClosed) {
+		// The agent answered that the command did not start: the
+		// connection is sound and serves a later command.
+		err = &StartError{Sandbox: name, Argv: req.Argv, Code: ae.Code, Message: ae.Message}
+		l.putConn(c)
+	} else if err != nil {
 		c.Close()
 	} else {
 		go func() {
@@ -691,6 +696,24 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 	}
 	return m.auditExec(name, req, decided, p, err)
 }
+
+// StartError is a command that did not start in a sandbox for a reason
+// its caller can act on, as a shell tells them apart: not found (exit
+// status 127), not executable or no such working directory (126).
+type StartError struct {
+	Sandbox string
+	Argv    []string
+	// Code is the guest agent's: proto.CodeNotFound, CodeNotExecutable or
+	// CodeBadDir.
+	Code string
+	// Message is the agent's; it names the command or the directory.
+	Message string
+}
+
+func (e *StartError) Error() string { return fmt.Sprintf("sandbox %q: %s", e.Sandbox, e.Message) }
+
+// ExitStatus is the exit status a shell gives the failure: 127 or 126.
+func (e *StartError) ExitStatus() int { return proto.ExecExitStatus(e.Code) }
 
 // maxIdleConns bounds the idle agent connections kept per sandbox.
 const maxIdleConns = 4

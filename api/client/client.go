@@ -59,6 +59,10 @@ type Error struct {
 	Status  int
 	Code    string
 	Message string
+	// ExitCode is, for an exec whose command did not start, the exit
+	// status a shell gives (127 not found, 126 not executable or no such
+	// working directory: api.CodeCommandNotFound and the others); else 0.
+	ExitCode int
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -77,6 +81,15 @@ func (e *Error) Is(target error) bool {
 		return e.Code == "denied"
 	}
 	return false
+}
+
+// exitCode keeps an error's exit status when a process could have it
+// (1-255), else 0.
+func exitCode(n int) int {
+	if n < 1 || n > 255 {
+		return 0
+	}
+	return n
 }
 
 // base is the URL prefix of every request; the host is a placeholder.
@@ -114,7 +127,7 @@ func responseError(resp *http.Response) error {
 	e := &Error{Status: resp.StatusCode}
 	var ae api.Error
 	if json.Unmarshal(b, &ae) == nil && ae.Code != "" {
-		e.Code, e.Message = ae.Code, ae.Message
+		e.Code, e.Message, e.ExitCode = ae.Code, ae.Message, exitCode(ae.ExitCode)
 	} else {
 		e.Code = "internal"
 		e.Message = fmt.Sprintf("tine daemon answered %s: %s", resp.Status, strings.TrimSpace(string(b)))

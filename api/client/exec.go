@@ -76,7 +76,7 @@ func deliver(ev api.ExecEvent, io ExecIO) (proto.Exit, bool, error) {
 	case ev.Exit != nil:
 		return *ev.Exit, true, nil
 	case ev.Error != nil:
-		return proto.Exit{}, true, &Error{Code: ev.Error.Code, Message: ev.Error.Message}
+		return proto.Exit{}, true, &Error{Code: ev.Error.Code, Message: ev.Error.Message, ExitCode: exitCode(ev.Error.ExitCode)}
 	}
 	return proto.Exit{}, false, nil
 }

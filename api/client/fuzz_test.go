@@ -12,6 +12,8 @@ func FuzzExecEvents(f *testing.F) {
 	for _, s := range []string{
 		"{\"started\":{\"pid\":3}}\n{\"stdout\":\"aGkK\"}\n{\"stderr\":\"b29wcwo=\"}\n{\"exit\":{\"pid\":3,\"code\":1}}\n",
 		"{\"error\":{\"code\":\"not_found\",\"message\":\"sandbox \\\"x\\\": not found\"}}\n",
+		"{\"error\":{\"code\":\"command_not_found\",\"message\":\"x: command not found\",\"exit_code\":127}}\n",
+		"{\"error\":{\"code\":\"bad_dir\",\"message\":\"d\",\"exit_code\":-300}}\n",
 		"\n\n{\"exit\":{\"code\":0}}", "{\"stdout\":\"!!\"}\n", "{\"exit\":", "",
 		"{\"type\":\"port-opened\",\"port\":{\"port\":80}}\n",
 	} {
@@ -33,8 +35,12 @@ func FuzzExecEvents(f *testing.F) {
 				continue
 			}
 			var out bytes.Buffer
-			if _, done, err := deliver(ev, ExecIO{Stdout: &out, Stderr: &out}); done && err == nil && ev.Exit == nil {
+			_, done, err := deliver(ev, ExecIO{Stdout: &out, Stderr: &out})
+			if done && err == nil && ev.Exit == nil {
 				t.Fatalf("an event without exit ended the exec: %s", line)
+			}
+			if ce, ok := err.(*Error); ok && (ce.ExitCode < 0 || ce.ExitCode > 255) {
+				t.Fatalf("an error's exit code %d passed: %s", ce.ExitCode, line)
 			}
 		}
 		lr = newLineReader(bytes.NewReader(data))

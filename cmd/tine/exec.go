@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"os/user"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -26,6 +30,8 @@ type execOpts struct {
 	env        []string
 	timeout    time.Duration
 	user       string
+	// json prints the output and the result as JSON lines (exec --json).
+	json bool
 }
 
 func (a *app) execCommand() *cobra.Command {
@@ -38,6 +44,7 @@ func (a *app) execCommand() *cobra.Command {
 			if d := c.ArgsLenAtDash(); d >= 0 && d != 1 {
 				return usageErr("want exactly one sandbox before --, got %d arguments", d)
 			}
+			o.json = a.json
 			return a.exec(c.Context(), args[0], args[1:], o)
 		},
 	}
@@ -69,8 +76,95 @@ func (a *app) shellCommand() *cobra.Command {
 // forwarded are the signals tine passes on to a command it runs.
 var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2}
 
+// execResult is the last line of exec --json: how the command ended.
+type execResult struct {
+	// ExitCode is tine's exit status: the command's, 128+N when signal N
+	// killed it, 127 or 126 when it did not start, 1 or 2 for tine's own
+	// failures.
+	ExitCode int  `json:"exit_code"`
+	Signal   int  `json:"signal,omitempty"`
+	TimedOut bool `json:"timed_out,omitempty"`
+	// Error is why the command did not run or tine failed, as the API
+	// says it (code, message and for a command that did not start its
+	// exit_code).
+	Error *api.Error `json:"error,omitempty"`
+}
+
+// jsonLines writes one JSON object a line, from several goroutines.
+type jsonLines struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (j *jsonLines) line(v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.w.Write(append(b, '\n'))
+}
+
+// jsonOutput writes a command's stdout or stderr as the API's ExecEvent
+// lines, {"stdout":B64} or {"stderr":B64}.
+type jsonOutput struct {
+	j      *jsonLines
+	stderr bool
+}
+
+func (o jsonOutput) Write(b []byte) (int, error) {
+	if o.stderr {
+		o.j.line(api.ExecEvent{Stderr: b})
+	} else {
+		o.j.line(api.ExecEvent{Stdout: b})
+	}
+	return len(b), nil
+}
+
 // exec runs argv in sandbox sb and returns its exit code as an exitCode.
+// With o.json, the command's output goes to stdout as ExecEvent lines and
+// an execResult line ends it, whatever the outcome.
 func (a *app) exec(ctx context.Context, sb string, argv []string, o *execOpts) error {
+	if !o.json {
+		return a.execRun(ctx, sb, argv, o, nil)
+	}
+	res := &execResult{}
+	j := &jsonLines{w: a.stdout}
+	err := a.execRun(ctx, sb, argv, o, &execJSON{j, res})
+	res.ExitCode = exitStatus(err)
+	if ec := exitCode(0); err != nil && !errors.As(err, &ec) {
+		// tine's own failure: the API's code when the daemon gave one,
+		// and what tine prints on stderr.
+		if res.Error == nil {
+			res.Error = &api.Error{Code: "internal"}
+			if errors.Is(err, errUsage) {
+				res.Error.Code = "bad_request"
+			}
+		}
+		res.Error.Message = err.Error()
+	}
+	j.line(res)
+	return err
+}
+
+// execJSON is where execRun reports for exec --json.
+type execJSON struct {
+	lines *jsonLines
+	res   *execResult
+}
+
+// fail keeps the API's error, when err holds one, for the result and
+// returns err as sbErr words it. A nil js only words it.
+func (js *execJSON) fail(sb string, err error) error {
+	if ce := (*client.Error)(nil); js != nil && errors.As(err, &ce) {
+		js.res.Error = &api.Error{Code: ce.Code, Message: ce.Message, ExitCode: ce.ExitCode}
+	}
+	return sbErr(sb, err)
+}
+
+// execRun is exec; js is nil without --json.
+func (a *app) execRun(ctx context.Context, sb string, argv []string, o *execOpts, js *execJSON) error {
 	req := api.ExecRequest{ExecRequest: proto.ExecRequest{Argv: argv, Dir: o.cwd, TTY: o.tty}, Timeout: o.timeout}
 	for _, e := range o.env {
 		if !strings.Contains(e, "=") {
@@ -98,7 +192,7 @@ func (a *app) exec(ctx context.Context, sb string, argv []string, o *execOpts) e
 		// The request's environment replaces the sandbox's: start from it.
 		s, err := cl.Get(ctx, sb)
 		if err != nil {
-			return sbErr(sb, err)
+			return js.fail(sb, err)
 		}
 		req.Env = append(append([]string(nil), s.Env...), o.env...)
 	}
@@ -114,6 +208,9 @@ func (a *app) exec(ctx context.Context, sb string, argv []string, o *execOpts) e
 	sigOut := make(chan proto.Signal, 8)
 	// Without -i the command's stdin is empty, and closed at once.
 	io := client.ExecIO{Stdin: strings.NewReader(""), Stdout: a.stdout, Stderr: a.stderr, Signals: sigOut}
+	if js != nil {
+		io.Stdout, io.Stderr = jsonOutput{j: js.lines}, jsonOutput{j: js.lines, stderr: true}
+	}
 	if o.stdin {
 		io.Stdin = a.stdin
 	}
@@ -157,7 +254,17 @@ func (a *app) exec(ctx context.Context, sb string, argv []string, o *execOpts) e
 	default:
 	}
 	if err != nil {
-		return sbErr(sb, err)
+		if ce := (*client.Error)(nil); errors.As(err, &ce) && ce.ExitCode != 0 {
+			// The command did not start: the exit status a shell gives
+			// (127 not found, 126 not executable), the reason on stderr.
+			js.fail(sb, err)
+			fmt.Fprintf(a.stderr, "tine exec: %s\n", ce.Message)
+			return exitCode(ce.ExitCode)
+		}
+		return js.fail(sb, err)
+	}
+	if js != nil {
+		js.res.Signal, js.res.TimedOut = exit.Signal, exit.TimedOut
 	}
 	if exit.TimedOut {
 		fmt.Fprintf(a.stderr, "tine exec: %s in sandbox %s was killed after --timeout %s\n", argv[0], sb, o.timeout)

@@ -87,7 +87,19 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return 2
 	}
 	fmt.Fprintf(stderr, "%s: %v\n", name, err)
-	if errors.Is(err, errUsage) {
+	return exitStatus(err)
+}
+
+// exitStatus is the exit code of a command that returned err: 0 for
+// none, an exitCode's own, 2 for a usage error, else 1.
+func exitStatus(err error) int {
+	var code exitCode
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &code):
+		return int(code)
+	case errors.Is(err, errUsage):
 		return 2
 	}
 	return 1

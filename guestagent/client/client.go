@@ -150,16 +150,26 @@ func agentError(f proto.Frame) error {
 	if len(e.Message) > maxMessage {
 		e.Message = e.Message[:maxMessage] + "..."
 	}
-	return &AgentError{Message: e.Message}
+	if proto.ExecExitStatus(e.Code) == 0 {
+		e.Code = "" // a code this side does not know is none
+	}
+	return &AgentError{Message: e.Message, Code: e.Code}
 }
 
 // AgentError is an error the agent answered (not a broken connection):
 // the request reached it and failed there.
 type AgentError struct {
 	Message string
+	// Code is the error's proto.Code* value (an exec that did not start:
+	// proto.CodeNotFound, CodeNotExecutable, CodeBadDir), or empty.
+	Code string
 }
 
 func (e *AgentError) Error() string { return "guest agent: " + e.Message }
+
+// ExitStatus is the exit status a shell gives the failure: 127 or 126
+// for an exec that did not start (proto.ExecExitStatus), else 0.
+func (e *AgentError) ExitStatus() int { return proto.ExecExitStatus(e.Code) }
 
 // open starts a request: it registers a new stream and sends f with its id.
 func (c *Client) open(k proto.Kind, v any) (*stream, error) {

@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"strings"
@@ -97,6 +98,35 @@ func TestHostileAgentAnswers(t *testing.T) {
 	}
 }
 
+// TestExecErrorCode: an exec that did not start comes back as an
+// AgentError with the agent's code and the exit status it means; a code
+// the client does not know is none.
+func TestExecErrorCode(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		code, want string
+		status     int
+	}{
+		{proto.CodeNotFound, proto.CodeNotFound, 127},
+		{proto.CodeNotExecutable, proto.CodeNotExecutable, 126},
+		{proto.CodeBadDir, proto.CodeBadDir, 126},
+		{"", "", 0},
+		{"made-up", "", 0},
+	} {
+		c, err := New(answering(t, jf(proto.KindError, 1, proto.Error{Message: "x: failed", Code: tc.code})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Exec(ctx, proto.ExecRequest{Argv: []string{"x"}})
+		ae := (*AgentError)(nil)
+		if !errors.As(err, &ae) || ae.Code != tc.want || ae.ExitStatus() != tc.status || ae.Message != "x: failed" {
+			t.Errorf("code %q: %#v (%v), want code %q and status %d", tc.code, ae, err, tc.want, tc.status)
+		}
+		c.Close()
+	}
+}
+
 // FuzzClient: whatever an agent sends after its hello, Ps, Ports, GetFile
 // and Exec return (with an error or not) and never panic.
 func FuzzClient(f *testing.F) {
@@ -105,6 +135,8 @@ func FuzzClient(f *testing.F) {
 		jf(proto.KindExit, 1, proto.Exit{Code: 1})))
 	f.Add(frames(f, jf(proto.KindFileInfo, 1, proto.FileInfo{Size: 1}), proto.Frame{Kind: proto.KindData, ID: 1, Payload: []byte("x")},
 		proto.Frame{Kind: proto.KindEnd, ID: 1}))
+	f.Add(frames(f, jf(proto.KindError, 1, proto.Error{Message: "x: command not found", Code: proto.CodeNotFound})))
+	f.Add(frames(f, jf(proto.KindError, 1, proto.Error{Message: "x", Code: "made-up"})))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -121,10 +153,15 @@ func FuzzClient(f *testing.F) {
 			case 2:
 				c.GetFile(ctx, "f", io.Discard)
 			case 3:
-				if p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"x"}}); err == nil {
+				p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"x"}})
+				if err == nil {
 					go io.Copy(io.Discard, p.Stderr)
 					io.Copy(io.Discard, p.Stdout)
 					p.Wait(ctx)
+				}
+				// An error's code is one this side knows, or none.
+				if ae := (*AgentError)(nil); errors.As(err, &ae) && ae.Code != "" && ae.ExitStatus() == 0 {
+					t.Fatalf("an unknown code passed: %q", ae.Code)
 				}
 			}
 			c.Close()

@@ -19,6 +19,37 @@ type Hello struct {
 // Error ends a stream that failed, or the connection (id 0).
 type Error struct {
 	Message string `json:"message"`
+	// Code, when set, says what kind of failure it is, for a caller to act
+	// on: CodeNotFound, CodeNotExecutable or CodeBadDir for an exec whose
+	// command did not start. Agents before it send none; a client treats
+	// a code it does not know as none.
+	Code string `json:"code,omitempty"`
+}
+
+// Codes of an exec's Error (Error.Code).
+const (
+	// CodeNotFound: the command is not in PATH, its path names nothing,
+	// or its interpreter (#! line or ELF loader) is missing.
+	CodeNotFound = "not_found"
+	// CodeNotExecutable: the command was found but cannot be executed
+	// (no permission, a directory, not an executable format).
+	CodeNotExecutable = "not_executable"
+	// CodeBadDir: the working directory does not exist or is not a
+	// directory.
+	CodeBadDir = "bad_dir"
+)
+
+// ExecExitStatus is the exit status a shell gives a command that failed
+// to start with code: 127 for CodeNotFound, 126 for CodeNotExecutable and
+// CodeBadDir, and 0 for any other code (not a failure to start).
+func ExecExitStatus(code string) int {
+	switch code {
+	case CodeNotFound:
+		return 127
+	case CodeNotExecutable, CodeBadDir:
+		return 126
+	}
+	return 0
 }
 
 // ExecRequest asks the agent to run a command.

@@ -77,6 +77,29 @@ func TestCheckHello(t *testing.T) {
 	}
 }
 
+// TestErrorCode: an Error's code is optional both ways: an older agent's
+// error (no code) decodes with none, an error without a code encodes as
+// before, and each exec code has the exit status a shell gives.
+func TestErrorCode(t *testing.T) {
+	var e Error
+	if err := Decode(Frame{Kind: KindError, Payload: []byte(`{"message":"exec [\"x\"]: x: not found in PATH /bin"}`)}, &e); err != nil || e.Code != "" || e.Message == "" {
+		t.Fatalf("an older agent's error: %+v, %v", e, err)
+	}
+	if f := mustJSON(KindError, Error{Message: "m"}); string(f.Payload) != `{"message":"m"}` {
+		t.Fatalf("an error without a code encodes as %s", f.Payload)
+	}
+	in := Error{Message: "x: command not found", Code: CodeNotFound}
+	var out Error
+	if err := Decode(mustJSON(KindError, in), &out); err != nil || out != in {
+		t.Fatalf("round trip: %+v, %v", out, err)
+	}
+	for code, want := range map[string]int{CodeNotFound: 127, CodeNotExecutable: 126, CodeBadDir: 126, "": 0, "other": 0} {
+		if got := ExecExitStatus(code); got != want {
+			t.Errorf("ExecExitStatus(%q) = %d, want %d", code, got, want)
+		}
+	}
+}
+
 func mustJSON(k Kind, v any) Frame {
 	f, err := JSONFrame(k, 0, v)
 	if err != nil {
@@ -138,7 +161,8 @@ func FuzzFrameRoundTrip(f *testing.F) {
 func FuzzDecodeMessages(f *testing.F) {
 	for _, v := range []any{ExecRequest{Argv: []string{"sh"}, TTY: true, Rows: 3}, Process{PID: 1, Argv: []string{"a"}},
 		Port{Proto: "tcp", Port: 80}, Event{Type: EventLost, Lost: 3}, Exit{Code: -1, Signal: 9}, FileInfo{Mode: 0o755, Size: 3},
-		HygieneRequest{Entropy: []byte{1, 2, 3}, Generation: 7}} {
+		HygieneRequest{Entropy: []byte{1, 2, 3}, Generation: 7}, Error{Message: "x: command not found", Code: CodeNotFound},
+		Error{Message: "old agent"}} {
 		b, _ := json.Marshal(v)
 		f.Add(b)
 	}
