@@ -107,10 +107,12 @@ type branch struct {
 
 	chunkCache map[chunkstore.ID][]byte // small cache of decoded chunks
 	chunkOrder []chunkstore.ID
-	overlays   overlayFiles   // open overlay files, least recently used first
-	removals   overlayRemover // overlay files being deleted off the request path
-	memUsed    int64          // bytes of fileData.mem held by this branch's files
-	ovSeq      uint64         // numbers overlay files: no name is used twice while the branch is open
+	overlays   overlayFiles         // open overlay files, least recently used first
+	removals   overlayRemover       // overlay files being deleted off the request path
+	memUsed    int64                // bytes of fileData.mem held by this branch's files
+	memFiles   map[*fileData]*inode // the files holding them, with their inodes
+	memFlush   bool                 // a flush of them is under way (memflush.go)
+	ovSeq      uint64               // numbers overlay files: no name is used twice while the branch is open
 
 	logging *logging    // the files an fsync's commit is logging (fsynclog.go)
 	pend    *liveLog    // the branch's fsync log, if it has one
@@ -134,7 +136,8 @@ func (f *FS) newBranch() *branch {
 	root := &inode{ino: 1, typ: TypeDir, mode: 0o755, parents: map[*inode]int{},
 		loaded: true, children: map[string]*inode{}}
 	return &branch{fs: f, root: root, nextIno: 2, linked: map[uint64]*inode{},
-		chunkCache: map[chunkstore.ID][]byte{}, orphans: map[*inode]*inode{}, writing: map[*inode]int{}}
+		chunkCache: map[chunkstore.ID][]byte{}, orphans: map[*inode]*inode{}, writing: map[*inode]int{},
+		memFiles: map[*fileData]*inode{}}
 }
 
 // bound reports whether open has bound b to a branch. Caller holds b.mu
@@ -772,6 +775,7 @@ func (b *branch) write(in *inode, p []byte, off int64) (int, error) {
 		if terr := b.touch(in); err == nil {
 			err = terr
 		}
+		b.flushMemBehind()
 	}
 	if err != nil {
 		return n, fmt.Errorf("branch %q: write inode %d overlay %s: %w", b.name, in.ino, fd.ovPath, err)

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -341,53 +339,6 @@ func (b *branch) commitLogged() {
 // commitLoggedTestHook, when set (by tests), runs once after commitLogged
 // cut the files and before it takes the lock again.
 var commitLoggedTestHook atomic.Pointer[func()]
-
-// frozenFile is a copy of a logged file's state, to cut into chunks
-// without the branch's lock.
-type frozenFile struct {
-	in     *inode
-	fd     *fileData // the file's state when frozen, checked again at install
-	gen    uint64
-	ovPath string
-	copy   fileData // refs, offs and written ranges as they were
-	size   int64
-	out    []fileRef
-	err    error
-}
-
-// freeze copies a file's state. Caller holds b.mu.
-func freeze(in *inode) *frozenFile {
-	fd := in.f
-	f := &frozenFile{in: in, fd: fd, gen: fd.gen, ovPath: fd.ovPath, size: in.size}
-	f.copy.refs = append([]fileRef(nil), fd.refs...)
-	f.copy.offs = append([]int64(nil), fd.offs...)
-	f.copy.dirty = append([]extent(nil), fd.dirty...)
-	return f
-}
-
-// cut stores the frozen content as chunks (f.out), reading the overlay
-// file through a descriptor of its own.
-func (f *frozenFile) cut(ctx context.Context, st *chunkstore.Store, name string) {
-	ov, err := os.Open(f.ovPath)
-	if err != nil {
-		f.err = err
-		return
-	}
-	defer ov.Close()
-	fd := &f.copy
-	written := func(buf []byte, pos int64) error {
-		m, err := ov.ReadAt(buf, pos)
-		if err != nil && !errors.Is(err, io.EOF) {
-			return err
-		}
-		clear(buf[m:]) // past the overlay file's end: zeros
-		return nil
-	}
-	chunk := func(r fileRef) ([]byte, error) { return getChunk(st, name, r) }
-	f.out, f.err = cutFile(ctx, st, name, fd, f.size, func(p []byte, off int64) (int, error) {
-		return fd.readAt(p, off, f.size, written, chunk)
-	})
-}
 
 // holdOverlay keeps an overlay file that the live log needs (its file's
 // bytes were stored or dropped since the log was made) until the log is

@@ -38,7 +38,8 @@ func (f *FS) memInUse() int64 { return f.memUsed.Load() }
 // allocates to the budgets; it reports false, changing nothing, when
 // they cannot hold it. Bytes of fd.mem past its length are always zero.
 // Caller holds b.mu.
-func (b *branch) memGrow(fd *fileData, end int64) bool {
+func (b *branch) memGrow(in *inode, end int64) bool {
+	fd := in.f
 	if end <= int64(len(fd.mem)) {
 		return true
 	}
@@ -65,6 +66,7 @@ func (b *branch) memGrow(fd *fileData, end int64) bool {
 	m := make([]byte, end, c)
 	copy(m, fd.mem)
 	fd.mem = m
+	b.memFiles[fd] = in
 	return true
 }
 
@@ -77,6 +79,7 @@ func (b *branch) memFree(fd *fileData) {
 	b.memUsed -= c
 	b.fs.memUsed.Add(-c)
 	fd.mem = nil
+	delete(b.memFiles, fd)
 }
 
 // ovWrite writes p at off into the file's written bytes: in memory while
@@ -89,7 +92,7 @@ func (b *branch) ovWrite(in *inode, p []byte, off int64) (int, error) {
 	}
 	if fd.ovPath == "" {
 		end := off + int64(len(p))
-		if end <= memFileMax && b.memGrow(fd, end) {
+		if end <= memFileMax && b.memGrow(in, end) {
 			copy(fd.mem[off:end], p)
 			return len(p), nil
 		}

@@ -1,0 +1,123 @@
+package cowfs
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// A branch whose small files fill half its memory budget stores them in
+// the background and commits: memory is freed, no file goes to an
+// overlay file, the head moves, and every file reads back, also after a
+// remount. A file written while the flush cut it keeps the newer bytes.
+func TestMemFlushBehind(t *testing.T) {
+	needFUSE(t)
+	ctx := context.Background()
+	const budget = 4 << 20
+	f := openTestFSWith(t, &Options{BranchMemBytes: budget, MemBytes: 64 << 20})
+	m, _ := mountNew(t, f, "main", map[string]string{"seed": "x"})
+	head0, _, err := f.getRef(refBranch + "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := pattern(999, 3000)
+	hookRan := make(chan struct{})
+	hook := func() {
+		// f000 was frozen with its first bytes: this write makes the
+		// flush's copy stale, so the flush must keep the new bytes.
+		if err := os.WriteFile(filepath.Join(m.Dir(), "f000"), late, 0o644); err != nil {
+			t.Error(err)
+		}
+		close(hookRan)
+	}
+	flushMemTestHook.Store(&hook)
+	t.Cleanup(func() { flushMemTestHook.Store(nil) })
+
+	want := map[string][]byte{}
+	const size = 10 << 10
+	i := 0
+	// Write until the flush starts (half the budget), well short of the
+	// budget itself.
+	for ; i < budget/2/size+1; i++ {
+		name := fmt.Sprintf("f%03d", i)
+		want[name] = pattern(uint64(i), size)
+		if err := os.WriteFile(filepath.Join(m.Dir(), name), want[name], 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-hookRan:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no flush began after %d files of %d bytes (budget %d)", i, size, budget)
+	}
+	want["f000"] = late
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m.b.mu.Lock()
+		busy := m.b.memFlush
+		m.b.mu.Unlock()
+		if !busy {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the flush did not end")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	head1, _, err := f.getRef(refBranch + "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if head1 == head0 {
+		t.Error("the flush did not commit: the branch's head did not move")
+	}
+	// The commit that ends the flush stored f000's new bytes too.
+	if n := f.memInUse(); n != 0 {
+		t.Errorf("%d bytes in memory after the flush, want none", n)
+	}
+	if names := overlayFileNames(t, f, "main"); len(names) != 0 {
+		t.Errorf("%d overlay files on disk, want none: %v", len(names), names[:min(5, len(names))])
+	}
+	for name, w := range want {
+		mustRead(t, filepath.Join(m.Dir(), name), w)
+	}
+	if err := m.Unmount(); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := f.Mount(ctx, "main", t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Unmount()
+	for name, w := range want {
+		mustRead(t, filepath.Join(m2.Dir(), name), w)
+	}
+}
+
+// A branch with less than memFlushMin in memory is never flushed behind
+// its back: small budgets keep the plain spill of ADR 0164.
+func TestMemFlushNotForLittle(t *testing.T) {
+	needFUSE(t)
+	f := openTestFSWith(t, &Options{BranchMemBytes: 64 << 10, MemBytes: 1 << 20})
+	m, _ := mountNew(t, f, "main", map[string]string{"seed": "x"})
+	head0, _, err := f.getRef(refBranch + "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		if err := os.WriteFile(filepath.Join(m.Dir(), fmt.Sprint(i)), pattern(uint64(i), 4000), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	head1, _, err := f.getRef(refBranch + "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if head1 != head0 {
+		t.Error("a branch holding less than memFlushMin was committed behind its back")
+	}
+}
