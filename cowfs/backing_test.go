@@ -17,7 +17,9 @@ import (
 func TestBackingRegisteredOnce(t *testing.T) {
 	needFUSE(t)
 	f := openTestFS(t)
-	files := map[string]string{"a": "same", "a2": "same", "b": "bee", "c": "sea", "d": "dee"}
+	// Files of passthroughMin bytes, the smallest read with passthrough.
+	big := func(seed uint64) string { return string(pattern(seed, passthroughMin)) }
+	files := map[string]string{"a": big(1), "a2": big(1), "b": big(2), "c": big(3), "d": big(4)}
 	m, _ := mountNew(t, f, "main", files)
 	bk := m.b.backings
 	read := func(name string) {

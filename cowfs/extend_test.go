@@ -68,7 +68,7 @@ func TestExtendAfterPassthroughRead(t *testing.T) {
 func TestOnlyReadOnlyOpensGetABacking(t *testing.T) {
 	needFUSE(t)
 	f := openTestFS(t)
-	m, _ := mountNew(t, f, "b", map[string]string{"f": "old"})
+	m, _ := mountNew(t, f, "b", map[string]string{"f": string(pattern(1, passthroughMin)), "small": "old"})
 	var out fuse.EntryOut
 	c, errno := m.b.rootNode.Lookup(context.Background(), "f", &out)
 	if errno != 0 {
@@ -89,5 +89,27 @@ func TestOnlyReadOnlyOpensGetABacking(t *testing.T) {
 			t.Errorf("open f (flags %#x): backing file %v, want %v", o.flags, got, o.backing)
 		}
 		fh.(gofs.FileReleaser).Release(ctx)
+	}
+	// A file under passthroughMin is read through the server (ADR 0202):
+	// no backing file, and no cache file written for it.
+	c, errno = m.b.rootNode.Lookup(context.Background(), "small", &out)
+	if errno != 0 {
+		t.Fatalf("lookup small: %v", errno)
+	}
+	cancel := make(chan struct{})
+	ctx := &fuse.Context{Cancel: cancel}
+	fh, _, errno := c.Operations().(*node).Open(ctx, syscall.O_RDONLY)
+	if errno != 0 {
+		t.Fatalf("open small: %v", errno)
+	}
+	if _, got := m.b.backings.take(cancel); got {
+		t.Error("read-only open of a 3-byte file: given a backing file")
+	}
+	fh.(gofs.FileReleaser).Release(ctx)
+	if got, err := os.ReadFile(filepath.Join(m.Dir(), "small")); err != nil || string(got) != "old" {
+		t.Errorf("read small: %q, %v", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(f.Root(), "cache", mustID(t, f, "b", "small"))); !os.IsNotExist(err) {
+		t.Errorf("reading a 3-byte file wrote its cache file (stat: %v)", err)
 	}
 }

@@ -610,6 +610,13 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 	return 0
 }
 
+// passthroughMin is the smallest file read through passthrough. A
+// smaller one is read through the server into the mount's page cache,
+// which every later open keeps: its first open would otherwise write a
+// cache file, a host create that costs more than all the READ requests
+// of a file this small (ADR 0202).
+const passthroughMin = 64 << 10
+
 // backedWait bounds how long a writable open waits for the release of
 // the file's last handle with a backing file (see Open).
 const backedWait = 100 * time.Millisecond
@@ -650,11 +657,12 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		}
 	}
 	h := b.newHandle(n, in, flags, b.keepCache)
-	// A passthrough open while the file is unchanged and no cached open
-	// exists (the kernel allows one kind at a time), with the backing of
-	// the passthrough opens there are.
+	// A passthrough open while the file is unchanged, big enough (see
+	// passthroughMin) and no cached open exists (the kernel allows one
+	// kind at a time), with the backing of the passthrough opens there
+	// are.
 	unchanged := func() bool { return in.f == nil || !in.f.changed }
-	if !writable && b.passthrough && in.cachedOpens == 0 && unchanged() && !in.id.IsZero() &&
+	if !writable && b.passthrough && in.cachedOpens == 0 && unchanged() && !in.id.IsZero() && in.size >= passthroughMin &&
 		(in.bk == nil || in.bk.id == in.id) && requestKey(ctx) != nil {
 		id, size := in.id, in.size
 		b.mu.Unlock()
