@@ -775,7 +775,6 @@ func (b *branch) write(in *inode, p []byte, off int64) (int, error) {
 		if terr := b.touch(in); err == nil {
 			err = terr
 		}
-		b.flushMemBehind()
 	}
 	if err != nil {
 		return n, fmt.Errorf("branch %q: write inode %d overlay %s: %w", b.name, in.ino, fd.ovPath, err)

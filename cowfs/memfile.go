@@ -92,9 +92,12 @@ func (b *branch) ovWrite(in *inode, p []byte, off int64) (int, error) {
 	}
 	if fd.ovPath == "" {
 		end := off + int64(len(p))
-		if end <= memFileMax && b.memGrow(in, end) {
-			copy(fd.mem[off:end], p)
-			return len(p), nil
+		if end <= memFileMax {
+			if b.memGrow(in, end) {
+				copy(fd.mem[off:end], p)
+				return len(p), nil
+			}
+			b.flushMemBehind()
 		}
 		if err := b.spill(in); err != nil {
 			return 0, err

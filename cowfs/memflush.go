@@ -5,22 +5,28 @@ import (
 	"sync/atomic"
 )
 
-// A branch whose files hold half its memory budget (memfile.go) stores
+// A branch whose in-memory files (memfile.go) fill its budget stores
 // them in the chunk store in the background, while the mount serves:
-// otherwise the budget fills, and every small file written after that
-// gets an overlay file of its own, a host create, write and later unlink
-// each, which on a disk with slow metadata costs far more than storing
-// the bytes in the store's packs, where appends are cheap (ADR 0201).
-// The commit that follows makes the stored files part of the branch's
-// head, so that nothing the store holds is reachable only from memory.
+// otherwise every small file written after that would get an overlay
+// file of its own, a host create, write and later unlink each, which on
+// a disk with slow metadata costs far more than storing the bytes in the
+// store's packs, where appends are cheap (ADR 0201). Writes that come
+// while the flush runs go to overlay files, as before. The commit that
+// follows makes the stored files part of the branch's head, so that
+// nothing the store holds is reachable only from memory. The flush
+// waits for the budget to fill, not less: its hashing and compression
+// would otherwise compete for the CPUs with the writer of files that
+// fit in memory, work that the next commit does anyway.
 
 // memFlushMin is the least a branch must hold in memory before it is
 // flushed: less is not worth a commit.
 const memFlushMin = 1 << 20
 
 // flushMemBehind starts a background flush of the branch's in-memory
-// files when they hold half its budget and none is under way. Caller
-// holds b.mu.
+// files, when they hold at least half its budget (so that the FS's
+// budget, shared by every branch, is not what is short) and none is
+// under way. Called when a write finds the budget full. Caller holds
+// b.mu.
 func (b *branch) flushMemBehind() {
 	bmax, _ := b.fs.memBudget()
 	if b.memFlush || b.memUsed < bmax/2 || b.memUsed < memFlushMin || !b.bound() {
