@@ -109,7 +109,7 @@ bench-cowfs: deps
 # The VM benchmarks need /dev/kvm; without it the report says so.
 bench-vmm: deps
 	mkdir -p $(BENCH_OUT)
-	@if [ -e /dev/kvm ]; then $(GO) run ./bench/vmm | tee $(BENCH_OUT)/vmm.txt; \
+	@if [ -e /dev/kvm ]; then $(GO) run ./bench/vmm --save $(BENCH_OUT)/vmm.json | tee $(BENCH_OUT)/vmm.txt; \
 	else echo "bench/vmm: not run: this machine has no /dev/kvm" | tee $(BENCH_OUT)/vmm.txt; fi
 
 bench-sandbox: deps
@@ -119,6 +119,7 @@ bench-sandbox: deps
 bench-report:
 	$(GO) run ./bench/report --cowfs $(BENCH_OUT)/cowfs.json --out docs/bench \
 		$$([ -e $(BENCH_OUT)/sandbox.json ] && echo "--sandbox $(BENCH_OUT)/sandbox.json") \
+		$$([ -e $(BENCH_OUT)/vmm.json ] && echo "--vmm $(BENCH_OUT)/vmm.json") \
 		$$(for f in chunkstore.txt vmm.txt sandbox.md; do [ -e $(BENCH_OUT)/$$f ] && echo "--text $${f%.*}=$(BENCH_OUT)/$$f"; done)
 
 # bench-quick checks that every benchmark runs and produces numbers, not
@@ -132,9 +133,10 @@ bench-quick:
 	$(GO) run ./bench/cowfs --tiny --save $(QUICK_OUT)/cowfs.json > $(QUICK_OUT)/cowfs.txt
 	$(GO) run ./bench/chunkstore --quick --tools tine --random-mib 8 --src $$($(GO) env GOROOT)/src/bufio \
 		--work $(QUICK_OUT)/chunkstore-work > $(QUICK_OUT)/chunkstore.txt
-	@if [ -e /dev/kvm ]; then $(GO) run ./bench/vmm --quick --forks 10 > $(QUICK_OUT)/vmm.txt; \
+	@if [ -e /dev/kvm ]; then $(GO) run ./bench/vmm --quick --forks 10 --save $(QUICK_OUT)/vmm.json > $(QUICK_OUT)/vmm.txt; \
 	else echo "bench/vmm: not run: this machine has no /dev/kvm" > $(QUICK_OUT)/vmm.txt; fi
 	$(GO) run ./bench/report --check --cowfs $(QUICK_OUT)/cowfs.json --out $(QUICK_OUT)/report \
+		$$([ -e $(QUICK_OUT)/vmm.json ] && echo "--vmm $(QUICK_OUT)/vmm.json") \
 		--text chunkstore=$(QUICK_OUT)/chunkstore.txt --text vmm=$(QUICK_OUT)/vmm.txt
 	@grep -Eq '[0-9]' $(QUICK_OUT)/chunkstore.txt || { echo "bench-quick: chunkstore printed no numbers"; exit 1; }
 

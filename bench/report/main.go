@@ -4,7 +4,7 @@
 // includes as they are. It measures nothing itself and invents nothing: a
 // figure whose data is missing says so.
 //
-//	go run ./bench/report --cowfs cowfs.json [--sandbox sandbox.json] [--text NAME=FILE ...] [--out docs/bench]
+//	go run ./bench/report --cowfs cowfs.json [--sandbox sandbox.json] [--vmm vmm.json] [--text NAME=FILE ...] [--out docs/bench]
 package main
 
 import (
@@ -49,6 +49,7 @@ func mainErr(args []string, stderr io.Writer) int {
 	fl.Var(&cowfsJSON, "cowfs", "JSON results of bench/cowfs (its --save file); repeatable, the runs' sections are shown in order")
 	out := fl.String("out", "docs/bench", "directory for REPORT.md and the plots")
 	sandboxJSON := fl.String("sandbox", "", "JSON results of bench/sandbox (its --save file): the goals it measures")
+	vmJSON := fl.String("vmm", "", "JSON results of bench/vmm (its --save file): the VM fork figures")
 	check := fl.Bool("check", false, "fail unless every row of every section has a positive number for every tool that ran it")
 	var texts textFlag
 	fl.Var(&texts, "text", "NAME=FILE: include FILE (a benchmark's output) under the heading NAME; repeatable")
@@ -65,6 +66,9 @@ func mainErr(args []string, stderr io.Writer) int {
 	rep, err := readRuns(cowfsJSON)
 	if err == nil && *sandboxJSON != "" {
 		err = rep.addSandbox(*sandboxJSON)
+	}
+	if err == nil && *vmJSON != "" {
+		err = rep.addVM(*vmJSON)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "report:", err)

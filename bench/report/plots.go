@@ -5,6 +5,7 @@ import (
 	"image/color"
 	"math"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -12,6 +13,8 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+
+	"tine/bench/internal/vmrun"
 )
 
 // plotRef is one figure of the report: its file, or why it is missing.
@@ -78,16 +81,181 @@ func drawPlots(rep *report, dir string) ([]plotRef, error) {
 		func(p string) (string, error) { return plotDiff(diff, p) }); err != nil {
 		return nil, err
 	}
-	refs = append(refs,
-		plotRef{title: "VM fork latency against fan-out and against guest RAM", missing: vmMissing()})
+	for _, f := range []struct {
+		title, file string
+		draw        func(*vmrun.Run, string) (string, error)
+	}{
+		{"VM fork latency against guest RAM (fork to first guest instruction)", "vm-fork-vs-ram.svg", plotVMRAM},
+		{"VM fork latency against fan-out (all children at their first instruction)", "vm-fork-vs-fanout.svg", plotVMFanOut},
+		{"Latency CDF of VM forks, smallest RAM size", "vm-fork-cdf.svg", plotVMCDF},
+	} {
+		if err := add(f.title, f.file, func(p string) (string, error) {
+			if rep.VM == nil {
+				return vmMissing(), nil
+			}
+			return f.draw(rep.VM, p)
+		}); err != nil {
+			return nil, err
+		}
+	}
 	return refs, nil
 }
 
 func vmMissing() string {
 	if kvmOK() {
-		return "/dev/kvm is present, but the VM fork benchmark (bench/vmm) writes text only; its output is included below when `make bench` ran it."
+		return "not drawn: /dev/kvm is present, but the report was given no results of bench/vmm (`make bench` saves them and passes `--vmm`)."
 	}
 	return "not drawn: this machine has no /dev/kvm, so bench/vmm cannot fork a VM here, and no number is shown in its place."
+}
+
+// vmColors tells the start methods of bench/vmm apart.
+var vmColors = []color.Color{
+	color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
+	color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+	color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
+	color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
+	color.RGBA{R: 0x7f, G: 0x7f, B: 0x7f, A: 0xff},
+	color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 0xff},
+}
+
+// vmMethods lists the run's methods in the order first measured.
+func vmMethods(vr *vmrun.Run) []string {
+	var ms []string
+	for _, f := range vr.Forks {
+		if !slices.Contains(ms, f.Method) {
+			ms = append(ms, f.Method)
+		}
+	}
+	return ms
+}
+
+func vmColor(i int) color.Color { return vmColors[i%len(vmColors)] }
+
+func plotVMRAM(vr *vmrun.Run, path string) (string, error) {
+	p := newPlot("VM start: median latency against guest RAM ("+vr.KVM+")", "guest RAM (log)", "median latency (ms, log)")
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
+	var ticks []plot.Tick
+	top := 0.0
+	for _, f := range vr.Forks {
+		x := float64(f.RAM) / (1 << 30)
+		if !slices.ContainsFunc(ticks, func(t plot.Tick) bool { return t.Value == x }) {
+			ticks = append(ticks, plot.Tick{Value: x, Label: ramLabel(f.RAM)})
+		}
+		top = math.Max(top, f.Quantile(0.5)*1e3)
+	}
+	p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	p.Y.Max = top * 40 // room above the curves for the legend
+	drawn := 0
+	for i, m := range vmMethods(vr) {
+		var pts plotter.XYs
+		for _, f := range vr.Forks {
+			if q := f.Quantile(0.5); f.Method == m && q > 0 {
+				pts = append(pts, plotter.XY{X: float64(f.RAM) / (1 << 30), Y: q * 1e3})
+			}
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		l, sc, err := newLinePoints(pts, vmColor(i))
+		if err != nil {
+			return "", err
+		}
+		p.Add(l, sc)
+		p.Legend.Add(m, l, sc)
+		drawn++
+	}
+	if drawn == 0 {
+		return "not drawn: the VM results hold no fork latencies", nil
+	}
+	p.Legend.Top, p.Legend.Left = true, true
+	return "", p.Save(22*vg.Centimeter, 14*vg.Centimeter, path)
+}
+
+// ramLabel writes a RAM size as 256 MiB or 4 GiB.
+func ramLabel(b uint64) string {
+	if b >= 1<<30 && b%(1<<30) == 0 {
+		return fmt.Sprintf("%d GiB", b>>30)
+	}
+	return fmt.Sprintf("%d MiB", b>>20)
+}
+
+func plotVMFanOut(vr *vmrun.Run, path string) (string, error) {
+	if len(vr.FanOut) == 0 {
+		return "not drawn: the VM results hold no fan-out", nil
+	}
+	p := newPlot("VM fork fan-out ("+vr.KVM+")", "children forked at once (log)", "latency (ms, log)")
+	p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+	p.X.Tick.Marker, p.Y.Tick.Marker = plot.LogTicks{Prec: -1}, plot.LogTicks{Prec: -1}
+	for _, f := range vr.FanOut {
+		p.Y.Max = math.Max(p.Y.Max, f.Answered*1e3*20) // room above the curves for the legend
+	}
+	for i, c := range []struct {
+		name string
+		y    func(vmrun.FanOut) float64
+	}{
+		{"all children forked", func(f vmrun.FanOut) float64 { return f.Forked }},
+		{"all at their first instruction", func(f vmrun.FanOut) float64 { return f.Answered }},
+		{"per child (all answered / children)", func(f vmrun.FanOut) float64 { return f.Answered / float64(f.Children) }},
+	} {
+		var pts plotter.XYs
+		for _, f := range vr.FanOut {
+			if y := c.y(f); f.Children > 0 && y > 0 {
+				pts = append(pts, plotter.XY{X: float64(f.Children), Y: y * 1e3})
+			}
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		l, sc, err := newLinePoints(pts, vmColor(i))
+		if err != nil {
+			return "", err
+		}
+		p.Add(l, sc)
+		p.Legend.Add(c.name, l, sc)
+	}
+	p.Legend.Top, p.Legend.Left = true, true
+	return "", p.Save(16*vg.Centimeter, 11*vg.Centimeter, path)
+}
+
+func plotVMCDF(vr *vmrun.Run, path string) (string, error) {
+	var smallest uint64
+	for _, f := range vr.Forks {
+		if smallest == 0 || f.RAM < smallest {
+			smallest = f.RAM
+		}
+	}
+	p := newPlot(fmt.Sprintf("VM start latency CDF, %d MiB guest (%s)", smallest>>20, vr.KVM), "latency (ms, log)", "fraction of starts")
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	drawn := 0
+	for i, m := range vmMethods(vr) {
+		for _, f := range vr.Forks {
+			if f.Method != m || f.RAM != smallest || len(f.Samples) < 2 {
+				continue
+			}
+			s := slices.Clone(f.Samples)
+			slices.Sort(s)
+			pts := make(plotter.XYs, len(s))
+			for j, x := range s {
+				pts[j] = plotter.XY{X: math.Max(x*1e3, 1e-3), Y: float64(j+1) / float64(len(s))}
+			}
+			l, err := plotter.NewLine(pts)
+			if err != nil {
+				return "", err
+			}
+			l.Color = vmColor(i)
+			l.Width = vg.Points(1.5)
+			p.Add(l)
+			p.Legend.Add(m, l)
+			drawn++
+		}
+	}
+	if drawn == 0 {
+		return "not drawn: the VM results hold no fork samples", nil
+	}
+	p.Legend.Top, p.Legend.Left = false, false
+	return "", p.Save(22*vg.Centimeter, 14*vg.Centimeter, path)
 }
 
 func newPlot(title, x, y string) *plot.Plot {

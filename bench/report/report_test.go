@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"tine/bench/internal/vmrun"
 )
 
 // fixture is a small results set shaped like bench/cowfs's JSON.
@@ -108,5 +110,45 @@ func TestSandboxGoal(t *testing.T) {
 	}
 	if err := rep.addSandbox(filepath.Join(dir, "missing.json")); err == nil {
 		t.Error("a missing sandbox results file was accepted")
+	}
+}
+
+// TestVMPlots: given bench/vmm's results, the report draws the VM fork
+// figures (against RAM, against fan-out, the CDF); without them it says
+// why each is missing.
+func TestVMPlots(t *testing.T) {
+	files := []string{"vm-fork-vs-ram.svg", "vm-fork-vs-fanout.svg", "vm-fork-cdf.svg"}
+	dir := t.TempDir()
+	if err := write(fixture(), nil, dir); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "REPORT.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(md), "VM fork") - strings.Count(string(md), "plots/vm-"); n < 3 || strings.Contains(string(md), "plots/vm-") {
+		t.Errorf("without VM results: want three figures said missing, and none drawn:\n%s", md)
+	}
+	rep := fixture()
+	rep.VM = &vmrun.Run{KVM: "PVM", Forks: []vmrun.Fork{
+		{RAM: 256 << 20, Method: "fork, MAP_PRIVATE", Samples: []float64{2e-4, 3e-4, 9e-4}},
+		{RAM: 4 << 30, Method: "fork, MAP_PRIVATE", Samples: []float64{3e-4, 4e-4}},
+		{RAM: 256 << 20, Method: "baseline: cold start", Baseline: true, Samples: []float64{2e-3, 3e-3}},
+	}, FanOut: []vmrun.FanOut{{Children: 1, Forked: 1e-4, Answered: 2e-4}, {Children: 100, Forked: 4e-3, Answered: 1.6e-2}}}
+	dir = t.TempDir()
+	if err := write(rep, nil, dir); err != nil {
+		t.Fatal(err)
+	}
+	if md, err = os.ReadFile(filepath.Join(dir, "REPORT.md")); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range files {
+		if !strings.Contains(string(md), "plots/"+p) {
+			t.Errorf("REPORT.md does not show %s", p)
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "plots", p))
+		if err != nil || !strings.Contains(string(b), "<svg") || !strings.Contains(string(b), "MAP_PRIVATE") && p != "vm-fork-vs-fanout.svg" {
+			t.Errorf("plot %s: %v (no SVG, or no legend for the method)", p, err)
+		}
 	}
 }

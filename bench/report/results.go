@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"tine/bench/internal/sandboxrun"
+	"tine/bench/internal/vmrun"
 )
 
 // The results as bench/cowfs writes them (its --save JSON); only the
@@ -20,6 +21,7 @@ type report struct {
 	Sections []*section      `json:"sections"`
 	Runs     []run           `json:"-"` // the runs merged into this report
 	Sandbox  *sandboxrun.Run `json:"-"` // bench/sandbox's results, when given
+	VM       *vmrun.Run      `json:"-"` // bench/vmm's results, when given
 }
 
 // run is one benchmark run merged into the report.

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tine/bench/internal/hostload"
+	"tine/bench/internal/vmrun"
 	"tine/chunkstore"
 	"tine/vmm"
 )
@@ -58,6 +59,7 @@ type options struct {
 func main() {
 	quick := flag.Bool("quick", false, "fewer forks and sizes (about a minute)")
 	forks := flag.Int("forks", 0, "forks per latency row (default 1000, 200 with -quick)")
+	save := flag.String("save", "", "also write the fork latencies and fan-out as JSON to this file (bench/report --vmm reads it)")
 	flag.Parse()
 	o := options{quick: *quick, forks: 1000, workingSet: 64 * mib,
 		sizes:   []uint64{256 * mib, 1 << 30, 4 << 30, 16 << 30},
@@ -72,10 +74,28 @@ func main() {
 		o.forks = *forks
 	}
 	raiseNoFile()
-	if err := run(context.Background(), o, os.Stdout); err != nil {
+	res := &vmrun.Run{Command: "go run ./bench/vmm " + strings.Join(os.Args[1:], " "), Started: time.Now(),
+		KVM: kvmKind(), LoadStart: hostload.Average()}
+	if err := run(context.Background(), o, os.Stdout, res); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/vmm:", err)
 		os.Exit(1)
 	}
+	res.Seconds, res.LoadEnd = time.Since(res.Started).Seconds(), hostload.Average()
+	if *save != "" {
+		if err := res.Save(*save); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/vmm:", err)
+			os.Exit(1)
+		}
+	}
+}
+
+// seconds returns d's samples in seconds.
+func (d *dist) seconds() []float64 {
+	s := make([]float64, len(d.xs))
+	for i, x := range d.xs {
+		s[i] = x.Seconds()
+	}
+	return s
 }
 
 func raiseNoFile() {
@@ -489,7 +509,9 @@ func snapshotCost(ctx context.Context, size, workingSet uint64, dirties []int, w
 	return nil
 }
 
-func run(ctx context.Context, o options, w io.Writer) error {
+// run runs every benchmark, writes its tables to w and keeps the fork
+// latencies and fan-out in res.
+func run(ctx context.Context, o options, w io.Writer, res *vmrun.Run) error {
 	fmt.Fprintf(w, "# bench/vmm (KVM on this host: %s; %d CPUs; load average at start %s; %d forks per row after warm-up)\n\n",
 		kvmKind(), runtime.NumCPU(), hostload.Average(), o.forks)
 
@@ -518,6 +540,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 			return err
 		}
 		line := func(name string, d *dist) {
+			res.Forks = append(res.Forks, vmrun.Fork{RAM: size, Method: name, Baseline: d == cold || d == cp, Samples: d.seconds()})
 			fmt.Fprintf(w, "| %s | %s | %s | %s | %.1fx | %.1fx |\n", human(size), name, ms(d.q(0.5)), ms(d.q(0.99)),
 				float64(cold.q(0.5))/float64(d.q(0.5)), float64(cp.q(0.5))/float64(d.q(0.5)))
 		}
@@ -559,6 +582,7 @@ func run(ctx context.Context, o options, w io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("fan-out %d: %w", n, err)
 		}
+		res.FanOut = append(res.FanOut, vmrun.FanOut{Children: n, Forked: forked.Seconds(), Answered: last.Seconds()})
 		fmt.Fprintf(w, "| %d | %s | %s | %s |\n", n, ms(forked), ms(last), ms(last/time.Duration(n)))
 	}
 
