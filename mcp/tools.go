@@ -103,11 +103,14 @@ type ExecIn struct {
 
 // ExecOut is how a command ended and what it printed.
 type ExecOut struct {
-	ExitCode int    `json:"exit_code" jsonschema:"the exit status, or -1 when a signal killed it"`
-	Signal   int    `json:"signal,omitempty"`
-	TimedOut bool   `json:"timed_out,omitempty"`
-	Stdout   string `json:"stdout"`
-	Stderr   string `json:"stderr"`
+	ExitCode int  `json:"exit_code" jsonschema:"the exit status, or -1 when a signal killed it"`
+	Signal   int  `json:"signal,omitempty"`
+	TimedOut bool `json:"timed_out,omitempty"`
+	// KilledBy and KilledReason say what outside the command killed it.
+	KilledBy     string `json:"killed_by,omitempty" jsonschema:"what outside the command killed it: oom (the sandbox's memory limit), stopped, removed or lifetime (the sandbox ended under it); absent otherwise"`
+	KilledReason string `json:"killed_reason,omitempty" jsonschema:"killed_by in words, such as: out of memory (memory limit 64 MiB)"`
+	Stdout       string `json:"stdout"`
+	Stderr       string `json:"stderr"`
 	// Truncated says stdout or stderr was cut to its last bytes.
 	Truncated bool `json:"truncated,omitempty" jsonschema:"stdout or stderr exceeded 256 KiB and holds only its first 256 KiB"`
 }
@@ -372,6 +375,7 @@ func (t *tools) exec(ctx context.Context, req *sdk.CallToolRequest, in ExecIn) (
 	defer mu.Unlock()
 	return nil, ExecOut{
 		ExitCode: ex.Code, Signal: ex.Signal, TimedOut: ex.TimedOut,
+		KilledBy: ex.KilledBy, KilledReason: ex.KilledReason,
 		Stdout:    strings.ToValidUTF8(string(stdout.buf), "\uFFFD"),
 		Stderr:    strings.ToValidUTF8(string(stderr.buf), "\uFFFD"),
 		Truncated: stdout.cut || stderr.cut,

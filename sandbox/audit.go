@@ -201,6 +201,9 @@ func (m *Manager) auditExec(name string, req proto.ExecRequest, d string, p *cli
 			if ex.TimedOut {
 				fields["timed_out"] = true
 			}
+			if ex.KilledBy != "" {
+				fields["killed_by"] = ex.KilledBy
+			}
 		}
 		if err := m.Audit(name, "exec", fields); err != nil {
 			fmt.Fprintf(os.Stderr, "tine: audit exec of sandbox %q: %v\n", name, err)

@@ -89,7 +89,7 @@ func (m *Manager) watchOnce(ctx context.Context, now time.Time) {
 		name := info.Name
 		if lt := info.Limits.Lifetime; lt > 0 && now.After(info.Created.Add(lt)) {
 			m.audit(name, "expire", map[string]any{"lifetime": lt.String(), "created": info.Created})
-			if err := m.Remove(ctx, name); err != nil {
+			if err := m.remove(ctx, name, causeLifetime(lt)); err != nil {
 				fmt.Fprintf(os.Stderr, "tine: remove sandbox %q past its lifetime: %v\n", name, err)
 			}
 			continue

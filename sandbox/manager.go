@@ -77,6 +77,9 @@ type live struct {
 	// for the next commands (at most maxIdleConns); stopped: no more.
 	idle    []*client.Client
 	stopped bool
+	// killed is why the manager is stopping the sandbox, set before it
+	// kills its processes: what its commands' exits report (execOutcome).
+	killed *killCause
 	// env is the sandbox's Env, which commands giving none take (set
 	// at start; it does not change while it runs).
 	env []string
@@ -160,7 +163,7 @@ func (m *Manager) Close(ctx context.Context) error {
 	m.mu.Unlock()
 	var errs []error
 	for _, n := range names {
-		errs = append(errs, m.Stop(ctx, n))
+		errs = append(errs, m.stop(ctx, n, killCause{proto.KilledStopped, "the sandbox was stopped: the daemon shut down"}))
 	}
 	if m.warm != nil {
 		errs = append(errs, m.warm.Close())
@@ -478,6 +481,11 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 // Stop ends every process of the sandbox and unmounts its project; its
 // files stay.
 func (m *Manager) Stop(ctx context.Context, name string) error {
+	return m.stop(ctx, name, causeStopped)
+}
+
+// stop is Stop; the commands running in the sandbox report cause.
+func (m *Manager) stop(ctx context.Context, name string, cause killCause) error {
 	m.mu.Lock()
 	l, ok := m.live[name]
 	delete(m.live, name)
@@ -497,7 +505,7 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 	for _, c := range l.idle {
 		c.Close()
 	}
-	l.idle, l.stopped = nil, true
+	l.idle, l.stopped, l.killed = nil, true, &cause
 	l.mu.Unlock()
 	if l.inst != nil {
 		errs = append(errs, l.inst.Stop(ctx))
@@ -518,10 +526,15 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 // Remove stops the sandbox and deletes it: its processes, cgroups,
 // mounts, branch and files.
 func (m *Manager) Remove(ctx context.Context, name string) error {
+	return m.remove(ctx, name, causeRemoved)
+}
+
+// remove is Remove; the commands running in the sandbox report cause.
+func (m *Manager) remove(ctx context.Context, name string, cause killCause) error {
 	if !nameRE().MatchString(name) {
 		return fmt.Errorf("remove sandbox %q: %w", name, ErrNotFound)
 	}
-	errs := []error{m.Stop(ctx, name)}
+	errs := []error{m.stop(ctx, name, cause)}
 	m.forgetInside(name)
 	m.forgetWatch(name) // its cached exec policy, freeze and watch state
 	// Its open logs close however the removal ends (they open again
@@ -677,6 +690,14 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 			return m.auditExec(name, req, decided, nil, err)
 		}
 	}
+	// The OOM kills so far, for the exit to tell one during the command
+	// (execOutcome): one small cgroup file read.
+	var oom0 uint64
+	counted := false
+	if oc, ok := l.inst.(OOMCounter); ok {
+		oom0, err = oc.OOMKills()
+		counted = err == nil
+	}
 	p, err := c.Exec(ctx, req)
 	if ae := (*client.AgentError)(nil); errors.As(err, &ae) && ae.ExitStatus() != 0 && !errors.Is(err, client.ErrClosed) {
 		// The agent answered that the command did not start: the
@@ -693,6 +714,7 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 			}
 			l.putConn(c)
 		}()
+		p = p.Outcome(m.execOutcome(name, l, p.PID, oom0, counted))
 	}
 	return m.auditExec(name, req, decided, p, err)
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"tine/guestagent/proto"
 	"tine/internal/atomicfile"
 )
 
@@ -64,7 +65,7 @@ func (m *Manager) Rollback(ctx context.Context, name, id string) error {
 	}
 	_, err = m.running(name)
 	wasRunning := err == nil
-	if err := m.Stop(ctx, name); err != nil {
+	if err := m.stop(ctx, name, killCause{proto.KilledStopped, "the sandbox was stopped to roll it back"}); err != nil {
 		return err
 	}
 	mark := rollbackMark{Snapshot: s.ID, FS: s.FS}

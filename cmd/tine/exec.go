@@ -84,6 +84,10 @@ type execResult struct {
 	ExitCode int  `json:"exit_code"`
 	Signal   int  `json:"signal,omitempty"`
 	TimedOut bool `json:"timed_out,omitempty"`
+	// KilledBy and KilledReason say what outside the command killed it,
+	// as the API's exit event does: oom, stopped, removed or lifetime.
+	KilledBy     string `json:"killed_by,omitempty"`
+	KilledReason string `json:"killed_reason,omitempty"`
 	// Error is why the command did not run or tine failed, as the API
 	// says it (code, message and for a command that did not start its
 	// exit_code).
@@ -265,9 +269,17 @@ func (a *app) execRun(ctx context.Context, sb string, argv []string, o *execOpts
 	}
 	if js != nil {
 		js.res.Signal, js.res.TimedOut = exit.Signal, exit.TimedOut
+		js.res.KilledBy, js.res.KilledReason = exit.KilledBy, exit.KilledReason
 	}
 	if exit.TimedOut {
 		fmt.Fprintf(a.stderr, "tine exec: %s in sandbox %s was killed after --timeout %s\n", argv[0], sb, o.timeout)
+	}
+	if exit.KilledBy != "" {
+		why := exit.KilledReason
+		if why == "" {
+			why = exit.KilledBy
+		}
+		fmt.Fprintf(a.stderr, "tine exec: sandbox %q: killed: %s\n", sb, why)
 	}
 	if exit.Signal != 0 {
 		return exitCode(128 + exit.Signal)

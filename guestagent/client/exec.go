@@ -114,6 +114,20 @@ func (p *Process) Wait(ctx context.Context) (proto.Exit, error) {
 	}
 }
 
+// Outcome returns a Process like p (the same output, input, signals and
+// resizes) whose Wait reports what f makes of p's exit and error: f runs
+// once, in a goroutine of its own, when p has ended.
+func (p *Process) Outcome(f func(proto.Exit, error) (proto.Exit, error)) *Process {
+	q := &Process{PID: p.PID, Stdout: p.Stdout, Stderr: p.Stderr, Stdin: p.Stdin,
+		c: p.c, s: p.s, window: p.window, stdout: p.stdout, stderr: p.stderr, done: make(chan struct{})}
+	go func() {
+		defer close(q.done)
+		<-p.done
+		q.exit, q.err = f(p.exit, p.err)
+	}()
+	return q
+}
+
 // Signal sends sig to the process, or to its whole process group.
 func (p *Process) Signal(sig syscall.Signal, group bool) error {
 	f, err := proto.JSONFrame(proto.KindSignal, p.s.id, proto.Signal{Signal: int(sig), Group: group})

@@ -84,7 +84,31 @@ type Exit struct {
 	// Signal is the signal that killed the process, or 0.
 	Signal   int  `json:"signal,omitempty"`
 	TimedOut bool `json:"timed_out,omitempty"`
+	// KilledBy says what outside the command killed it, one of the
+	// Killed* values; empty when nothing was seen to (the command ended
+	// by itself, a signal it or a person sent, or --timeout). The daemon
+	// sets it, not the guest agent; see docs/api.md.
+	KilledBy string `json:"killed_by,omitempty"`
+	// KilledReason words KilledBy for a person, such as "out of memory
+	// (memory limit 64 MiB)".
+	KilledReason string `json:"killed_reason,omitempty"`
 }
+
+// Exit.KilledBy values.
+const (
+	// KilledOOM: the kernel's OOM killer killed the command (or, for an
+	// exit status of 137, a process it waited for) while it ran: the
+	// sandbox was over its memory limit, or the host out of memory.
+	KilledOOM = "oom"
+	// KilledStopped: the sandbox was stopped while the command ran (tine
+	// stop, a rollback, the daemon's shutdown).
+	KilledStopped = "stopped"
+	// KilledRemoved: the sandbox was removed while the command ran.
+	KilledRemoved = "removed"
+	// KilledLifetime: the sandbox reached its lifetime limit and was
+	// removed while the command ran.
+	KilledLifetime = "lifetime"
+)
 
 // Signal asks the agent to send a signal to an exec's process (or its whole
 // process group).

@@ -86,6 +86,16 @@ func (in *instance) Usage() (sandbox.Usage, error) {
 		OOMKills: s.OOMKills, Pids: s.Pids}, err
 }
 
+// OOMKills reads how many tasks of the sandbox the kernel's OOM killer
+// has killed (sandbox.OOMCounter).
+func (in *instance) OOMKills() (uint64, error) {
+	g, ok := in.cg.(*cgroup.Group)
+	if !ok {
+		return 0, fmt.Errorf("sandbox %s: rootless mode has no cgroups to count OOM kills in", in.id)
+	}
+	return g.OOMKills()
+}
+
 // LayerBytes sums the disk blocks of the sandbox's upper layer, stopping
 // once the sum passes max.
 func (in *instance) LayerBytes(max int64) (int64, error) {

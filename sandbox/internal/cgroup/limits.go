@@ -328,6 +328,31 @@ func (g *Group) Stats() (Stats, error) {
 	return s, nil
 }
 
+// OOMKills reads the one counter of Stats that exec needs at each start
+// and end: the tasks the kernel's OOM killer killed in the group (v2
+// memory.events, v1 memory.oom_control; the kernel counts a kill before
+// it sends the SIGKILL). A host without the counter reads 0.
+func (g *Group) OOMKills() (uint64, error) {
+	d := g.dir("memory")
+	if d == "" {
+		return 0, errors.New("cgroup: this host has no memory controller")
+	}
+	file := "memory.oom_control"
+	if g.v2 {
+		file = "memory.events"
+	}
+	b, err := os.ReadFile(filepath.Join(d, file))
+	if err != nil {
+		return 0, fmt.Errorf("cgroup: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "oom_kill" {
+			return strconv.ParseUint(f[1], 10, 64)
+		}
+	}
+	return 0, nil
+}
+
 // BlockDevice returns the whole disk (major, minor) holding the file
 // system of path, for IO limits: a partition is throttled through its
 // disk.
