@@ -154,16 +154,13 @@ func plotVMRAM(vr *vmrun.Run, path string) (string, error) {
 				pts = append(pts, plotter.XY{X: float64(f.RAM) / (1 << 30), Y: q * 1e3})
 			}
 		}
-		if len(pts) == 0 {
-			continue
-		}
-		l, sc, err := newLinePoints(pts, vmColor(i))
+		ok, err := addSeries(p, m, pts, vmColor(i))
 		if err != nil {
 			return "", err
 		}
-		p.Add(l, sc)
-		p.Legend.Add(m, l, sc)
-		drawn++
+		if ok {
+			drawn++
+		}
 	}
 	if drawn == 0 {
 		return "not drawn: the VM results hold no fork latencies", nil
@@ -204,15 +201,9 @@ func plotVMFanOut(vr *vmrun.Run, path string) (string, error) {
 				pts = append(pts, plotter.XY{X: float64(f.Children), Y: y * 1e3})
 			}
 		}
-		if len(pts) == 0 {
-			continue
-		}
-		l, sc, err := newLinePoints(pts, vmColor(i))
-		if err != nil {
+		if _, err := addSeries(p, c.name, pts, vmColor(i)); err != nil {
 			return "", err
 		}
-		p.Add(l, sc)
-		p.Legend.Add(c.name, l, sc)
 	}
 	p.Legend.Top, p.Legend.Left = true, true
 	return "", p.Save(16*vg.Centimeter, 11*vg.Centimeter, path)
@@ -405,16 +396,13 @@ func plotVsSize(s *section, prefix, path, what string) (string, error) {
 				pts = append(pts, plotter.XY{X: n, Y: res.Median * 1e3})
 			}
 		}
-		if len(pts) == 0 {
-			continue
-		}
-		l, sc, err := newLinePoints(pts, toolColor(tool))
+		ok, err := addSeries(p, tool, pts, toolColor(tool))
 		if err != nil {
 			return "", err
 		}
-		p.Add(l, sc)
-		p.Legend.Add(tool, l, sc)
-		drawn++
+		if ok {
+			drawn++
+		}
 	}
 	if drawn == 0 {
 		return "not drawn: no " + what + " rows in the results", nil
@@ -442,16 +430,13 @@ func plotDiff(s *section, path string) (string, error) {
 				pts = append(pts, plotter.XY{X: n, Y: res.Median * 1e3})
 			}
 		}
-		if len(pts) == 0 {
-			continue
-		}
-		l, sc, err := newLinePoints(pts, toolColor(tool))
+		ok, err := addSeries(p, tool, pts, toolColor(tool))
 		if err != nil {
 			return "", err
 		}
-		p.Add(l, sc)
-		p.Legend.Add(tool, l, sc)
-		drawn++
+		if ok {
+			drawn++
+		}
 	}
 	if drawn == 0 {
 		return "not drawn: no diff rows in the results", nil
@@ -459,15 +444,22 @@ func plotDiff(s *section, path string) (string, error) {
 	return "", p.Save(16*vg.Centimeter, 11*vg.Centimeter, path)
 }
 
-func newLinePoints(pts plotter.XYs, c color.Color) (*plotter.Line, *plotter.Scatter, error) {
+// addSeries adds pts to p as a line with points in colour c, named in
+// the legend; it reports whether there was a point to draw.
+func addSeries(p *plot.Plot, name string, pts plotter.XYs, c color.Color) (bool, error) {
+	if len(pts) == 0 {
+		return false, nil
+	}
 	l, err := plotter.NewLine(pts)
 	if err != nil {
-		return nil, nil, err
+		return false, err
 	}
 	sc, err := plotter.NewScatter(pts)
 	if err != nil {
-		return nil, nil, err
+		return false, err
 	}
 	l.Color, sc.Color = c, c
-	return l, sc, nil
+	p.Add(l, sc)
+	p.Legend.Add(name, l, sc)
+	return true, nil
 }

@@ -16,20 +16,7 @@ import (
 // stderr, naming the command and the sandbox; with --json the last line
 // of stdout is the result, carrying the exit code and the error.
 func TestExecStartFailures(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sandboxes need root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("sandboxes need /dev/fuse")
-	}
-	base := t.TempDir()
-	c := cli{t: t, root: filepath.Join(base, "root")}
-	c.ok("init")
-	t.Cleanup(func() {
-		if _, err := os.Stat(filepath.Join(c.root, api.SocketName)); err == nil {
-			c.stopDaemon()
-		}
-	})
+	c, base := daemonCLI(t)
 	proj := filepath.Join(base, "proj")
 	os.MkdirAll(proj, 0o755)
 	plain := filepath.Join(proj, "notes.txt")

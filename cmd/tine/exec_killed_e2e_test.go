@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	"tine/api"
 )
 
 // TestExecKilled: through the CLI and a real daemon, a command killed
@@ -15,20 +13,7 @@ import (
 // and why: over its --memory limit, its sandbox stopped or removed under
 // it. exec --json's result carries killed_by and killed_reason.
 func TestExecKilled(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sandboxes need root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("sandboxes need /dev/fuse")
-	}
-	base := t.TempDir()
-	c := cli{t: t, root: filepath.Join(base, "root")}
-	c.ok("init")
-	t.Cleanup(func() {
-		if _, err := os.Stat(filepath.Join(c.root, api.SocketName)); err == nil {
-			c.stopDaemon()
-		}
-	})
+	c, base := daemonCLI(t)
 	proj := filepath.Join(base, "proj")
 	os.MkdirAll(proj, 0o755)
 	c.ok("create", "--from", proj, "--name", "a", "--memory", "64M")

@@ -19,20 +19,7 @@ import (
 // thaw, the exec policy with approvals, lifetime across a daemon restart
 // and the audit log (with tampering) through the CLI and a real daemon.
 func TestPolicyEndToEnd(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sandboxes need root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("sandboxes need /dev/fuse")
-	}
-	base := t.TempDir()
-	c := cli{t: t, root: filepath.Join(base, "root")}
-	c.ok("init")
-	t.Cleanup(func() {
-		if _, err := os.Stat(filepath.Join(c.root, api.SocketName)); err == nil {
-			c.stopDaemon()
-		}
-	})
+	c, base := daemonCLI(t)
 	proj := filepath.Join(base, "proj")
 	os.MkdirAll(proj, 0o755)
 	c.ok("create", "--from", proj, "--name", "p", "--memory", "64M", "--cpus", "1.5", "--tmpfs", "16M", "--idle", "1h")

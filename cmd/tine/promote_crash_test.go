@@ -11,8 +11,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"tine/api"
 )
 
 // TestPromoteDaemonCrash kills a real `tine serve` daemon with SIGKILL
@@ -22,20 +20,7 @@ import (
 // exactly the merged tree, and `tine promote --abort` exactly the tree
 // before, with no temporary entry left and the journal gone.
 func TestPromoteDaemonCrash(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sandboxes need root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("sandboxes need /dev/fuse")
-	}
-	base := t.TempDir()
-	c := cli{t: t, root: filepath.Join(base, "root")}
-	c.ok("init")
-	t.Cleanup(func() {
-		if _, err := os.Stat(filepath.Join(c.root, api.SocketName)); err == nil {
-			c.stopDaemon()
-		}
-	})
+	c, base := daemonCLI(t)
 	const files = 1500
 	rounds := []string{"resume", "abort", "resume", "abort"}
 	if testing.Short() {

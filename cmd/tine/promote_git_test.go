@@ -33,20 +33,7 @@ func gitIn(t *testing.T, dir string, args ...string) string {
 // fork puts each on its own branch from the same parent, side by side in
 // git log --graph. No hook runs, git status is unchanged, fsck passes.
 func TestPromoteGitEndToEnd(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sandboxes need root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("sandboxes need /dev/fuse")
-	}
-	base := t.TempDir()
-	c := cli{t: t, root: filepath.Join(base, "root")}
-	c.ok("init")
-	t.Cleanup(func() {
-		if _, err := os.Stat(filepath.Join(c.root, api.SocketName)); err == nil {
-			c.stopDaemon()
-		}
-	})
+	c, base := daemonCLI(t)
 	proj, markers, hooks := filepath.Join(base, "proj"), filepath.Join(base, "markers"), filepath.Join(base, "hooks")
 	for _, d := range []string{proj, markers, hooks} {
 		os.MkdirAll(d, 0o755)

@@ -17,20 +17,7 @@ import (
 // file both sides edited in different lines; --resume without a stopped
 // promotion says so.
 func TestPromoteEndToEnd(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sandboxes need root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("sandboxes need /dev/fuse")
-	}
-	base := t.TempDir()
-	c := cli{t: t, root: filepath.Join(base, "root")}
-	c.ok("init")
-	t.Cleanup(func() {
-		if _, err := os.Stat(filepath.Join(c.root, api.SocketName)); err == nil {
-			c.stopDaemon()
-		}
-	})
+	c, base := daemonCLI(t)
 	proj := filepath.Join(base, "proj")
 	os.MkdirAll(proj, 0o755)
 	os.WriteFile(filepath.Join(proj, "t.txt"), []byte("1\n2\n3\n4\n5\n"), 0o644)

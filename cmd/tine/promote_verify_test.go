@@ -19,20 +19,7 @@ import (
 // state root. Once the host fixes its file the check passes and the
 // promotion writes; into git, a failing check makes no branch.
 func TestPromoteVerifyEndToEnd(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sandboxes need root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("sandboxes need /dev/fuse")
-	}
-	base := t.TempDir()
-	c := cli{t: t, root: filepath.Join(base, "root")}
-	c.ok("init")
-	t.Cleanup(func() {
-		if _, err := os.Stat(filepath.Join(c.root, api.SocketName)); err == nil {
-			c.stopDaemon()
-		}
-	})
+	c, base := daemonCLI(t)
 	proj := filepath.Join(base, "proj")
 	os.MkdirAll(proj, 0o755)
 	os.WriteFile(filepath.Join(proj, "api.txt"), []byte("greet\n"), 0o644)

@@ -73,6 +73,28 @@ func TestEveryCommandHasJSONAndRoot(t *testing.T) {
 	}
 }
 
+// daemonCLI returns a cli on a fresh, initialised state root under the
+// test's temporary directory base, whose daemon is stopped when the test
+// ends. It skips the test where sandboxes cannot run (not root, no FUSE).
+func daemonCLI(t *testing.T) (c cli, base string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("sandboxes need root")
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("sandboxes need /dev/fuse")
+	}
+	base = t.TempDir()
+	c = cli{t: t, root: filepath.Join(base, "root")}
+	c.ok("init")
+	t.Cleanup(func() {
+		if _, err := os.Stat(filepath.Join(c.root, api.SocketName)); err == nil {
+			c.stopDaemon()
+		}
+	})
+	return c, base
+}
+
 // cli runs the tine binary with --root root, stdin from in.
 type cli struct {
 	t    *testing.T
@@ -134,20 +156,7 @@ func (c cli) stopDaemon() {
 // that the first command starts: create from a project directory, exec,
 // fork, diff, snapshot and rollback, errors, a daemon restart, rm.
 func TestSandboxEndToEnd(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("sandboxes need root")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("sandboxes need /dev/fuse")
-	}
-	base := t.TempDir()
-	c := cli{t: t, root: filepath.Join(base, "root")}
-	c.ok("init")
-	t.Cleanup(func() {
-		if _, err := os.Stat(filepath.Join(c.root, api.SocketName)); err == nil {
-			c.stopDaemon()
-		}
-	})
+	c, base := daemonCLI(t)
 	proj := filepath.Join(base, "proj")
 	os.MkdirAll(proj, 0o755)
 	os.WriteFile(filepath.Join(proj, "hello.txt"), []byte("hello\n"), 0o644)

@@ -3,11 +3,10 @@
 package sandboxrun
 
 import (
-	"encoding/json"
-	"fmt"
-	"os"
 	"slices"
 	"time"
+
+	"tine/bench/internal/runfile"
 )
 
 // Run is one run of bench/sandbox.
@@ -33,23 +32,13 @@ type Row struct {
 }
 
 // Save writes r to path.
-func (r *Run) Save(path string) error {
-	b, err := json.MarshalIndent(r, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
-}
+func (r *Run) Save(path string) error { return runfile.Save(path, r) }
 
 // Load reads a run saved at path.
 func Load(path string) (*Run, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("read the sandbox results: %w", err)
-	}
 	var r Run
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, fmt.Errorf("decode the sandbox results %s: %w", path, err)
+	if err := runfile.Load(path, "the sandbox results", &r); err != nil {
+		return nil, err
 	}
 	return &r, nil
 }
