@@ -105,14 +105,15 @@ type branch struct {
 	writing     map[*inode]int // files open for writing: their handles (see flushMapped)
 	keepCache   bool           // plain opens and directory opens keep the kernel's caches (MountOptions.NoKeepCache)
 
-	chunkCache map[chunkstore.ID][]byte // small cache of decoded chunks
-	chunkOrder []chunkstore.ID
-	overlays   overlayFiles         // open overlay files, least recently used first
-	removals   overlayRemover       // overlay files being deleted off the request path
-	memUsed    int64                // bytes of fileData.mem held by this branch's files
-	memFiles   map[*fileData]*inode // the files holding them, with their inodes
-	memFlush   bool                 // a flush of them is under way (memflush.go)
-	ovSeq      uint64               // numbers overlay files: no name is used twice while the branch is open
+	chunkCache    map[chunkstore.ID][]byte // small cache of decoded chunks
+	chunkOrder    []chunkstore.ID
+	overlays      overlayFiles         // open overlay files, least recently used first
+	removals      overlayRemover       // overlay files being deleted off the request path
+	memUsed       int64                // bytes of fileData.mem held by this branch's files
+	memFiles      map[*fileData]*inode // the files holding them, with their inodes
+	memFlush      bool                 // a flush of them is under way (memflush.go)
+	memFlushAfter time.Time            // no flush starts before this (memFlushBackoff)
+	ovSeq         uint64               // numbers overlay files: no name is used twice while the branch is open
 
 	logging *logging    // the files an fsync's commit is logging (fsynclog.go)
 	pend    *liveLog    // the branch's fsync log, if it has one

@@ -3,6 +3,7 @@ package cowfs
 import (
 	"context"
 	"sync/atomic"
+	"time"
 )
 
 // A branch whose in-memory files (memfile.go) fill its budget stores
@@ -22,6 +23,12 @@ import (
 // flushed: less is not worth a commit.
 const memFlushMin = 1 << 20
 
+// memFlushBackoff is how long a branch waits before it flushes again
+// after a flush that stored nothing or whose commit failed (a full disk,
+// say, or files all written again while they were cut): without it every
+// write would start the same futile flush of the whole budget.
+const memFlushBackoff = time.Second
+
 // flushMemBehind starts a background flush of the branch's in-memory
 // files, when they hold at least half its budget (so that the FS's
 // budget, shared by every branch, is not what is short) and none is
@@ -29,7 +36,7 @@ const memFlushMin = 1 << 20
 // b.mu.
 func (b *branch) flushMemBehind() {
 	bmax, _ := b.fs.memBudget()
-	if b.memFlush || b.memUsed < bmax/2 || b.memUsed < memFlushMin || !b.bound() {
+	if b.memFlush || b.memUsed < bmax/2 || b.memUsed < memFlushMin || !b.bound() || time.Now().Before(b.memFlushAfter) {
 		return
 	}
 	var fs []*frozenFile
@@ -72,9 +79,12 @@ func (b *branch) flushMem(name string, fs []*frozenFile) {
 			installed = true
 		}
 	}
-	if installed {
-		// A failure leaves the files for the next commit to store again.
-		b.commitRefs(ctx, false)
+	// A failed commit leaves the files for the next commit to store
+	// again.
+	if !installed {
+		b.memFlushAfter = time.Now().Add(memFlushBackoff)
+	} else if _, err := b.commitRefs(ctx, false); err != nil {
+		b.memFlushAfter = time.Now().Add(memFlushBackoff)
 	}
 }
 

@@ -123,3 +123,71 @@ func TestMemFlushNotForLittle(t *testing.T) {
 		t.Error("a branch holding less than memFlushMin was committed behind its back")
 	}
 }
+
+// A flush that stores nothing (here every frozen file is written again
+// while it is cut) makes the branch wait memFlushBackoff before the next
+// one, so that writes into a full budget do not start the same futile
+// flush again and again.
+func TestMemFlushBacksOff(t *testing.T) {
+	needFUSE(t)
+	const budget = 2 << 20
+	f := openTestFSWith(t, &Options{BranchMemBytes: budget, MemBytes: 64 << 20})
+	m, _ := mountNew(t, f, "main", map[string]string{"seed": "x"})
+	const size = 10 << 10
+	var names []string
+	hookRan := make(chan struct{})
+	hook := func() {
+		for _, name := range names {
+			if err := os.WriteFile(filepath.Join(m.Dir(), name), pattern(7, size), 0o644); err != nil {
+				t.Error(err)
+			}
+		}
+		close(hookRan)
+	}
+	flushMemTestHook.Store(&hook)
+	t.Cleanup(func() { flushMemTestHook.Store(nil) })
+	state := func() (flushing bool, after time.Time) {
+		m.b.mu.Lock()
+		defer m.b.mu.Unlock()
+		return m.b.memFlush, m.b.memFlushAfter
+	}
+	for i := 0; ; i++ {
+		if busy, _ := state(); busy {
+			break
+		}
+		if i > 2*budget/size {
+			t.Fatalf("no flush began after %d files", i)
+		}
+		name := fmt.Sprintf("f%03d", i)
+		names = append(names, name)
+		if err := os.WriteFile(filepath.Join(m.Dir(), name), pattern(uint64(i), size), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-hookRan
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		busy, after := state()
+		if !busy {
+			if !after.After(time.Now()) {
+				t.Fatal("a flush that stored nothing set no backoff")
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the flush did not end")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The budget is still full: a write that finds it so starts no flush
+	// during the backoff.
+	if err := os.WriteFile(filepath.Join(m.Dir(), "more"), pattern(8, size), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if busy, _ := state(); busy {
+		t.Error("a flush began during the backoff")
+	}
+	for _, name := range names {
+		mustRead(t, filepath.Join(m.Dir(), name), pattern(7, size))
+	}
+}
