@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"tine/internal/strayfd"
 )
 
 // A FUSE server that is killed while one of its own threads waits for an
@@ -168,6 +170,9 @@ func runGuard(parent string) int {
 	if err != nil {
 		return 2
 	}
+	// It lives as long as the process it guards: a descriptor it
+	// inherited by accident (a mount's, say) would stay open as long.
+	strayfd.Close(5)
 	signal.Ignore(syscall.SIGINT, syscall.SIGHUP, syscall.SIGPIPE, syscall.SIGTERM)
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, guardSignal)

@@ -215,7 +215,15 @@ func startFUSE(dir string, root gofs.InodeEmbedder, bk *backings, fo *gofs.Optio
 		// On error the kernel goes on over /dev/fuse.
 		conn, _ = fuseuring.Attach(srv, raw, &mo)
 	}
-	if err := srv.WaitMount(); err != nil {
+	// go-fuse's WaitMount opens a file of the new mount without
+	// O_CLOEXEC (its poll hack): a program that another thread of this
+	// process started meanwhile would inherit it and keep the mount busy,
+	// and its connection alive, for as long as it lives (an unmount then
+	// waits forever). Forks wait for it, as for Go's own such opens.
+	syscall.ForkLock.RLock()
+	err = srv.WaitMount()
+	syscall.ForkLock.RUnlock()
+	if err != nil {
 		return nil, nil, id, err
 	}
 	return srv, conn, id, nil

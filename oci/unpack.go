@@ -240,7 +240,7 @@ func (u *unpacker) entry(h *tar.Header, r io.Reader) error {
 // inside the rootfs.
 func (u *unpacker) mkdirAll(rel string) (int, error) {
 	if rel == "" {
-		return unix.Dup(u.root)
+		return unix.FcntlInt(uintptr(u.root), unix.F_DUPFD_CLOEXEC, 0)
 	}
 	fd, err := u.openDir(rel)
 	if err == nil || !errors.Is(err, unix.ENOENT) {

@@ -17,7 +17,7 @@ type Root struct{ FD int }
 // with file set the last component is made as an empty file.
 func (r Root) Open(rel string, mkdir, file bool) (int, error) {
 	parts := strings.FieldsFunc(rel, func(c rune) bool { return c == '/' })
-	fd, err := unix.Dup(r.FD)
+	fd, err := unix.FcntlInt(uintptr(r.FD), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return -1, err
 	}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tine/internal/nsinit"
+	"tine/internal/strayfd"
 )
 
 // The spawner starts init steps in new user namespaces for this program
@@ -151,6 +152,9 @@ func runSpawner() {
 	// Pdeathsig of the children is tied to the thread that forks them:
 	// this one, for as long as the process lives.
 	runtime.LockOSThread()
+	// It lives as long as this program: a descriptor it inherited by
+	// accident (a mount's, say) would stay open as long.
+	strayfd.Close(4)
 	for {
 		b, fds, err := nsinit.ReadMessage(3)
 		if err == io.EOF || errors.Is(err, unix.ECONNRESET) {
