@@ -62,7 +62,9 @@ const sigkill = int(syscall.SIGKILL)
 //   - the sandbox's stop cause (stopped, removed, lifetime) when the
 //     manager was stopping the sandbox as the command ended by SIGKILL
 //     or its connection to the agent dropped with no exit: that exit
-//     becomes SIGKILL (status 137) rather than an error.
+//     becomes SIGKILL (status 137) rather than an error. The same holds
+//     when the sandbox's pid 1 ended by itself: the cause is then oom or
+//     stopped (init_watch.go).
 //
 // A command killed by --timeout keeps TimedOut alone.
 func (m *Manager) execOutcome(name string, l *live, pid int, oom0 uint64, counted bool) func(proto.Exit, error) (proto.Exit, error) {
@@ -79,6 +81,11 @@ func (m *Manager) execOutcome(name string, l *live, pid int, oom0 uint64, counte
 		l.mu.Lock()
 		cause := l.killed
 		l.mu.Unlock()
+		if cause == nil && err != nil && errors.Is(err, client.ErrClosed) {
+			// The agent dropped the connection with no exit: did the
+			// sandbox's pid 1 end (init_watch.go)?
+			cause = m.initEnded(name, l)
+		}
 		if cause == nil || ex.TimedOut {
 			return ex, err
 		}

@@ -89,6 +89,10 @@ type live struct {
 	uid, gid *uint32
 	// apiSocket: the runtime bound the inside API's socket.
 	apiSocket bool
+	// oom0 is the sandbox's OOM kill count when it started (oomCounted:
+	// known), to tell an OOM kill of its pid 1 (init_watch.go).
+	oom0       uint64
+	oomCounted bool
 }
 
 var nameRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`) })
@@ -141,7 +145,7 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 	}
 	for _, in := range infos {
 		if in.State != Stopped {
-			in.State = Stopped
+			in.State, in.StopReason = Stopped, "the daemon that ran it ended without stopping it (a crash, or the host restarted)"
 			if err := m.save(in); err != nil {
 				m.Close(ctx)
 				return nil, err
@@ -441,6 +445,7 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	// turns into Stopped; a failed start puts the state before back.
 	rec := *info
 	rec.State = Running
+	rec.StopReason = ""
 	saved := make(chan error, 1)
 	go func() { saved <- m.save(&rec) }()
 	failSaved := func(err error) error {
@@ -474,6 +479,12 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		return fail(err)
 	}
 	info.State = Running
+	info.StopReason = ""
+	if oc, ok := l.inst.(OOMCounter); ok {
+		n, err := oc.OOMKills()
+		l.oom0, l.oomCounted = n, err == nil
+	}
+	go m.watchInit(name, l)
 	m.startServices(ctx, info, l)
 	return nil
 }
@@ -486,9 +497,18 @@ func (m *Manager) Stop(ctx context.Context, name string) error {
 
 // stop is Stop; the commands running in the sandbox report cause.
 func (m *Manager) stop(ctx context.Context, name string, cause killCause) error {
+	return m.stopRun(ctx, name, nil, cause)
+}
+
+// stopRun is stop of the sandbox's run only (nil: whatever runs now).
+func (m *Manager) stopRun(ctx context.Context, name string, only *live, cause killCause) error {
 	m.mu.Lock()
 	l, ok := m.live[name]
-	delete(m.live, name)
+	if ok && (only == nil || l == only) {
+		delete(m.live, name)
+	} else {
+		ok = false
+	}
 	m.mu.Unlock()
 	if !ok {
 		return nil
@@ -514,7 +534,7 @@ func (m *Manager) stop(ctx context.Context, name string, cause killCause) error 
 		errs = append(errs, l.mount.Unmount())
 	}
 	if info, err := m.Get(name); err == nil {
-		info.State = Stopped
+		info.State, info.StopReason = Stopped, cause.reason
 		errs = append(errs, m.save(info))
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -63,6 +63,10 @@ type Info struct {
 	Name    string `json:"name"`
 	Runtime string `json:"runtime"`
 	State   State  `json:"state"`
+	// StopReason says why it last stopped, while it is Stopped: asked
+	// to, the daemon shut down, or its pid 1 ended by itself (out of
+	// memory, say). Empty when not known.
+	StopReason string `json:"stop_reason,omitempty"`
 	// ProjectPath is the project directory's path inside the sandbox: the
 	// host directory it was created from, at the same path.
 	ProjectPath string `json:"project_path"`

@@ -426,6 +426,9 @@ func (a *app) statusCommand() *cobra.Command {
 			}
 			w := a.stdout
 			fmt.Fprintf(w, "sandbox    %s (%s, runtime %s)\n", s.Name, s.State, s.Runtime)
+			if s.State == sandbox.Stopped && s.StopReason != "" {
+				fmt.Fprintf(w, "stopped    %s\n", s.StopReason)
+			}
 			fmt.Fprintf(w, "project    %s\n", s.ProjectPath)
 			from := s.From
 			if s.ForkedFrom != "" {

@@ -1,0 +1,92 @@
+package sandbox_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"tine/guestagent/proto"
+	"tine/sandbox"
+)
+
+// TestInitEndedStopsSandbox: when a sandbox's pid 1 (its guest agent)
+// is killed from outside, with no stop asked for, a command running in
+// it ends with SIGKILL and a reason rather than a dropped connection,
+// the sandbox is saved as stopped with that reason, and a start runs it
+// again and clears the reason.
+func TestInitEndedStopsSandbox(t *testing.T) {
+	e := newEnv(t, 0)
+	e.create("w", sandbox.Limits{})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p, err := e.m.Exec(ctx, "w", proto.ExecRequest{Argv: []string{"sleep", "60"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid1 := sandboxInit(t, "w")
+	if err := syscall.Kill(pid1, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ex, err := p.Wait(ctx)
+	if err != nil || ex.Signal != 9 || ex.KilledBy != proto.KilledStopped || !strings.Contains(ex.KilledReason, "pid 1") {
+		t.Fatalf("command in a sandbox whose pid 1 was killed: %+v, %v; want SIGKILL, killed_by stopped naming pid 1", ex, err)
+	}
+	var info *sandbox.Info
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if info, err = e.m.Get("w"); err != nil {
+			t.Fatal(err)
+		}
+		if info.State == sandbox.Stopped || time.Now().After(deadline) {
+			break
+		}
+	}
+	if info.State != sandbox.Stopped || !strings.Contains(info.StopReason, "pid 1") {
+		t.Fatalf("sandbox after its pid 1 was killed: state %q, reason %q; want stopped with the reason", info.State, info.StopReason)
+	}
+	if _, err := e.m.Exec(ctx, "w", proto.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, sandbox.ErrNotRunning) {
+		t.Fatalf("exec in the stopped sandbox: %v, want ErrNotRunning", err)
+	}
+	if err := e.m.Start(ctx, "w"); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.mustSh("w", "echo up"); out != "up\n" {
+		t.Fatalf("after restart: %q", out)
+	}
+	if info, _ := e.m.Get("w"); info.State != sandbox.Running || info.StopReason != "" {
+		t.Fatalf("restarted sandbox: state %q, reason %q; want running, no reason", info.State, info.StopReason)
+	}
+}
+
+// sandboxInit returns the host pid of pid 1 of the running sandbox name:
+// the process of its pids cgroup that is pid 1 in its own namespace.
+func sandboxInit(t *testing.T, name string) int {
+	t.Helper()
+	procs, _ := filepath.Glob("/sys/fs/cgroup/pids/tine/tine-*-" + name + "/cgroup.procs")
+	if len(procs) != 1 {
+		t.Fatalf("pids cgroup of sandbox %s: %v", name, procs)
+	}
+	b, err := os.ReadFile(procs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range strings.Fields(string(b)) {
+		st, err := os.ReadFile("/proc/" + f + "/status")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(st), "\n") {
+			if ns, ok := strings.CutPrefix(line, "NSpid:"); ok && strings.HasSuffix(strings.TrimSpace(ns), "\t1") {
+				pid, _ := strconv.Atoi(f)
+				return pid
+			}
+		}
+	}
+	t.Fatalf("no pid 1 among sandbox %s's processes %q", name, b)
+	return 0
+}
