@@ -36,7 +36,11 @@ type VerifyResult struct {
 	ExitCode int  `json:"exit_code"`
 	Signal   int  `json:"signal,omitempty"`
 	TimedOut bool `json:"timed_out,omitempty"`
-	Passed   bool `json:"passed"`
+	// KilledBy and KilledReason say what outside the check killed it
+	// (proto.Exit's: oom when it passed the sandbox's memory limit).
+	KilledBy     string `json:"killed_by,omitempty"`
+	KilledReason string `json:"killed_reason,omitempty"`
+	Passed       bool   `json:"passed"`
 	// Output is the last VerifyOutputMax bytes of the check's standard
 	// output and error, interleaved as they came; OutputBytes counts all
 	// of it and Truncated says whether the start was dropped.
@@ -120,12 +124,15 @@ func (m *Manager) verify(ctx context.Context, parent *Info, tree cowfs.SnapshotI
 		return res, fmt.Errorf("run the check %q in sandbox %q: %w", o.Command, name, err)
 	}
 	res.ExitCode, res.Signal, res.TimedOut = ex.Code, ex.Signal, ex.TimedOut
+	res.KilledBy, res.KilledReason = ex.KilledBy, ex.KilledReason
 	res.Passed = ex.Code == 0 && ex.Signal == 0 && !ex.TimedOut
 	if !res.Passed {
 		how := fmt.Sprintf("exit status %d", ex.Code)
 		switch {
 		case ex.TimedOut:
 			how = fmt.Sprintf("timed out after %s", o.Timeout)
+		case ex.KilledBy != "":
+			how = "killed: " + ex.KilledReason
 		case ex.Signal != 0:
 			how = fmt.Sprintf("killed by signal %d", ex.Signal)
 		}

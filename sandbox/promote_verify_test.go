@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"tine/cowfs"
+	"tine/guestagent/proto"
 	"tine/sandbox"
 )
 
@@ -142,4 +143,21 @@ func TestPromoteVerifyGit(t *testing.T) {
 		t.Fatalf("git status changed: %q, was %q", s, status)
 	}
 	hostGit(t, p, "fsck", "--strict")
+}
+
+// TestPromoteVerifyOOM: a check killed by the memory limit it inherits
+// fails with killed_by oom in its result and error, not a bare signal.
+func TestPromoteVerifyOOM(t *testing.T) {
+	e := newEnv(t, 0)
+	e.create("m", sandbox.Limits{LimitsExt: sandbox.LimitsExt{MemoryBytes: 64 << 20}})
+	hog := `x=$(head -c 150000000 /dev/zero | tr '\0' a); echo ${#x}`
+	res, err := e.m.Promote(context.Background(), "m", sandbox.PromoteOptions{Verify: sandbox.VerifyOptions{Command: hog},
+		PromoteOptions: cowfs.PromoteOptions{DryRun: true}})
+	v := res.Verify
+	if !errors.Is(err, sandbox.ErrVerifyFailed) || v == nil || v.Passed || v.KilledBy != proto.KilledOOM || !strings.Contains(v.KilledReason, "64 MiB") {
+		t.Fatalf("check over the memory limit: %v %+v; want a failed check with killed_by oom", err, v)
+	}
+	if !strings.Contains(err.Error(), "out of memory") {
+		t.Fatalf("error %q does not say out of memory", err)
+	}
 }

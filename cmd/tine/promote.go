@@ -252,6 +252,8 @@ func (a *app) printVerify(res *api.PromoteResponse) {
 		verdict = fmt.Sprintf("FAILED (exit %d)", v.ExitCode)
 		if v.TimedOut {
 			verdict = "FAILED (timed out)"
+		} else if v.KilledBy != "" {
+			verdict = fmt.Sprintf("FAILED (killed: %s)", v.KilledReason)
 		} else if v.Signal != 0 {
 			verdict = fmt.Sprintf("FAILED (signal %d)", v.Signal)
 		}
