@@ -32,8 +32,11 @@ func (m *Manager) watchInit(name string, l *live) {
 // initEndCause is why run l of sandbox name ended when its pid 1 did
 // by itself.
 func (m *Manager) initEndCause(name string, l *live) killCause {
-	if oc, ok := l.inst.(OOMCounter); ok && l.oomCounted {
-		if n, err := oc.OOMKills(); err == nil && n > l.oom0 {
+	l.mu.Lock()
+	oom0, counted := l.oom0, l.oomCounted
+	l.mu.Unlock()
+	if oc, ok := l.inst.(OOMCounter); ok && counted {
+		if n, err := oc.OOMKills(); err == nil && n > oom0 {
 			return killCause{proto.KilledOOM, m.oomReason(name, false) + ": the sandbox's pid 1 (its guest agent) was killed, and the sandbox stopped"}
 		}
 	}

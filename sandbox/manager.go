@@ -90,7 +90,7 @@ type live struct {
 	// apiSocket: the runtime bound the inside API's socket.
 	apiSocket bool
 	// oom0 is the sandbox's OOM kill count when it started (oomCounted:
-	// known), to tell an OOM kill of its pid 1 (init_watch.go).
+	// known), to tell an OOM kill of its pid 1 (init_watch.go); under mu.
 	oom0       uint64
 	oomCounted bool
 }
@@ -454,9 +454,13 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		}
 		return fail(err)
 	}
-	if l.inst, err = rt.Start(ctx, spec); err != nil {
+	inst, err := rt.Start(ctx, spec)
+	if err != nil {
 		return failSaved(err)
 	}
+	m.mu.Lock()
+	l.inst = inst // running reads it under m.mu
+	m.mu.Unlock()
 	if err = m.startNetwork(ctx, name, l.inst); err != nil {
 		return failSaved(err)
 	}
@@ -482,7 +486,9 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 	info.StopReason = ""
 	if oc, ok := l.inst.(OOMCounter); ok {
 		n, err := oc.OOMKills()
+		l.mu.Lock()
 		l.oom0, l.oomCounted = n, err == nil
+		l.mu.Unlock()
 	}
 	go m.watchInit(name, l)
 	m.startServices(ctx, info, l)
@@ -629,8 +635,9 @@ func (m *Manager) save(info *Info) error {
 func (m *Manager) running(name string) (*live, error) {
 	m.mu.Lock()
 	l, ok := m.live[name]
+	ok = ok && l.inst != nil
 	m.mu.Unlock()
-	if !ok || l.inst == nil {
+	if !ok {
 		return nil, fmt.Errorf("sandbox %q: %w", name, ErrNotRunning)
 	}
 	return l, nil
@@ -727,8 +734,9 @@ func (m *Manager) Exec(ctx context.Context, name string, req proto.ExecRequest) 
 	} else if err != nil {
 		c.Close()
 	} else {
+		raw := p
 		go func() {
-			if _, err := p.Wait(context.Background()); err != nil {
+			if _, err := raw.Wait(context.Background()); err != nil {
 				c.Close()
 				return
 			}
