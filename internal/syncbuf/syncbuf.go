@@ -1,6 +1,6 @@
-// Package syncbuf is a bytes.Buffer that one goroutine (a process's
-// output, a device) may write while another reads it: for tests that
-// watch output arrive.
+// Package syncbuf is a bytes.Buffer that goroutines (a process's
+// output, a device) may write while others write or read it: for tests
+// that watch output arrive.
 package syncbuf
 
 import (
@@ -8,7 +8,7 @@ import (
 	"sync"
 )
 
-// Buffer is a bytes.Buffer safe for one writer and concurrent readers.
+// Buffer is a bytes.Buffer safe for concurrent writers and readers.
 type Buffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"tine/internal/syncbuf"
 )
 
 // module writes a Go module with one test file into a temporary directory
@@ -93,14 +95,15 @@ func TestFlaky(t *testing.T) {
 func TestFine(t *testing.T) {}
 `)
 	rerun := []string{"go", "test", "-json", "-count=1"}
-	var out bytes.Buffer
+	// The rerun's stderr and the report are written at once.
+	out := &syncbuf.Buffer{}
 	first := goTest(t, dir, "./...")
 	wd, _ := os.Getwd()
 	if err := os.Chdir(dir); err != nil {
 		t.Fatal(err)
 	}
 	defer os.Chdir(wd)
-	code := summarize(bytes.NewReader(first), &out, rerun)
+	code := summarize(bytes.NewReader(first), out, rerun)
 	s := out.String()
 	if code != 0 {
 		t.Errorf("exit %d although the failed test passed on its rerun:\n%s", code, s)
@@ -119,8 +122,8 @@ func TestBroken(t *testing.T) { t.Fatal("broken every time") }
 	if err := os.Chdir(always); err != nil {
 		t.Fatal(err)
 	}
-	out.Reset()
-	code = summarize(bytes.NewReader(goTest(t, always, "./...")), &out, rerun)
+	out = &syncbuf.Buffer{}
+	code = summarize(bytes.NewReader(goTest(t, always, "./...")), out, rerun)
 	s = out.String()
 	if code != 1 {
 		t.Errorf("exit %d for a test that fails on its rerun too, want 1:\n%s", code, s)
