@@ -19,6 +19,17 @@ type OOMCounter interface {
 	OOMKills() (uint64, error)
 }
 
+// oomSince reports whether the OOM killer killed a process in sandbox
+// instance inst since its count was n0 (false when it cannot tell).
+func oomSince(inst Instance, n0 uint64) bool {
+	oc, ok := inst.(OOMCounter)
+	if !ok {
+		return false
+	}
+	n, err := oc.OOMKills()
+	return err == nil && n > n0
+}
+
 // killCause is why the manager ended a sandbox: the proto.Exit.KilledBy
 // and KilledReason of the commands running in it then.
 type killCause struct{ by, reason string }
@@ -70,13 +81,9 @@ const sigkill = int(syscall.SIGKILL)
 func (m *Manager) execOutcome(name string, l *live, pid int, oom0 uint64, counted bool) func(proto.Exit, error) (proto.Exit, error) {
 	return func(ex proto.Exit, err error) (proto.Exit, error) {
 		killed := err == nil && !ex.TimedOut && (ex.Signal == sigkill || ex.Signal == 0 && ex.Code == 128+sigkill)
-		if killed && counted {
-			if oc, ok := l.inst.(OOMCounter); ok {
-				if n, e := oc.OOMKills(); e == nil && n > oom0 {
-					ex.KilledBy, ex.KilledReason = proto.KilledOOM, m.oomReason(name, ex.Signal == 0)
-					return ex, nil
-				}
-			}
+		if killed && counted && oomSince(l.inst, oom0) {
+			ex.KilledBy, ex.KilledReason = proto.KilledOOM, m.oomReason(name, ex.Signal == 0)
+			return ex, nil
 		}
 		l.mu.Lock()
 		cause := l.killed

@@ -35,10 +35,8 @@ func (m *Manager) initEndCause(name string, l *live) killCause {
 	l.mu.Lock()
 	oom0, counted := l.oom0, l.oomCounted
 	l.mu.Unlock()
-	if oc, ok := l.inst.(OOMCounter); ok && counted {
-		if n, err := oc.OOMKills(); err == nil && n > oom0 {
-			return killCause{proto.KilledOOM, m.oomReason(name, false) + ": the sandbox's pid 1 (its guest agent) was killed, and the sandbox stopped"}
-		}
+	if counted && oomSince(l.inst, oom0) {
+		return killCause{proto.KilledOOM, m.oomReason(name, false) + ": the sandbox's pid 1 (its guest agent) was killed, and the sandbox stopped"}
 	}
 	return killCause{proto.KilledStopped, "the sandbox's pid 1 (its guest agent) ended, and the sandbox stopped"}
 }

@@ -22,15 +22,14 @@ func Close(from int) error {
 		return err
 	}
 	names, err := d.Readdirnames(-1)
-	self := int(d.Fd())
+	d.Close() // close-on-exec, as os opens every file: never stray
 	if err != nil {
-		d.Close()
 		return err
 	}
 	var stray []int
 	for _, n := range names {
 		fd, err := strconv.Atoi(n)
-		if err != nil || fd < from || fd == self {
+		if err != nil || fd < from {
 			continue
 		}
 		flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
@@ -38,7 +37,6 @@ func Close(from int) error {
 			stray = append(stray, fd)
 		}
 	}
-	d.Close()
 	for _, fd := range stray {
 		unix.Close(fd)
 	}
