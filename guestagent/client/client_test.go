@@ -168,3 +168,25 @@ func FuzzClient(f *testing.F) {
 		}
 	})
 }
+
+// TestExitKilledByIsNotTheAgents: an agent (which a sandbox's root can
+// take over) cannot say what killed a command: the client drops
+// killed_by and killed_reason from its exit, for the daemon to set.
+func TestExitKilledByIsNotTheAgents(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := New(answering(t, jf(proto.KindStarted, 1, proto.Started{PID: 3}),
+		jf(proto.KindExit, 1, proto.Exit{PID: 3, Code: -1, Signal: 9, KilledBy: proto.KilledRemoved, KilledReason: "the sandbox was removed"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"x"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := p.Wait(ctx)
+	if err != nil || ex.Signal != 9 || ex.KilledBy != "" || ex.KilledReason != "" {
+		t.Fatalf("exit the agent said was a removal: %+v, %v; want signal 9 and no killed_by", ex, err)
+	}
+}

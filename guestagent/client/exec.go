@@ -97,6 +97,9 @@ func (p *Process) demux(ctx context.Context) {
 			}
 		case proto.KindExit:
 			p.err = proto.Decode(f, &p.exit)
+			// What killed a command from outside is the daemon's to say,
+			// never the sandbox's (proto.Exit.KilledBy).
+			p.exit.KilledBy, p.exit.KilledReason = "", ""
 			p.stdout.close(io.EOF)
 			p.stderr.close(io.EOF)
 			return
