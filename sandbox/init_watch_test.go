@@ -90,3 +90,37 @@ func sandboxInit(t *testing.T, name string) int {
 	t.Fatalf("no pid 1 among sandbox %s's processes %q", name, b)
 	return 0
 }
+
+// TestStopAndRemoveAtOnce: a removal that races a stop (or the pid-1
+// watcher's stop) waits for that stop to end, so that it finds the
+// project unmounted and deletes the branch, rather than failing with
+// "branch is mounted" and leaving it behind.
+func TestStopAndRemoveAtOnce(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	for i := range 5 {
+		name := "r" + strconv.Itoa(i)
+		e.create(name, sandbox.Limits{})
+		stopped := make(chan error, 1)
+		go func() { stopped <- e.m.Stop(ctx, name) }()
+		// Remove once the stop has begun: the sandbox no longer runs,
+		// its processes and project mount are still going.
+		for {
+			if _, err := e.m.Agent(ctx, name); errors.Is(err, sandbox.ErrNotRunning) {
+				break
+			}
+		}
+		if err := e.m.Remove(ctx, name); err != nil {
+			t.Fatalf("remove racing a stop: %v", err)
+		}
+		if err := <-stopped; err != nil {
+			t.Fatalf("stop racing a removal: %v", err)
+		}
+		if _, err := e.m.Get(name); !errors.Is(err, sandbox.ErrNotFound) {
+			t.Fatalf("after the removal: %v", err)
+		}
+		if _, err := e.fs.Resolve(ctx, "sandbox."+name); err == nil {
+			t.Fatalf("branch sandbox.%s left behind", name)
+		}
+	}
+}

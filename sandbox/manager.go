@@ -58,9 +58,13 @@ type Manager struct {
 	ops  ops // operations Close waits for (closing.go)
 	mu   sync.Mutex
 	live map[string]*live
-	ext  extra // services, logs, snapshot labels, recovery
-	net  networks
-	pol  policyState // audit logs, exec policy, approvals, deadlines (policy.go)
+	// stopping holds the runs being stopped, so that a second stop of
+	// one (a removal racing a stop, the pid-1 watcher) waits for the
+	// first to end rather than going on with it half done.
+	stopping map[string]*live
+	ext      extra // services, logs, snapshot labels, recovery
+	net      networks
+	pol      policyState // audit logs, exec policy, approvals, deadlines (policy.go)
 	// inside serves each sandbox's own API (inside.go).
 	inside InsideAPI
 	msg    messaging // inboxes (messages.go)
@@ -89,6 +93,8 @@ type live struct {
 	uid, gid *uint32
 	// apiSocket: the runtime bound the inside API's socket.
 	apiSocket bool
+	// stopDone is closed once a stop of this run has ended.
+	stopDone chan struct{}
 	// oom0 is the sandbox's OOM kill count when it started (oomCounted:
 	// known), to tell an OOM kill of its pid 1 (init_watch.go); under mu.
 	oom0       uint64
@@ -113,7 +119,8 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 		}
 	}
 	sum := sha256.Sum256([]byte(root))
-	m := &Manager{root: root, fs: fs, rt: opts.Runtime, id: hex.EncodeToString(sum[:4]), live: map[string]*live{}}
+	m := &Manager{root: root, fs: fs, rt: opts.Runtime, id: hex.EncodeToString(sum[:4]),
+		live: map[string]*live{}, stopping: map[string]*live{}}
 	m.net.opts = opts.Network
 	if err := m.initRuntimes(opts); err != nil {
 		return nil, err
@@ -385,7 +392,7 @@ func (m *Manager) start(ctx context.Context, info *Info, seed string) error {
 		m.mu.Unlock()
 		return nil
 	}
-	l := &live{env: info.Env, dir: info.ProjectPath}
+	l := &live{env: info.Env, dir: info.ProjectPath, stopDone: make(chan struct{})}
 	if info.Image != nil {
 		l.uid, l.gid = info.Image.UID, info.Image.GID
 		if info.Image.Workdir != "" {
@@ -507,18 +514,27 @@ func (m *Manager) stop(ctx context.Context, name string, cause killCause) error 
 }
 
 // stopRun is stop of the sandbox's run only (nil: whatever runs now).
+// A run another call is stopping is waited for.
 func (m *Manager) stopRun(ctx context.Context, name string, only *live, cause killCause) error {
 	m.mu.Lock()
 	l, ok := m.live[name]
-	if ok && (only == nil || l == only) {
-		delete(m.live, name)
-	} else {
-		ok = false
-	}
-	m.mu.Unlock()
-	if !ok {
+	if !ok || only != nil && l != only {
+		s := m.stopping[name]
+		m.mu.Unlock()
+		if s != nil && (only == nil || s == only) {
+			<-s.stopDone
+		}
 		return nil
 	}
+	delete(m.live, name)
+	m.stopping[name] = l
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.stopping, name)
+		m.mu.Unlock()
+		close(l.stopDone)
+	}()
 	defer m.audit(name, "stop", nil)
 	defer m.forgetWatch(name)
 	var errs []error
