@@ -863,14 +863,26 @@ func (m *Manager) snapshot(ctx context.Context, name string, o SnapshotOptions) 
 		os.Remove(dir)
 		return nil, nil, err
 	}
+	// The runtime's state is read frozen; a runtime that can make it
+	// durable after the thaw does so then, so the sandbox does not wait
+	// on the disk (a syncfs waits for all the file system's dirty pages).
+	from, to := m.rtDir(name), filepath.Join(dir, "runtime")
+	finish := func() error { return nil }
 	err = m.freezeWhile(ctx, name, func() error {
 		id, err := m.fs.Snapshot(ctx, info.Branch)
 		if err != nil {
 			return err
 		}
 		s.FS = id.String()
-		return rt.CopyState(ctx, m.rtDir(name), filepath.Join(dir, "runtime"))
+		if sc, ok := rt.(StateCapturer); ok {
+			finish, err = sc.CaptureState(ctx, from, to)
+			return err
+		}
+		return rt.CopyState(ctx, from, to)
 	})
+	if err == nil {
+		err = finish()
+	}
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)

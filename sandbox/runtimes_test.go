@@ -6,7 +6,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"tine/guestagent/proto"
 	"tine/netpolicy"
 	"tine/sandbox"
 	"tine/sandbox/ns"
@@ -19,6 +21,8 @@ type namedRuntime struct {
 	*ns.Runtime
 	name           string
 	starts, copies atomic.Int32
+	// captured, when set, runs as a capture's finish starts.
+	captured func()
 }
 
 func newNamedRuntime(t *testing.T, name string) *namedRuntime {
@@ -40,6 +44,20 @@ func (r *namedRuntime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.In
 func (r *namedRuntime) CopyState(ctx context.Context, from, to string) error {
 	r.copies.Add(1)
 	return r.Runtime.CopyState(ctx, from, to)
+}
+
+func (r *namedRuntime) CaptureState(ctx context.Context, from, to string) (func() error, error) {
+	r.copies.Add(1)
+	finish, err := r.Runtime.CaptureState(ctx, from, to)
+	if err != nil {
+		return nil, err
+	}
+	return func() error {
+		if r.captured != nil {
+			r.captured()
+		}
+		return finish()
+	}, nil
 }
 
 // bareRuntime is a namedRuntime that declares none of the Manager's
@@ -208,5 +226,47 @@ func TestRuntimeFeaturesRefused(t *testing.T) {
 	}
 	if err := e.m.SetNetwork(ctx, forks[0].Name, open); err == nil || !strings.Contains(err.Error(), "not built for bare") {
 		t.Fatalf("SetNetwork on a bare fork: %v", err)
+	}
+}
+
+// A snapshot of a running sandbox keeps it frozen only while its state is
+// copied: the copy is written out to disk (a syncfs, which waits for all
+// the file system's dirty pages) after the thaw, so the sandbox answers
+// while that runs.
+func TestSnapshotThawsBeforeFlush(t *testing.T) {
+	alt := newNamedRuntime(t, "ns-alt")
+	e := newEnvWith(t, sandbox.Options{Runtimes: []sandbox.Runtime{alt}})
+	ctx := context.Background()
+	if _, err := e.m.Create(ctx, sandbox.CreateOptions{Name: "a", Dir: e.project, Runtime: "ns-alt"}); err != nil {
+		t.Fatal(err)
+	}
+	e.sh("a", "echo layer > /etc/tine-flush-test")
+	answered := false
+	alt.captured = func() {
+		alt.captured = nil
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		p, err := e.m.Exec(ctx, "a", proto.ExecRequest{Argv: []string{"true"}})
+		if err == nil {
+			_, err = p.Wait(ctx)
+		}
+		if err != nil {
+			t.Errorf("sandbox a did not answer while its snapshot was written out: %v", err)
+		}
+		answered = true
+	}
+	s, err := e.m.Snapshot(ctx, "a", sandbox.SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !answered {
+		t.Fatal("the ns runtime's state was not captured in two steps")
+	}
+	e.sh("a", "rm /etc/tine-flush-test")
+	if _, err := e.m.Create(ctx, sandbox.CreateOptions{Name: "b", Snapshot: s.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := e.sh("b", "cat /etc/tine-flush-test"); out != "layer\n" {
+		t.Fatalf("sandbox made from the snapshot reads %q, want the layer as it was", out)
 	}
 }

@@ -215,6 +215,16 @@ type Runtime interface {
 	CopyState(ctx context.Context, from, to string) error
 }
 
+// StateCapturer is a Runtime whose CopyState of a running sandbox splits
+// in two, so that the sandbox stays frozen only while its state is
+// read: CaptureState copies from (the sandbox frozen) and returns finish,
+// called once the sandbox is thawed, which makes the copy durable and
+// gives it the name to. The two together are CopyState; finish is
+// called once, and removes the copy if it fails.
+type StateCapturer interface {
+	CaptureState(ctx context.Context, from, to string) (finish func() error, err error)
+}
+
 // ForkOptions says how many forks to make and what to call them.
 type ForkOptions struct {
 	// N is the number of forks (at least 1).

@@ -364,28 +364,42 @@ func (in *instance) Stop(ctx context.Context) error {
 // place, so that after a crash to is either missing or whole (and a
 // directory named ".tmp-" and to's name may be left beside it).
 func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
+	finish, err := r.CaptureState(ctx, from, to)
+	if err != nil {
+		return err
+	}
+	return finish()
+}
+
+// CaptureState implements sandbox.StateCapturer: the copy of CopyState,
+// in its temporary directory; finish writes it out (syncfs, which waits
+// for every dirty page of the file system, however long) and renames it.
+func (r *Runtime) CaptureState(ctx context.Context, from, to string) (func() error, error) {
 	tmp := filepath.Join(filepath.Dir(to), ".tmp-"+filepath.Base(to))
 	if err := os.RemoveAll(tmp); err != nil {
-		return fmt.Errorf("copy sandbox state to %s: %w", to, err)
+		return nil, fmt.Errorf("copy sandbox state to %s: %w", to, err)
 	}
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
-		return fmt.Errorf("copy sandbox state to %s: %w", to, err)
+		return nil, fmt.Errorf("copy sandbox state to %s: %w", to, err)
 	}
-	err := copyLayer(ctx, filepath.Join(from, upperDir), filepath.Join(tmp, upperDir))
-	if err == nil {
-		err = atomicfile.SyncFS(tmp)
-	}
-	if err == nil {
-		err = os.Rename(tmp, to)
-	}
-	if err != nil {
+	if err := copyLayer(ctx, filepath.Join(from, upperDir), filepath.Join(tmp, upperDir)); err != nil {
 		os.RemoveAll(tmp)
-		return fmt.Errorf("copy sandbox state to %s: %w", to, err)
+		return nil, fmt.Errorf("copy sandbox state to %s: %w", to, err)
 	}
-	if err := atomicfile.SyncDir(filepath.Dir(to)); err != nil {
-		return fmt.Errorf("copy sandbox state to %s: %w", to, err)
-	}
-	return nil
+	return func() error {
+		err := atomicfile.SyncFS(tmp)
+		if err == nil {
+			err = os.Rename(tmp, to)
+		}
+		if err != nil {
+			os.RemoveAll(tmp)
+			return fmt.Errorf("copy sandbox state to %s: %w", to, err)
+		}
+		if err := atomicfile.SyncDir(filepath.Dir(to)); err != nil {
+			return fmt.Errorf("copy sandbox state to %s: %w", to, err)
+		}
+		return nil
+	}, nil
 }
 
 // tail keeps the last 4 KiB written to it: the init step's and the
