@@ -41,10 +41,11 @@ func guardChild(args []string) {
 		fmt.Println("ERR", err)
 		return
 	}
-	fsyncTestHook = func() {
+	block := func() {
 		fmt.Println("BLOCKED")
 		select {}
 	}
+	fsyncTestHook.Store(&block)
 	go func() {
 		fd, err := unix.Open(filepath.Join(args[1], "file"), unix.O_RDWR|unix.O_CREAT, 0o644)
 		if err != nil {

@@ -51,6 +51,9 @@ type memGuard struct {
 }
 
 func newMemGuard(t testing.TB, limit int64) *memGuard {
+	if raceEnabled {
+		limit *= 8 // the race detector's shadow memory
+	}
 	return &memGuard{t: t, start: rssBytes(t), limit: limit}
 }
 

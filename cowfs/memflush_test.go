@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 )
@@ -134,9 +135,14 @@ func TestMemFlushBacksOff(t *testing.T) {
 	f := openTestFSWith(t, &Options{BranchMemBytes: budget, MemBytes: 64 << 20})
 	m, _ := mountNew(t, f, "main", map[string]string{"seed": "x"})
 	const size = 10 << 10
-	var names []string
+	var (
+		mu    sync.Mutex // names: appended here, read by the hook on the flush's goroutine
+		names []string
+	)
 	hookRan := make(chan struct{})
 	hook := func() {
+		mu.Lock()
+		defer mu.Unlock()
 		for _, name := range names {
 			if err := os.WriteFile(filepath.Join(m.Dir(), name), pattern(7, size), 0o644); err != nil {
 				t.Error(err)
@@ -159,7 +165,9 @@ func TestMemFlushBacksOff(t *testing.T) {
 			t.Fatalf("no flush began after %d files", i)
 		}
 		name := fmt.Sprintf("f%03d", i)
+		mu.Lock()
 		names = append(names, name)
+		mu.Unlock()
 		if err := os.WriteFile(filepath.Join(m.Dir(), name), pattern(uint64(i), size), 0o644); err != nil {
 			t.Fatal(err)
 		}

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -1190,11 +1191,11 @@ func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 }
 
 // fsyncTestHook, when set (by tests), runs as an fsync is served.
-var fsyncTestHook func()
+var fsyncTestHook atomic.Pointer[func()]
 
 func (n *node) Fsync(ctx context.Context, fh gofs.FileHandle, flags uint32) syscall.Errno {
-	if fsyncTestHook != nil {
-		fsyncTestHook()
+	if hook := fsyncTestHook.Load(); hook != nil {
+		(*hook)()
 	}
 	if err := n.b.sync(context.Background()); err != nil {
 		return syscall.EIO

@@ -5,7 +5,7 @@
 // this mount's connection) by opcode with their count and time, plus a
 // CPU profile of the server (pprof). It needs root and tracefs.
 //
-//	go run ./bench/fsprof [--src DIR] [--cpuprofile FILE] [--timeout 1s] [--no-keep-cache] [--writeback] -- 'tar -xf /x.tar -C "$MNT"'
+//	go run ./bench/fsprof [--src DIR] [--cpuprofile FILE] [--mutexprofile FILE] [--timeout 1s] [--no-keep-cache] [--writeback] -- 'tar -xf /x.tar -C "$MNT"'
 package main
 
 import (
@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"sort"
 	"strconv"
@@ -41,6 +42,7 @@ func main() {
 func run() error {
 	src := flag.String("src", "", "directory to import as the branch's starting tree (default: empty)")
 	cpu := flag.String("cpuprofile", "", "write a CPU profile of the server to this file")
+	mutex := flag.String("mutexprofile", "", "write a profile of the server's lock contention to this file (who held the locks others waited for)")
 	timeout := flag.Duration("timeout", 0, "kernel cache timeout (cowfs.MountOptions.Timeout; 0: the default)")
 	noKeep := flag.Bool("no-keep-cache", false, "cowfs.MountOptions.NoKeepCache")
 	writeback := flag.Bool("writeback", false, "cowfs.MountOptions.Writeback")
@@ -113,11 +115,19 @@ func run() error {
 			return err
 		}
 	}
+	if *mutex != "" {
+		runtime.SetMutexProfileFraction(1)
+	}
 	t0 := time.Now()
 	cerr := sh(flag.Arg(0))
 	el := time.Since(t0)
 	if *cpu != "" {
 		pprof.StopCPUProfile()
+	}
+	if *mutex != "" {
+		if err := writeProfile("mutex", *mutex); err != nil {
+			return err
+		}
 	}
 	stats, terr := stopTrace()
 	fmt.Printf("command took %s over %s (exit: %v)\n", el.Round(time.Microsecond), m.Transport(), cerr)
@@ -249,4 +259,17 @@ func printStats(stats map[string]*opStat) {
 	}
 	fmt.Fprintf(tw, "all\t%d\t%.1f\t\t\n", n, total*1e3)
 	tw.Flush()
+}
+
+// writeProfile writes the named runtime profile to path.
+func writeProfile(name, path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
