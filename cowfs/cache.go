@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -116,18 +120,8 @@ func (f *FS) materialise(id chunkstore.ID, size int64, path string) error {
 	}
 	defer os.Remove(tmp.Name())
 	defer tmp.Close()
-	var off int64
-	for _, r := range refs {
-		if !r.ID.IsZero() {
-			d, err := f.store.Get(r.ID)
-			if err != nil {
-				return fmt.Errorf("cache %s: read chunk %s: %w", id, r.ID, err)
-			}
-			if _, err := tmp.WriteAt(d, off); err != nil {
-				return fmt.Errorf("cache %s: write %s: %w", id, tmp.Name(), err)
-			}
-		}
-		off += int64(r.Size)
+	if err := writeChunks(f.store, refs, tmp); err != nil {
+		return fmt.Errorf("cache %s: %w", id, err)
 	}
 	if err := tmp.Truncate(size); err != nil {
 		return fmt.Errorf("cache %s: truncate %s: %w", id, tmp.Name(), err)
@@ -137,6 +131,54 @@ func (f *FS) materialise(id chunkstore.ID, size int64, path string) error {
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("cache %s: %w", id, err)
+	}
+	return nil
+}
+
+// writeChunks writes the chunks refs name into w at their offsets, on
+// as many goroutines as there are CPUs: each chunk's read (and hash
+// check, and decompression) is CPU work, and the open that waits for it
+// is the first read of the file.
+func writeChunks(store *chunkstore.Store, refs []fileRef, w io.WriterAt) error {
+	offs := make([]int64, len(refs))
+	var off int64
+	for i, r := range refs {
+		offs[i] = off
+		off += r.Size
+	}
+	var (
+		next  atomic.Int64
+		first atomic.Pointer[error]
+		wg    sync.WaitGroup
+	)
+	for range min(runtime.GOMAXPROCS(0), len(refs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for first.Load() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= len(refs) {
+					return
+				}
+				if refs[i].ID.IsZero() {
+					continue // a hole
+				}
+				d, err := store.View(refs[i].ID)
+				if err != nil {
+					err = fmt.Errorf("read chunk %s: %w", refs[i].ID, err)
+				} else if _, err = w.WriteAt(d, offs[i]); err != nil {
+					err = fmt.Errorf("write: %w", err)
+				}
+				if err != nil {
+					first.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := first.Load(); err != nil {
+		return *err
 	}
 	return nil
 }

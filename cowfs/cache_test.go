@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"tine/chunkstore"
 )
 
 // cacheSize sums the sizes of the files in f's passthrough cache.
@@ -115,4 +118,56 @@ func mustID(t *testing.T, f *FS, br, name string) string {
 	}
 	t.Fatalf("no %s in %s", name, br)
 	return ""
+}
+
+// TestWriteChunks: a cache file's chunks, written on several goroutines,
+// land at their offsets with holes left as zeros; a chunk the store lacks
+// fails the write, naming it.
+func TestWriteChunks(t *testing.T) {
+	st, err := chunkstore.Open(filepath.Join(t.TempDir(), "store"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var refs []fileRef
+	var want []byte
+	for i := range 40 {
+		size := 1000 + 37*i
+		if i%7 == 3 {
+			refs = append(refs, fileRef{Size: int64(size)}) // a hole
+			want = append(want, make([]byte, size)...)
+			continue
+		}
+		b := pattern(uint64(i), size)
+		id, err := st.Put(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, fileRef{ID: id, Size: int64(size)})
+		want = append(want, b...)
+	}
+	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if err := writeChunks(st, refs, out); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Truncate(int64(len(want))); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(out.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("written file differs from its chunks (%d bytes, want %d)", len(got), len(want))
+	}
+
+	missing := chunkstore.Sum([]byte("never stored"))
+	refs[5] = fileRef{ID: missing, Size: refs[5].Size}
+	if err := writeChunks(st, refs, out); err == nil || !strings.Contains(err.Error(), missing.String()) {
+		t.Fatalf("write with a missing chunk: %v, want an error naming %s", err, missing)
+	}
 }
