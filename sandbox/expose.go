@@ -253,10 +253,16 @@ func (m *Manager) startAutoExpose(name string) error {
 // autoExposeEvery is how often auto-expose looks for new listeners.
 const autoExposeEvery = 500 * time.Millisecond
 
+// maxAutoExposures bounds the ports auto-expose opens on the host for one
+// sandbox: each is a host listener (a descriptor and a goroutine), and a
+// sandbox can listen on every port of its own network namespace.
+const maxAutoExposures = 64
+
 func (m *Manager) autoExpose(ctx context.Context, name string) {
 	t := time.NewTicker(autoExposeEvery)
 	defer t.Stop()
 	seen := map[int]bool{}
+	warned := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -278,11 +284,34 @@ func (m *Manager) autoExpose(ctx context.Context, name string) {
 				continue
 			}
 			seen[int(p.Port)] = true
+			if m.autoExposures(name) >= maxAutoExposures {
+				if !warned {
+					warned = true
+					fmt.Fprintf(os.Stderr, "tine: sandbox %s: auto-expose stops at %d ports; port %d and later listeners are not exposed (tine expose %s PORT exposes one)\n",
+						name, maxAutoExposures, p.Port, name)
+				}
+				continue
+			}
 			if _, err := m.Expose(ctx, name, ExposeOptions{Port: int(p.Port), auto: true}); err != nil && ctx.Err() == nil {
 				fmt.Fprintf(os.Stderr, "tine: sandbox %s: auto-expose port %d: %v\n", name, p.Port, err)
 			}
 		}
 	}
+}
+
+// autoExposures counts the sandbox's exposures that auto-expose made.
+func (m *Manager) autoExposures(name string) int {
+	m.net.mu.Lock()
+	defer m.net.mu.Unlock()
+	n := 0
+	if e := m.net.expo[name]; e != nil {
+		for _, f := range e.ports {
+			if f.Auto {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // stopExposures closes a sandbox's exposures (it stops).
