@@ -93,6 +93,10 @@ func (f *FS) WriteTar(ctx context.Context, w io.Writer, a, b SnapshotID, opts Ta
 			continue
 		}
 		if c.New.Type == TypeSymlink {
+			if strings.ContainsRune(c.New.Target, 0) {
+				t.refuse(c.Path, "the symlink's target holds a NUL byte, which no file system's symlink can")
+				continue
+			}
 			links = append(links, c)
 			continue
 		}
@@ -151,6 +155,10 @@ func (t *tarWriter) xattrRecords(p string, e *Entry) map[string]string {
 	for _, x := range e.Xattrs {
 		if !strings.HasPrefix(x.Name, "user.") {
 			t.refuse(p, fmt.Sprintf("xattr %q is not carried (an archive carries only user.* xattrs)", x.Name))
+			continue
+		}
+		if strings.ContainsAny(x.Name, "=\x00") {
+			t.refuse(p, fmt.Sprintf("xattr %q is not carried (a tar record's name cannot hold = or NUL)", x.Name))
 			continue
 		}
 		if recs == nil {
