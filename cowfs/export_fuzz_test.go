@@ -28,6 +28,7 @@ func FuzzWriteTar(f *testing.F) {
 	f.Add([]byte(rec(0, "a\nb\"c\\", "x") + rec(2, "s", "/etc/passwd") + rec(3, "fifo", "")))
 	f.Add([]byte(rec(0, ".wh.x", "w") + rec(2, "l", ".") + rec(0, "l/in", "z")))
 	f.Add([]byte(rec(1, "d", "") + rec(2, "d/l", "/") + rec(1, "e", "") + rec(0, "e/\x7f\xff", "")))
+	f.Add([]byte(rec(0, "eq", "a=b") + rec(2, "nul", "x\x00y")))
 	fs := openTestFS(f)
 	ctx := context.Background()
 	base, err := fs.Import(ctx, f.TempDir(), "")
