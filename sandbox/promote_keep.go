@@ -110,14 +110,21 @@ func (m *Manager) sandboxHead(ctx context.Context, snap cowfs.SnapshotID) (strin
 	if gd == nil || gd.Type != cowfs.TypeDir {
 		return "", fmt.Errorf("the sandbox's project has no .git directory")
 	}
-	read := func(p string, max int64) (string, bool, error) {
+	return headOf(func(p string, max int64) (string, bool, error) {
 		e, err := m.lookup(ctx, snap, p)
 		if err != nil || e == nil || e.Type != cowfs.TypeFile {
 			return "", false, err
 		}
 		b, err := m.fs.ReadFileData(ctx, e, max)
 		return string(b), err == nil, err
-	}
+	})
+}
+
+// headOf resolves HEAD in a .git whose files (written by the sandbox)
+// read gives: at most max bytes of a path below the project, ok false
+// when it is not a file. It reads only .git/HEAD, .git/refs/... and
+// .git/packed-refs, and returns a commit id or an error.
+func headOf(read func(p string, max int64) (string, bool, error)) (string, error) {
 	h, ok, err := read(".git/HEAD", maxRefBytes)
 	if err != nil || !ok {
 		return "", fmt.Errorf("the sandbox's .git/HEAD: missing or unreadable (%v)", err)
