@@ -289,13 +289,18 @@ func list[T any](ctx context.Context, c *Client, k proto.Kind) ([]T, error) {
 // eventQueue is how many events wait for the reader of Events.
 const eventQueue = 256
 
+// maxLost bounds the count of a "lost" event: the agent's are refused
+// past it, and the client's count stops there.
+const maxLost = 1 << 30
+
 // Events streams what changes in the sandbox: processes starting and
 // exiting, ports opening and closing. The channel is closed when ctx ends
 // or the connection drops. A caller that reads too slowly never stalls
 // the connection (the execs and lists that share it go on): once
 // eventQueue events wait, newer ones are dropped and counted, and a
 // "lost" event says how many when there is room again, as the agent does
-// for a host that reads too slowly.
+// for a host that reads too slowly. An event the agent may not send (see
+// agentEvent) is dropped like one that does not decode.
 func (c *Client) Events(ctx context.Context) (<-chan proto.Event, error) {
 	s, err := c.open(proto.KindEvents, nil)
 	if err != nil {
@@ -321,15 +326,45 @@ func (c *Client) Events(ctx context.Context) (<-chan proto.Event, error) {
 			if f.Kind != proto.KindEvent || len(f.Payload) > proto.MaxItemBytes || proto.Decode(f, &e) != nil {
 				continue
 			}
+			e, ok := agentEvent(e)
+			if !ok {
+				continue
+			}
 			if lost > 0 && offer(out, proto.Event{Type: proto.EventLost, Time: time.Now(), Lost: lost}) {
 				lost = 0
 			}
 			if lost > 0 || !offer(out, e) {
-				lost += eventCount(e)
+				lost = min(lost+eventCount(e), maxLost)
 			}
 		}
 	}()
 	return out, nil
+}
+
+// agentEvent checks an event from the agent, which is untrusted: it must
+// be of a type the agent sends (not one the host adds to the stream, such
+// as an OOM kill) and carry what that type needs. Fields of other types
+// are cleared, and so is what only the daemon may say of an exit
+// (proto.Exit.KilledBy, as for Exec).
+func agentEvent(e proto.Event) (proto.Event, bool) {
+	v := proto.Event{Type: e.Type, Time: e.Time}
+	switch e.Type {
+	case proto.EventProcessStarted, proto.EventProcessExited:
+		v.Process = e.Process
+		if e.Exit != nil && e.Type == proto.EventProcessExited {
+			x := *e.Exit
+			x.KilledBy, x.KilledReason = "", ""
+			v.Exit = &x
+		}
+		return v, e.Process != nil
+	case proto.EventPortOpened, proto.EventPortClosed:
+		v.Port = e.Port
+		return v, e.Port != nil
+	case proto.EventLost:
+		v.Lost = e.Lost
+		return v, e.Lost > 0 && e.Lost < maxLost
+	}
+	return v, false
 }
 
 // offer sends e on out unless out is full.
@@ -342,10 +377,9 @@ func offer(out chan<- proto.Event, e proto.Event) bool {
 	}
 }
 
-// eventCount is how many events e stands for: a "lost" event from the
-// agent stands for those it dropped (bounded, as the agent is untrusted).
+// eventCount is how many events e (checked by agentEvent) stands for.
 func eventCount(e proto.Event) int {
-	if e.Type == proto.EventLost && e.Lost > 0 && e.Lost < 1<<30 {
+	if e.Type == proto.EventLost {
 		return e.Lost
 	}
 	return 1

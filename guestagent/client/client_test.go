@@ -127,48 +127,6 @@ func TestExecErrorCode(t *testing.T) {
 	}
 }
 
-// FuzzClient: whatever an agent sends after its hello, Ps, Ports, GetFile
-// and Exec return (with an error or not) and never panic.
-func FuzzClient(f *testing.F) {
-	f.Add(frames(f, jf(proto.KindItem, 1, proto.Process{PID: 1, Argv: []string{"a"}}), proto.Frame{Kind: proto.KindEnd, ID: 1}))
-	f.Add(frames(f, jf(proto.KindStarted, 1, proto.Started{PID: 3}), proto.Frame{Kind: proto.KindStdout, ID: 1, Payload: []byte("x")},
-		jf(proto.KindExit, 1, proto.Exit{Code: 1})))
-	f.Add(frames(f, jf(proto.KindFileInfo, 1, proto.FileInfo{Size: 1}), proto.Frame{Kind: proto.KindData, ID: 1, Payload: []byte("x")},
-		proto.Frame{Kind: proto.KindEnd, ID: 1}))
-	f.Add(frames(f, jf(proto.KindError, 1, proto.Error{Message: "x: command not found", Code: proto.CodeNotFound})))
-	f.Add(frames(f, jf(proto.KindError, 1, proto.Error{Message: "x", Code: "made-up"})))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		for op := range 4 {
-			c, err := New(scripted{io.MultiReader(bytes.NewReader(frames(t, proto.HelloFrame())), bytes.NewReader(b))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			switch op {
-			case 0:
-				c.Ps(ctx)
-			case 1:
-				c.Ports(ctx)
-			case 2:
-				c.GetFile(ctx, "f", io.Discard)
-			case 3:
-				p, err := c.Exec(ctx, proto.ExecRequest{Argv: []string{"x"}})
-				if err == nil {
-					go io.Copy(io.Discard, p.Stderr)
-					io.Copy(io.Discard, p.Stdout)
-					p.Wait(ctx)
-				}
-				// An error's code is one this side knows, or none.
-				if ae := (*AgentError)(nil); errors.As(err, &ae) && ae.Code != "" && ae.ExitStatus() == 0 {
-					t.Fatalf("an unknown code passed: %q", ae.Code)
-				}
-			}
-			c.Close()
-		}
-	})
-}
-
 // TestExitKilledByIsNotTheAgents: an agent (which a sandbox's root can
 // take over) cannot say what killed a command: the client drops
 // killed_by and killed_reason from its exit, for the daemon to set.

@@ -11,7 +11,9 @@ import (
 )
 
 // PutFile writes r to path in the sandbox with mode's permission bits
-// (and setuid, setgid, sticky). The file appears whole or not at all.
+// (and setuid, setgid, sticky). The file appears whole or not at all. The
+// agent answers an End once the file is in place, or an Error; any other
+// answer is an error.
 func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, r io.Reader) error {
 	s, err := c.open(proto.KindPut, proto.PutRequest{Path: path, Mode: proto.ModeBits(mode)})
 	if err != nil {
@@ -28,10 +30,11 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, r i
 			return fail(ctx.Err())
 		}
 		select {
-		case f := <-s.ch: // the agent refused the file before its end
+		case f := <-s.ch: // before the file's end, the agent only refuses it
 			if f.Kind == proto.KindError {
 				return fmt.Errorf("put %s: %w", path, agentError(f))
 			}
+			return fail(fmt.Errorf("the agent answered %v before the file's end", f.Kind))
 		default:
 		}
 		n, rerr := r.Read(buf)
@@ -50,15 +53,14 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, r i
 	if err := c.send(proto.Frame{Kind: proto.KindEnd, ID: s.id}); err != nil {
 		return fmt.Errorf("put %s: %w", path, err)
 	}
-	for {
-		f, err := c.recv(ctx, s)
-		if err != nil {
-			return fmt.Errorf("put %s: %w", path, err)
-		}
-		if f.Kind == proto.KindEnd {
-			return nil
-		}
+	f, err := c.recv(ctx, s)
+	if err == nil && f.Kind != proto.KindEnd {
+		err = fmt.Errorf("the agent answered %v, want end", f.Kind)
 	}
+	if err != nil {
+		return fmt.Errorf("put %s: %w", path, err)
+	}
+	return nil
 }
 
 // GetFile copies the regular file at path in the sandbox to w and returns
