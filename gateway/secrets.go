@@ -27,12 +27,16 @@ func (g *Gateway) inject(req *http.Request, name string, port uint16, scheme str
 	g.mu.Lock()
 	secrets := g.secrets
 	g.mu.Unlock()
+	bound := func(s Secret) bool {
+		return s.Header != "" && s.Value != "" && matchHost(s.Host, name) && (scheme == "https" || s.Plain)
+	}
 	for _, s := range secrets {
-		if s.Header == "" || s.Value == "" {
-			continue
+		if s.Placeholder != "" && !bound(s) {
+			dropCarrying(req.Header, s.Placeholder)
 		}
-		bound := matchHost(s.Host, name) && (scheme == "https" || s.Plain)
-		if !bound {
+	}
+	for _, s := range secrets {
+		if !bound(s) {
 			continue
 		}
 		v := s.Value
@@ -41,6 +45,18 @@ func (g *Gateway) inject(req *http.Request, name string, port uint16, scheme str
 		}
 		req.Header.Set(s.Header, v)
 		g.audit("credential", map[string]any{"destination": name, "port": port, "secret": s.Name, "header": s.Header})
+	}
+}
+
+// dropCarrying removes from h every header with a value containing p.
+func dropCarrying(h http.Header, p string) {
+	for k, vv := range h {
+		for _, v := range vv {
+			if strings.Contains(v, p) {
+				delete(h, k)
+				break
+			}
+		}
 	}
 }
 
