@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"testing"
 	"time"
+
+	"tine/internal/fuzzbytes"
 )
 
 // The port devices the fuzz target drives, in the low two bits of an
@@ -24,24 +26,6 @@ const maxFuzzOps = 256
 // fuzzSizes are the access sizes an operation picks from: the valid ones,
 // an empty access and odd ones.
 var fuzzSizes = [8]int{1, 2, 4, 1, 0, 3, 8, 2}
-
-type opReader struct{ b []byte }
-
-func (r *opReader) byte() byte {
-	if len(r.b) == 0 {
-		return 0
-	}
-	c := r.b[0]
-	r.b = r.b[1:]
-	return c
-}
-
-func (r *opReader) take(n int) []byte {
-	n = min(n, len(r.b))
-	p := r.b[:n]
-	r.b = r.b[n:]
-	return p
-}
 
 // cmosModel is the CMOS clock as its documentation describes it.
 type cmosModel struct {
@@ -140,9 +124,9 @@ func FuzzPortDevices(f *testing.F) {
 	f.Add(join([]byte{fuzzEmpty | fuzzFar | 2<<3, 0xfe, 0xff, fuzzCMOS | fuzzWrite | fuzzFar | 6<<3, 0x6f, 0x00, 1, 2, 3, 4, 5, 6, 7, 8},
 		[]byte{fuzzPM | fuzzFar | 5<<3, 0xfe, 0x05, fuzzI8042 | fuzzWrite | 4<<3, 0}))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		in := &opReader{b: data}
+		in := fuzzbytes.New(data)
 		var sec [4]byte
-		copy(sec[:], in.take(4))
+		copy(sec[:], in.Take(4))
 		now := time.Unix(int64(le.Uint32(sec[:])), 0)
 		c := newCMOS()
 		c.now = func() time.Time { return now }
@@ -151,11 +135,11 @@ func FuzzPortDevices(f *testing.F) {
 		kbd := &i8042{reset: func() { resets++ }}
 		offs, wantOffs := 0, 0
 		pm := &pmDevice{powerOff: func() { offs++ }}
-		pm.sts = uint16(in.byte()) | uint16(in.byte())<<8
+		pm.sts = uint16(in.Byte()) | uint16(in.Byte())<<8
 		pmm := &pmModel{sts: pm.sts}
 		var buf [8]byte
-		for n := 0; n < maxFuzzOps && len(in.b) > 0; n++ {
-			op := in.byte()
+		for n := 0; n < maxFuzzOps && in.Len() > 0; n++ {
+			op := in.Byte()
 			size := fuzzSizes[op>>3&7]
 			var base, ports uint16
 			var dev interface {
@@ -172,9 +156,9 @@ func FuzzPortDevices(f *testing.F) {
 			default:
 				dev, base, ports = emptyBus{}, 0xcf8, 8
 			}
-			port := base - 2 + uint16(in.byte())%(ports+4)
+			port := base - 2 + uint16(in.Byte())%(ports+4)
 			if op&fuzzFar != 0 {
-				port = uint16(in.byte())<<8 | port&0xff
+				port = uint16(in.Byte())<<8 | port&0xff
 			}
 			p := buf[:size]
 			if op&fuzzWrite == 0 {
@@ -206,7 +190,7 @@ func FuzzPortDevices(f *testing.F) {
 				continue
 			}
 			clear(p)
-			copy(p, in.take(size))
+			copy(p, in.Take(size))
 			dev.Out(port, p)
 			switch op & 3 {
 			case fuzzCMOS:

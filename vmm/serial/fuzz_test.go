@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"reflect"
 	"testing"
+
+	"tine/internal/fuzzbytes"
 )
 
 // Operation kinds, in the low two bits of an operation's first byte.
@@ -20,24 +22,6 @@ const maxFuzzOps = 256
 // fuzzSizes are the access sizes an operation picks from: the valid ones,
 // an empty access and odd ones.
 var fuzzSizes = [8]int{1, 2, 4, 1, 0, 3, 8, 1}
-
-type opReader struct{ b []byte }
-
-func (r *opReader) byte() byte {
-	if len(r.b) == 0 {
-		return 0
-	}
-	c := r.b[0]
-	r.b = r.b[1:]
-	return c
-}
-
-func (r *opReader) take(n int) []byte {
-	n = min(n, len(r.b))
-	p := r.b[:n]
-	r.b = r.b[n:]
-	return p
-}
 
 // wantIRQ is the interrupt level a state calls for.
 func wantIRQ(s State) bool {
@@ -133,16 +117,16 @@ func FuzzUARTPorts(f *testing.F) {
 			level = high
 		}}
 		u := New(cfg)
-		r := &opReader{b: data}
+		r := fuzzbytes.New(data)
 		var p [8]byte
-		for n := 0; n < maxFuzzOps && len(r.b) > 0; n++ {
-			op := r.byte()
+		for n := 0; n < maxFuzzOps && r.Len() > 0; n++ {
+			op := r.Byte()
 			size := fuzzSizes[op>>2&7]
 			var port uint16
 			if op&3 == fuzzIn || op&3 == fuzzOut {
-				port = COM1Base - 4 + uint16(r.byte()%16)
+				port = COM1Base - 4 + uint16(r.Byte()%16)
 				if op&(1<<5) != 0 {
-					port = uint16(r.byte())<<8 | port&0xff
+					port = uint16(r.Byte())<<8 | port&0xff
 				}
 			}
 			before := u.State()
@@ -163,7 +147,7 @@ func FuzzUARTPorts(f *testing.F) {
 			case fuzzOut:
 				b := p[:size]
 				clear(b)
-				copy(b, r.take(size))
+				copy(b, r.Take(size))
 				u.Out(port, b)
 				if output.Len()-sent > size {
 					t.Fatalf("%d bytes written, %d sent", size, output.Len()-sent)
@@ -180,7 +164,7 @@ func FuzzUARTPorts(f *testing.F) {
 					}
 				}
 			case fuzzReceive:
-				b := r.take(int(r.byte()))
+				b := r.Take(int(r.Byte()))
 				k := u.Receive(b)
 				if want := min(len(b), MaxRX-len(before.RX)); k != want {
 					t.Fatalf("Receive kept %d of %d with %d pending", k, len(b), len(before.RX))

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"tine/internal/fuzzbytes"
 )
 
 // The register fuzz target runs a device over fuzzMemSize bytes of guest
@@ -99,28 +101,6 @@ func fuzzDevice(k byte) (Device, []byte, func(*Transport)) {
 	}
 }
 
-// opReader takes an operation sequence apart; past its end every byte
-// reads as 0.
-type opReader struct{ b []byte }
-
-func (r *opReader) byte() byte {
-	if len(r.b) == 0 {
-		return 0
-	}
-	c := r.b[0]
-	r.b = r.b[1:]
-	return c
-}
-
-func (r *opReader) u16() uint16 { return uint16(r.byte()) | uint16(r.byte())<<8 }
-
-func (r *opReader) take(n int) []byte {
-	n = min(n, len(r.b))
-	p := r.b[:n]
-	r.b = r.b[n:]
-	return p
-}
-
 // fuzzAddr turns an operation's address mode and 16-bit offset into a
 // guest-physical address: inside the window, past it, far past it, or
 // below the window's base.
@@ -141,8 +121,8 @@ func fuzzAddr(mode byte, off uint16) uint64 {
 // transport and applies the operations that follow, checking each. It
 // returns guest RAM and the device's error as the operations left them.
 func runTransportOps(t testing.TB, data []byte) (Memory, error) {
-	r := &opReader{b: data}
-	dev, cfg, stop := fuzzDevice(r.byte())
+	r := fuzzbytes.New(data)
+	dev, cfg, stop := fuzzDevice(r.Byte())
 	backing := bytes.Repeat([]byte{fuzzCanary}, fuzzGuard+fuzzMemSize+fuzzGuard)
 	mem := Memory(backing[fuzzGuard : fuzzGuard+fuzzMemSize : fuzzGuard+fuzzMemSize])
 	clear(mem)
@@ -150,12 +130,12 @@ func runTransportOps(t testing.TB, data []byte) (Memory, error) {
 	defer stop(tr)
 	maxes := dev.QueueMax()
 	var buf [16]byte
-	for n := 0; n < maxFuzzOps && len(r.b) > 0; n++ {
-		op := r.byte()
+	for n := 0; n < maxFuzzOps && r.Len() > 0; n++ {
+		op := r.Byte()
 		size := fuzzSizes[op>>2&7]
 		switch op & 3 {
 		case fuzzOpRead:
-			addr := fuzzAddr(op>>5, r.u16())
+			addr := fuzzAddr(op>>5, r.U16())
 			p := buf[:size]
 			for i := range p {
 				p[i] = 0xee
@@ -163,22 +143,22 @@ func runTransportOps(t testing.TB, data []byte) (Memory, error) {
 			tr.Read(addr, p)
 			checkRead(t, dev, cfg, addr-testBase, p)
 		case fuzzOpWrite:
-			addr := fuzzAddr(op>>5, r.u16())
+			addr := fuzzAddr(op>>5, r.U16())
 			p := buf[:size]
 			clear(p)
-			copy(p, r.take(size))
+			copy(p, r.Take(size))
 			tr.Write(addr, p)
 		case fuzzOpPoke:
-			a := int(r.u16()) % len(mem)
+			a := int(r.U16()) % len(mem)
 			// Under the lock: the device's goroutines use the rings too.
 			tr.mu.Lock()
-			copy(mem[a:], r.take(int(r.byte())))
+			copy(mem[a:], r.Take(int(r.Byte())))
 			tr.mu.Unlock()
 		case fuzzOpKick:
 			if op&fuzzHost != 0 {
-				hostInput(tr, r.byte())
+				hostInput(tr, r.Byte())
 			} else {
-				tr.Kick(int(int8(r.byte())))
+				tr.Kick(int(int8(r.Byte())))
 			}
 		}
 		checkTransport(t, tr, maxes)
