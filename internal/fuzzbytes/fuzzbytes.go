@@ -25,10 +25,11 @@ func (r *Reader) Byte() byte {
 // U16 reads two bytes, little-endian.
 func (r *Reader) U16() uint16 { return uint16(r.Byte()) | uint16(r.Byte())<<8 }
 
-// Take reads up to n bytes (fewer at the end).
+// Take reads up to n bytes (fewer at the end); appending to them never
+// writes over the rest of the input.
 func (r *Reader) Take(n int) []byte {
 	n = max(min(n, len(r.b)), 0)
-	p := r.b[:n]
+	p := r.b[:n:n]
 	r.b = r.b[n:]
 	return p
 }

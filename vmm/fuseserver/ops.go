@@ -140,17 +140,31 @@ func timespec(sec uint64, nsec uint32, now bool) unix.Timespec {
 }
 
 // truncate sets the size through the fd, or through a fresh write-only open
-// of the name that never follows a symlink nor opens a non-regular file.
+// of the name that never follows a symlink nor opens a non-regular file: the
+// type is checked before the open (a FIFO with a reader would open) and again
+// on the fd.
 func (t target) truncate(size int64) error {
 	if t.fd >= 0 {
 		return unix.Ftruncate(t.fd, size)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(t.dfd, t.name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFDIR:
+		return unix.EISDIR
+	case unix.S_IFLNK:
+		return unix.ELOOP
+	default:
+		return unix.EINVAL
 	}
 	fd, err := unix.Openat(t.dfd, t.name, unix.O_WRONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return err
 	}
