@@ -296,7 +296,7 @@ func ParseHead(s string) (Head, error) {
 	if _, err := hex.DecodeString(f[1]); err != nil || len(f[1]) != 64 {
 		return Head{}, fmt.Errorf("head %q: bad hash", s)
 	}
-	return Head{Seq: seq, Hash: f[1]}, nil
+	return Head{Seq: seq, Hash: strings.ToLower(f[1])}, nil // records hold lower case
 }
 
 // String writes h as "SEQ HASH".

@@ -3,6 +3,8 @@ package audit
 import (
 	"bytes"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -31,6 +33,42 @@ func FuzzVerify(f *testing.F) {
 				if err != nil || !bytes.Equal(l[:len(l)-1], line) {
 					t.Fatalf("a parsed record does not encode back: %q", line)
 				}
+			}
+		}
+	})
+}
+
+// FuzzHead: a head from the head file or an API query parses to what
+// String writes back, its hash in lower case as records hold it; the last
+// record of any log file either parses or is an error.
+func FuzzHead(f *testing.F) {
+	f.Add("3 "+ZeroHash, []byte(""))
+	f.Add("5 "+strings.Repeat("AB", 32), []byte("x\n"))
+	f.Add(" 7\t"+ZeroHash+"\n", []byte("{}\n"))
+	f.Add("-2 "+ZeroHash, bytes.Repeat([]byte("a"), MaxRecord+10))
+	p := writeLog(f, 2)
+	b, _ := os.ReadFile(p)
+	f.Add("1 x", b)
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, s string, log []byte) {
+		if h, err := ParseHead(s); err == nil {
+			again, err := ParseHead(h.String())
+			if err != nil || again != h || h.Hash != strings.ToLower(h.Hash) {
+				t.Fatalf("head %q parsed as %v, which reads back as %v (%v)", s, h, again, err)
+			}
+		}
+		name := filepath.Join(dir, "log")
+		if err := os.WriteFile(name, log, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		fh, err := os.Open(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fh.Close()
+		if h, err := lastHead(fh); err == nil && h.Seq >= 0 {
+			if _, err := ParseHead(h.String()); err != nil {
+				t.Fatalf("the last record's head %v does not parse: %v", h, err)
 			}
 		}
 	})
