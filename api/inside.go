@@ -223,7 +223,7 @@ func (h *insideHandler) list(w http.ResponseWriter, r *http.Request) {
 	}
 	out := []Sandbox{}
 	for _, info := range infos {
-		if !h.in.m.InTree(h.self, info.Name) {
+		if info.State == sandbox.Damaged || !h.in.m.InTree(h.self, info.Name) {
 			continue
 		}
 		st, err := h.in.m.Status(r.Context(), info.Name)

@@ -332,7 +332,8 @@ func statusOf(err error) (int, *Error) {
 		return http.StatusConflict, &Error{Code: "not_running", Message: msg + "; start it first"}
 	case errors.Is(err, sandbox.ErrDenied):
 		return http.StatusForbidden, &Error{Code: "denied", Message: msg}
-	case errors.Is(err, sandbox.ErrFrozen), errors.Is(err, sandbox.ErrBelowUsage), errors.Is(err, sandbox.ErrPromoting):
+	case errors.Is(err, sandbox.ErrFrozen), errors.Is(err, sandbox.ErrBelowUsage), errors.Is(err, sandbox.ErrPromoting),
+		errors.Is(err, sandbox.ErrDamaged):
 		return http.StatusConflict, &Error{Code: "conflict", Message: msg}
 	}
 	return http.StatusInternalServerError, &Error{Code: "internal", Message: msg}

@@ -221,7 +221,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]Sandbox, 0, len(infos))
 	for _, in := range infos {
-		if !status {
+		if !status || in.State == sandbox.Damaged {
 			out = append(out, Sandbox{Info: *in})
 			continue
 		}

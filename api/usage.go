@@ -48,6 +48,11 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 	for _, in := range infos {
 		su := SandboxUsage{Name: in.Name, State: in.State, Limits: in.Limits, Frozen: s.m.Frozen(in.Name),
 			LayerBoundBytes: in.Limits.LayerBytes}
+		if in.State == sandbox.Damaged {
+			su.UsageError = in.Problem
+			out.Sandboxes = append(out.Sandboxes, su)
+			continue
+		}
 		if su.LayerBoundBytes == 0 {
 			su.LayerBoundBytes = sandbox.DefaultLayerBytes
 		}

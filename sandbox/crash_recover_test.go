@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -265,5 +266,88 @@ func TestLostBranchMadeAgain(t *testing.T) {
 	}
 	if out := e.mustSh("lost", "cat "+filepath.Join(e.project, "src", "main.txt")); out != "v1\n" {
 		t.Errorf("the project of the branch made again reads %q, want v1", out)
+	}
+}
+
+// TestDamagedMetadataKeepsTheRest: a sandbox whose sandbox.json cannot be
+// read (a flipped byte, a truncated write on a disk that lies) neither
+// keeps the state root from opening nor hides the other sandboxes: it is
+// listed damaged, says why and what to do, and can be removed. A damaged
+// snapshot.json is reported when the root opens and left out of the
+// lists, and the other snapshots still work.
+func TestDamagedMetadataKeepsTheRest(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	e.create("hurt", sandbox.Limits{})
+	e.create("fine", sandbox.Limits{})
+	hurtSnap, err := e.m.Snapshot(ctx, "fine", sandbox.SnapshotOptions{Name: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fineSnap, err := e.m.Snapshot(ctx, "fine", sandbox.SnapshotOptions{Name: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	damage := func(p string) {
+		t.Helper()
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[0] ^= 0x20 // '{' -> '['
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	damage(filepath.Join(e.root, "sandboxes", "hurt", "sandbox.json"))
+	// A damaged snapshot beside a whole one.
+	damage(filepath.Join(e.root, "snapshots", hurtSnap.ID, "snapshot.json"))
+	rt, err := ns.New(agentPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2, err := sandbox.Open(ctx, e.root, e.fs, sandbox.Options{Runtime: rt})
+	if err != nil {
+		t.Fatalf("one damaged sandbox.json kept the state root from opening: %v", err)
+	}
+	e.m = m2
+	infos, err := m2.List()
+	if err != nil {
+		t.Fatalf("one damaged sandbox.json failed the list: %v", err)
+	}
+	states := map[string]*sandbox.Info{}
+	for _, in := range infos {
+		states[in.Name] = in
+	}
+	if h := states["hurt"]; h == nil || h.State != sandbox.Damaged || !strings.Contains(h.Problem, "tine rm hurt") {
+		t.Fatalf("the damaged sandbox is listed as %+v, want damaged, saying how to remove it", h)
+	}
+	if f := states["fine"]; f == nil || f.State != sandbox.Stopped {
+		t.Fatalf("the other sandbox is listed as %+v, want stopped", f)
+	}
+	if err := m2.Start(ctx, "hurt"); !errors.Is(err, sandbox.ErrDamaged) {
+		t.Fatalf("start of the damaged sandbox: %v, want ErrDamaged", err)
+	}
+	if err := m2.Start(ctx, "fine"); err != nil {
+		t.Fatal(err)
+	}
+	e.mustSh("fine", "true")
+	if snaps, err := m2.Snapshots("fine"); err != nil || len(snaps) != 1 || snaps[0].ID != fineSnap.ID {
+		t.Fatalf("snapshots beside a damaged one: %v (%v), want the whole one alone", snaps, err)
+	}
+	if err := m2.Rollback(ctx, "fine", "b"); err != nil {
+		t.Fatalf("rollback beside a damaged snapshot: %v", err)
+	}
+	if rec := strings.Join(m2.Recovered(), "\n"); !strings.Contains(rec, "snapshot "+hurtSnap.ID+": ") {
+		t.Errorf("Recovered does not tell of the damaged snapshot: %q", rec)
+	}
+	if err := m2.Remove(ctx, "hurt"); err != nil {
+		t.Fatalf("remove the damaged sandbox: %v", err)
+	}
+	if infos, err := m2.List(); err != nil || len(infos) != 1 || infos[0].Name != "fine" {
+		t.Fatalf("after removing it the list is %v (%v), want fine alone", infos, err)
 	}
 }

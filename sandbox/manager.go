@@ -151,7 +151,7 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 		return nil, err
 	}
 	for _, in := range infos {
-		if in.State != Stopped {
+		if in.State == Running {
 			in.State, in.StopReason = Stopped, "the daemon that ran it ended without stopping it (a crash, or the host restarted)"
 			if err := m.save(in); err != nil {
 				m.Close(ctx)
@@ -615,14 +615,16 @@ func (m *Manager) Get(name string) (*Info, error) {
 	var info Info
 	if err := readJSON(filepath.Join(m.dir(name), "sandbox.json"), &info); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			err = ErrNotFound
+			return nil, fmt.Errorf("sandbox %q: %w", name, ErrNotFound)
 		}
-		return nil, fmt.Errorf("sandbox %q: %w", name, err)
+		return nil, fmt.Errorf("sandbox %q: %w (%v); its files are kept: tine rm %s removes it", name, ErrDamaged, err, name)
 	}
 	return &info, nil
 }
 
-// List returns every sandbox's metadata, sorted by name.
+// List returns every sandbox's metadata, sorted by name. A sandbox whose
+// metadata cannot be read is listed Damaged, with its name and Problem:
+// one damaged file keeps neither the others nor the daemon from working.
 func (m *Manager) List() ([]*Info, error) {
 	ents, err := os.ReadDir(filepath.Join(m.root, "sandboxes"))
 	if err != nil {
@@ -633,6 +635,10 @@ func (m *Manager) List() ([]*Info, error) {
 		info, err := m.Get(e.Name())
 		if errors.Is(err, ErrNotFound) {
 			continue // being created or removed
+		}
+		if errors.Is(err, ErrDamaged) {
+			out = append(out, &Info{Name: e.Name(), State: Damaged, Problem: err.Error()})
+			continue
 		}
 		if err != nil {
 			return nil, err
@@ -929,9 +935,9 @@ func (m *Manager) GetSnapshot(id string) (*SnapshotInfo, error) {
 	}
 	if err := readJSON(filepath.Join(m.snapDir(id), "snapshot.json"), &s); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			err = ErrNotFound
+			return nil, fmt.Errorf("sandbox snapshot %q: %w", id, ErrNotFound)
 		}
-		return nil, fmt.Errorf("sandbox snapshot %q: %w", id, err)
+		return nil, fmt.Errorf("sandbox snapshot %q: %w (%v)", id, ErrDamaged, err)
 	}
 	return &s, nil
 }

@@ -129,6 +129,8 @@ sandboxes:
 				continue
 			}
 			did("removed half-made snapshot %s (no snapshot.json: it was interrupted)", e.Name())
+		} else if _, err := m.GetSnapshot(e.Name()); errors.Is(err, ErrDamaged) {
+			did("snapshot %s: %v; it is left out of every list, and its files are kept", e.Name(), err)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -23,6 +23,8 @@ var (
 	ErrNotRunning = errors.New("not running")
 	// ErrBadName reports a name a new sandbox cannot have.
 	ErrBadName = errors.New("bad name")
+	// ErrDamaged reports a sandbox whose metadata cannot be read.
+	ErrDamaged = errors.New("metadata cannot be read")
 )
 
 // State says whether a sandbox's processes run.
@@ -32,6 +34,10 @@ type State string
 const (
 	Running State = "running"
 	Stopped State = "stopped" // its files are kept; Start runs it again
+	// Damaged is a sandbox whose metadata cannot be read (List's entry
+	// has its name and Problem only): it cannot run, its files are kept,
+	// and Remove removes it.
+	Damaged State = "damaged"
 )
 
 // GuestSize is the size of a sandbox's virtual machine (vm runtime):
@@ -67,6 +73,8 @@ type Info struct {
 	// to, the daemon shut down, or its pid 1 ended by itself (out of
 	// memory, say). Empty when not known.
 	StopReason string `json:"stop_reason,omitempty"`
+	// Problem says, of a Damaged sandbox, why its metadata cannot be read.
+	Problem string `json:"problem,omitempty"`
 	// ProjectPath is the project directory's path inside the sandbox: the
 	// host directory it was created from, at the same path.
 	ProjectPath string `json:"project_path"`

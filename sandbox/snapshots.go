@@ -41,8 +41,8 @@ func (m *Manager) Snapshots(name string) ([]*SnapshotInfo, error) {
 	var out []*SnapshotInfo
 	for _, e := range ents {
 		s, err := m.GetSnapshot(e.Name())
-		if errors.Is(err, ErrNotFound) {
-			continue // being made or removed
+		if errors.Is(err, ErrNotFound) || errors.Is(err, ErrDamaged) {
+			continue // being made or removed; or no telling whose (Open reports it)
 		}
 		if err != nil {
 			return nil, err

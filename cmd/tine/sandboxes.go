@@ -505,6 +505,10 @@ func (a *app) lsCommand() *cobra.Command {
 			}
 			return table(a.stdout, "NAME\tSTATE\tPROJECT\tFROM\tCREATED", func(w io.Writer) {
 				for _, s := range sbs {
+					if s.State == sandbox.Damaged {
+						fmt.Fprintf(w, "%s\t%s\t(%s)\t\t\n", s.Name, s.State, s.Problem)
+						continue
+					}
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.State, s.ProjectPath, s.From, s.Created.Local().Format(time.DateTime))
 				}
 			})
