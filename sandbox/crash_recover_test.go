@@ -274,12 +274,14 @@ func TestLostBranchMadeAgain(t *testing.T) {
 // keeps the state root from opening nor hides the other sandboxes: it is
 // listed damaged, says why and what to do, and can be removed. A damaged
 // snapshot.json is reported when the root opens and left out of the
-// lists, and the other snapshots still work.
+// lists, and the other snapshots still work. A rollback record that
+// cannot be read keeps its own sandbox from starting, and only it.
 func TestDamagedMetadataKeepsTheRest(t *testing.T) {
 	e := newEnv(t, 0)
 	ctx := context.Background()
 	e.create("hurt", sandbox.Limits{})
 	e.create("fine", sandbox.Limits{})
+	e.create("mid", sandbox.Limits{})
 	hurtSnap, err := e.m.Snapshot(ctx, "fine", sandbox.SnapshotOptions{Name: "a"})
 	if err != nil {
 		t.Fatal(err)
@@ -305,6 +307,10 @@ func TestDamagedMetadataKeepsTheRest(t *testing.T) {
 	damage(filepath.Join(e.root, "sandboxes", "hurt", "sandbox.json"))
 	// A damaged snapshot beside a whole one.
 	damage(filepath.Join(e.root, "snapshots", hurtSnap.ID, "snapshot.json"))
+	// A rollback interrupted, its record damaged.
+	if err := os.WriteFile(filepath.Join(e.root, "sandboxes", "mid", "rollback.json"), []byte("[\"snapshot\":"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	rt, err := ns.New(agentPath)
 	if err != nil {
 		t.Fatal(err)
@@ -328,6 +334,12 @@ func TestDamagedMetadataKeepsTheRest(t *testing.T) {
 	if f := states["fine"]; f == nil || f.State != sandbox.Stopped {
 		t.Fatalf("the other sandbox is listed as %+v, want stopped", f)
 	}
+	if err := m2.Start(ctx, "mid"); err == nil || !strings.Contains(err.Error(), "rollback of it did not finish") {
+		t.Fatalf("start of the sandbox whose rollback record is damaged: %v, want refused", err)
+	}
+	if rec := strings.Join(m2.Recovered(), "\n"); !strings.Contains(rec, `sandbox "mid": interrupted rollback`) {
+		t.Errorf("Recovered does not tell of the damaged rollback record: %q", rec)
+	}
 	if err := m2.Start(ctx, "hurt"); !errors.Is(err, sandbox.ErrDamaged) {
 		t.Fatalf("start of the damaged sandbox: %v, want ErrDamaged", err)
 	}
@@ -347,7 +359,7 @@ func TestDamagedMetadataKeepsTheRest(t *testing.T) {
 	if err := m2.Remove(ctx, "hurt"); err != nil {
 		t.Fatalf("remove the damaged sandbox: %v", err)
 	}
-	if infos, err := m2.List(); err != nil || len(infos) != 1 || infos[0].Name != "fine" {
-		t.Fatalf("after removing it the list is %v (%v), want fine alone", infos, err)
+	if infos, err := m2.List(); err != nil || len(infos) != 2 || infos[0].Name != "fine" || infos[1].Name != "mid" {
+		t.Fatalf("after removing it the list is %v (%v), want fine and mid", infos, err)
 	}
 }

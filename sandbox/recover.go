@@ -34,12 +34,15 @@ import (
 //   - temporary files and directories (".tmp-" names: metadata, and
 //     copies of OS layers): deleted.
 //
-// Entries whose names could not be tine's are left alone and reported.
+// Entries whose names could not be tine's are left alone and reported. So
+// is what could not be cleaned up, or read: one sandbox's problem keeps
+// neither the root from opening nor the others from running (a rollback
+// left unfinished keeps its sandbox from starting, see Start).
 func (m *Manager) recover(ctx context.Context) error {
-	var errs []error
 	did := func(format string, args ...any) {
 		m.ext.recovered = append(m.ext.recovered, fmt.Sprintf(format, args...))
 	}
+	failed := func(err error) { did("%v; left as it is", err) }
 	ents, err := os.ReadDir(filepath.Join(m.root, "sandboxes"))
 	if err != nil {
 		return fmt.Errorf("sandbox manager: %w", err)
@@ -60,7 +63,7 @@ sandboxes:
 			}
 			found, err := rc.Reclaim(ctx, m.instanceID(name))
 			if err != nil {
-				errs = append(errs, fmt.Errorf("sandbox %q: %w", name, err))
+				failed(fmt.Errorf("sandbox %q: %w", name, err))
 				continue sandboxes
 			}
 			if found != "" {
@@ -69,11 +72,11 @@ sandboxes:
 		}
 		if _, err := os.Lstat(filepath.Join(dir, "sandbox.json")); errors.Is(err, os.ErrNotExist) {
 			if err := m.fs.DeleteBranch(ctx, branchName(name)); err != nil && !errors.Is(err, cowfs.ErrNoBranch) {
-				errs = append(errs, fmt.Errorf("half-made sandbox %q: delete its branch: %w", name, err))
+				failed(fmt.Errorf("half-made sandbox %q: delete its branch: %w", name, err))
 				continue
 			}
 			if err := os.RemoveAll(dir); err != nil {
-				errs = append(errs, fmt.Errorf("half-made sandbox %q: %w", name, err))
+				failed(fmt.Errorf("half-made sandbox %q: %w", name, err))
 				continue
 			}
 			did("removed half-made sandbox %q (no sandbox.json: its creation was interrupted)", name)
@@ -89,7 +92,7 @@ sandboxes:
 				did("sandbox %q: its branch, made just before a crash and never committed, was lost; made it again from its origin snapshot", name)
 			}
 			if what, err := m.recoverRollback(ctx, info); err != nil {
-				errs = append(errs, fmt.Errorf("sandbox %q: %w", name, err))
+				failed(fmt.Errorf("sandbox %q: %w", name, err))
 				continue
 			} else if what != "" {
 				did("%s", what)
@@ -99,13 +102,13 @@ sandboxes:
 		if _, err := os.Lstat(old); err == nil {
 			if _, err := os.Lstat(m.rtDir(name)); errors.Is(err, os.ErrNotExist) {
 				if err := os.Rename(old, m.rtDir(name)); err != nil {
-					errs = append(errs, fmt.Errorf("sandbox %q: put back its OS layer after an interrupted rollback: %w", name, err))
+					failed(fmt.Errorf("sandbox %q: put back its OS layer after an interrupted rollback: %w", name, err))
 					continue
 				}
 				did("sandbox %q: an interrupted rollback had moved its OS layer aside; put it back", name)
 			} else {
 				if err := os.RemoveAll(old); err != nil {
-					errs = append(errs, fmt.Errorf("sandbox %q: remove the layer an interrupted rollback left: %w", name, err))
+					failed(fmt.Errorf("sandbox %q: remove the layer an interrupted rollback left: %w", name, err))
 					continue
 				}
 				did("sandbox %q: removed the old OS layer an interrupted rollback left", name)
@@ -125,16 +128,13 @@ sandboxes:
 		removeTemps(dir)
 		if _, err := os.Lstat(filepath.Join(dir, "snapshot.json")); errors.Is(err, os.ErrNotExist) {
 			if err := os.RemoveAll(dir); err != nil {
-				errs = append(errs, fmt.Errorf("half-made snapshot %s: %w", e.Name(), err))
+				failed(fmt.Errorf("half-made snapshot %s: %w", e.Name(), err))
 				continue
 			}
 			did("removed half-made snapshot %s (no snapshot.json: it was interrupted)", e.Name())
 		} else if _, err := m.GetSnapshot(e.Name()); errors.Is(err, ErrDamaged) {
 			did("snapshot %s: %v; it is left out of every list, and its files are kept", e.Name(), err)
 		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("sandbox manager: recover %s: %w", m.root, err)
 	}
 	return nil
 }
