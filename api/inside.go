@@ -221,22 +221,13 @@ func (h *insideHandler) list(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := []Sandbox{}
+	var tree []*sandbox.Info
 	for _, info := range infos {
-		if info.State == sandbox.Damaged || !h.in.m.InTree(h.self, info.Name) {
-			continue
+		if info.State != sandbox.Damaged && h.in.m.InTree(h.self, info.Name) {
+			tree = append(tree, info)
 		}
-		st, err := h.in.m.Status(r.Context(), info.Name)
-		if errors.Is(err, sandbox.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		out = append(out, *st)
 	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, statuses(r.Context(), h.in.m, tree, true))
 }
 
 func (h *insideHandler) get(w http.ResponseWriter, r *http.Request) {
@@ -244,7 +235,9 @@ func (h *insideHandler) get(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	st, err := h.in.m.Status(r.Context(), name)
+	ctx, cancel := context.WithTimeout(r.Context(), statusTimeout)
+	defer cancel()
+	st, err := h.in.m.Status(ctx, name)
 	if err != nil {
 		writeError(w, err)
 		return

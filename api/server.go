@@ -219,24 +219,57 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := make([]Sandbox, 0, len(infos))
-	for _, in := range infos {
+	writeJSON(w, http.StatusOK, statuses(r.Context(), s.m, infos, status))
+}
+
+// statuses are the sandboxes of infos with their status (with status
+// false, or damaged, their metadata alone). Each sandbox's status is asked
+// on its own, bounded in time: one whose agent does not answer (or fails)
+// comes with status_error, the others as usual. A sandbox removed
+// meanwhile is left out.
+func statuses(ctx context.Context, m *sandbox.Manager, infos []*sandbox.Info, status bool) []Sandbox {
+	all := make([]*Sandbox, len(infos))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, listStatusParallel)
+	for i, in := range infos {
 		if !status || in.State == sandbox.Damaged {
-			out = append(out, Sandbox{Info: *in})
+			all[i] = &Sandbox{Info: *in}
 			continue
 		}
-		st, err := s.m.Status(r.Context(), in.Name)
-		if errors.Is(err, sandbox.ErrNotFound) {
-			continue // removed meanwhile
-		}
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		out = append(out, *st)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			ctx, cancel := context.WithTimeout(ctx, statusTimeout)
+			defer cancel()
+			st, err := m.Status(ctx, in.Name)
+			switch {
+			case err == nil:
+				all[i] = st
+			case !errors.Is(err, sandbox.ErrNotFound): // else removed meanwhile
+				all[i] = &Sandbox{Info: *in, StatusError: err.Error()}
+			}
+		}()
 	}
-	writeJSON(w, http.StatusOK, out)
+	wg.Wait()
+	out := make([]Sandbox, 0, len(all))
+	for _, st := range all {
+		if st != nil {
+			out = append(out, *st)
+		}
+	}
+	return out
 }
+
+// listStatusParallel is how many sandboxes a list asks the status of at
+// once.
+const listStatusParallel = 8
+
+// statusTimeout bounds the status of one sandbox (its agent's answers
+// and the walk of its origin, itself bounded at 5 s): a sandbox whose
+// agent does not answer does not hang the caller.
+const statusTimeout = 10 * time.Second
 
 // generatedName is a new sandbox's name when the request gives none.
 func generatedName() string {
@@ -292,7 +325,9 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	st, err := s.m.Status(r.Context(), name)
+	ctx, cancel := context.WithTimeout(r.Context(), statusTimeout)
+	defer cancel()
+	st, err := s.m.Status(ctx, name)
 	if err != nil {
 		writeError(w, err)
 		return

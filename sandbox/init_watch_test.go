@@ -3,8 +3,6 @@ package sandbox_test
 import (
 	"context"
 	"errors"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -12,6 +10,7 @@ import (
 	"time"
 
 	"tine/guestagent/proto"
+	"tine/internal/testagent"
 	"tine/sandbox"
 )
 
@@ -29,7 +28,7 @@ func TestInitEndedStopsSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid1 := sandboxInit(t, "w")
+	pid1 := testagent.InitPID(t, "w")
 	if err := syscall.Kill(pid1, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -61,34 +60,6 @@ func TestInitEndedStopsSandbox(t *testing.T) {
 	if info, _ := e.m.Get("w"); info.State != sandbox.Running || info.StopReason != "" {
 		t.Fatalf("restarted sandbox: state %q, reason %q; want running, no reason", info.State, info.StopReason)
 	}
-}
-
-// sandboxInit returns the host pid of pid 1 of the running sandbox name:
-// the process of its pids cgroup that is pid 1 in its own namespace.
-func sandboxInit(t *testing.T, name string) int {
-	t.Helper()
-	procs, _ := filepath.Glob("/sys/fs/cgroup/pids/tine/tine-*-" + name + "/cgroup.procs")
-	if len(procs) != 1 {
-		t.Fatalf("pids cgroup of sandbox %s: %v", name, procs)
-	}
-	b, err := os.ReadFile(procs[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range strings.Fields(string(b)) {
-		st, err := os.ReadFile("/proc/" + f + "/status")
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(st), "\n") {
-			if ns, ok := strings.CutPrefix(line, "NSpid:"); ok && strings.HasSuffix(strings.TrimSpace(ns), "\t1") {
-				pid, _ := strconv.Atoi(f)
-				return pid
-			}
-		}
-	}
-	t.Fatalf("no pid 1 among sandbox %s's processes %q", name, b)
-	return 0
 }
 
 // TestStopAndRemoveAtOnce: a removal that races a stop (or the pid-1

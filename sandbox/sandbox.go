@@ -280,6 +280,9 @@ type Status struct {
 	// ProjectBytes is the bytes written to its project branch.
 	ProjectBytes int64     `json:"project_bytes"`
 	Stale        Staleness `json:"stale"`
+	// StatusError says, in a list, why what is live about it could not be
+	// told (its agent did not answer in time, say): the counts are 0.
+	StatusError string `json:"status_error,omitempty"`
 }
 
 // MergeEnv returns base (KEY=value entries) with each key that over sets
