@@ -674,6 +674,14 @@ func (m *Manager) Agent(ctx context.Context, name string) (*client.Client, error
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.agent != nil {
+		select {
+		case <-l.agent.Done(): // closed (a write cut short), or dropped: dial again
+			l.agent.Close()
+			l.agent = nil
+		default:
+		}
+	}
 	if l.agent == nil {
 		if l.agent, err = dialAgent(ctx, name, l); err != nil {
 			return nil, err

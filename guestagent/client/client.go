@@ -34,7 +34,7 @@ var ErrClosed = errors.New("guest agent connection is closed")
 type Client struct {
 	conn io.ReadWriteCloser
 
-	wmu sync.Mutex
+	wmu chan struct{} // holds a token while a frame is written
 	mu  sync.Mutex
 	// streams are the requests in progress, by id.
 	streams map[uint32]*stream
@@ -86,7 +86,7 @@ func New(conn io.ReadWriteCloser) (*Client, error) {
 	if d, ok := conn.(deadliner); ok {
 		d.SetReadDeadline(time.Time{})
 	}
-	c := &Client{conn: conn, streams: map[uint32]*stream{}, done: make(chan struct{})}
+	c := &Client{conn: conn, wmu: make(chan struct{}, 1), streams: map[uint32]*stream{}, done: make(chan struct{})}
 	go c.readLoop()
 	return c, nil
 }
@@ -172,7 +172,7 @@ func (e *AgentError) Error() string { return "guest agent: " + e.Message }
 func (e *AgentError) ExitStatus() int { return proto.ExecExitStatus(e.Code) }
 
 // open starts a request: it registers a new stream and sends f with its id.
-func (c *Client) open(k proto.Kind, v any) (*stream, error) {
+func (c *Client) open(ctx context.Context, k proto.Kind, v any) (*stream, error) {
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -193,7 +193,7 @@ func (c *Client) open(k proto.Kind, v any) (*stream, error) {
 			return nil, err
 		}
 	}
-	if err := c.send(f); err != nil {
+	if err := c.send(ctx, f); err != nil {
 		c.forget(s)
 		return nil, err
 	}
@@ -210,14 +210,53 @@ func (c *Client) forget(s *stream) {
 	}
 }
 
-func (c *Client) send(f proto.Frame) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	if err := proto.WriteFrame(c.conn, f); err != nil {
+// writeTimeout bounds the write of one frame: an agent that has not
+// taken a frame in this long has stopped reading (a sandbox's root can
+// take its agent over, and a frozen one reads nothing), and would
+// otherwise hold the writer, and every call queued behind it, forever.
+var writeTimeout = 30 * time.Second
+
+// send writes f. Waiting for the connection, or for an agent that does not
+// read, ends with ctx or writeTimeout: a frame cut short that way leaves
+// the stream unusable, so the connection is closed (later calls get
+// ErrClosed).
+func (c *Client) send(ctx context.Context, f proto.Frame) error {
+	ctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	defer cancel()
+	select {
+	case c.wmu <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("send %v: %w", f.Kind, ctx.Err())
+	case <-c.done:
+		return fmt.Errorf("%w: send %v", ErrClosed, f.Kind)
+	}
+	defer func() { <-c.wmu }()
+	type deadliner interface{ SetWriteDeadline(time.Time) error }
+	stop := context.AfterFunc(ctx, func() {
+		if d, ok := c.conn.(deadliner); ok {
+			d.SetWriteDeadline(time.Unix(1, 0))
+		} else {
+			c.conn.Close()
+		}
+	})
+	err := proto.WriteFrame(c.conn, f)
+	if !stop() { // ctx ended during the write
+		if err != nil {
+			c.conn.Close()
+			return fmt.Errorf("%w: send %v: %w", ErrClosed, f.Kind, ctx.Err())
+		}
+		if d, ok := c.conn.(deadliner); ok {
+			d.SetWriteDeadline(time.Time{})
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("%w: send %v: %w", ErrClosed, f.Kind, err)
 	}
 	return nil
 }
+
+// sendBounded is send for frames no caller's context covers.
+func (c *Client) sendBounded(f proto.Frame) error { return c.send(context.Background(), f) }
 
 // recv waits for the stream's next frame. An Error frame becomes an error.
 func (c *Client) recv(ctx context.Context, s *stream) (proto.Frame, error) {
@@ -256,7 +295,7 @@ func (c *Client) Ports(ctx context.Context) ([]proto.Port, error) {
 }
 
 func list[T any](ctx context.Context, c *Client, k proto.Kind) ([]T, error) {
-	s, err := c.open(k, nil)
+	s, err := c.open(ctx, k, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -302,7 +341,7 @@ const maxLost = 1 << 30
 // for a host that reads too slowly. An event the agent may not send (see
 // agentEvent) is dropped like one that does not decode.
 func (c *Client) Events(ctx context.Context) (<-chan proto.Event, error) {
-	s, err := c.open(proto.KindEvents, nil)
+	s, err := c.open(ctx, proto.KindEvents, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -315,7 +354,7 @@ func (c *Client) Events(ctx context.Context) (<-chan proto.Event, error) {
 			f, err := c.recv(ctx, s)
 			if err != nil {
 				if ctx.Err() != nil {
-					c.send(proto.Frame{Kind: proto.KindCancel, ID: s.id})
+					c.sendBounded(proto.Frame{Kind: proto.KindCancel, ID: s.id})
 				}
 				return
 			}

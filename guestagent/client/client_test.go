@@ -148,3 +148,77 @@ func TestExitKilledByIsNotTheAgents(t *testing.T) {
 		t.Fatalf("exit the agent said was a removal: %+v, %v; want signal 9 and no killed_by", ex, err)
 	}
 }
+
+// An agent that stops reading (a sandbox's root can take it over) holds
+// an upload only as long as the caller's context: the upload then fails,
+// and so does, at its own deadline, a call that waits to send behind it;
+// the connection, its stream cut short, is closed. With no deadline of the
+// caller's, writeTimeout bounds each frame.
+func TestAgentThatStopsReading(t *testing.T) {
+	t.Run("no deadline", func(t *testing.T) {
+		old := writeTimeout
+		writeTimeout = 200 * time.Millisecond
+		defer func() { writeTimeout = old }()
+		host, agent := net.Pipe()
+		go func() {
+			if f, err := proto.ReadFrame(agent); err == nil && f.Kind == proto.KindHello {
+				agent.Write(frames(t, proto.HelloFrame()))
+			}
+		}()
+		defer agent.Close()
+		c, err := New(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		t0 := time.Now()
+		if err := c.PutFile(context.Background(), "/f", 0o644, bytes.NewReader(make([]byte, 4<<20))); !errors.Is(err, ErrClosed) {
+			t.Fatalf("upload to an agent that never reads, no deadline: %v, want ErrClosed", err)
+		}
+		if took := time.Since(t0); took > 5*time.Second {
+			t.Errorf("it took %v", took)
+		}
+	})
+	host, agent := net.Pipe() // no buffer: every write waits for a read
+	go func() {
+		f, err := proto.ReadFrame(agent)
+		if err != nil || f.Kind != proto.KindHello {
+			return
+		}
+		agent.Write(frames(t, proto.HelloFrame()))
+		// Then never read again; the pipe closes with the test.
+	}()
+	defer agent.Close()
+	c, err := New(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	put := make(chan error, 1)
+	go func() { put <- c.PutFile(ctx, "/f", 0o644, bytes.NewReader(make([]byte, 4<<20))) }()
+	time.Sleep(50 * time.Millisecond)
+	pctx, pcancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer pcancel()
+	t0 := time.Now()
+	if _, err := c.Ps(pctx); err == nil {
+		t.Fatal("ps behind a stuck upload succeeded")
+	}
+	if took := time.Since(t0); took > 2*time.Second {
+		t.Errorf("ps behind a stuck upload returned after %v, want its deadline", took)
+	}
+	select {
+	case err := <-put:
+		if err == nil {
+			t.Fatal("an upload the agent never read succeeded")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upload outlived its context")
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the connection whose frame was cut short stays open")
+	}
+}

@@ -39,7 +39,7 @@ type Process struct {
 
 // Exec starts a command. Cancelling ctx kills the command's process group.
 func (c *Client) Exec(ctx context.Context, req proto.ExecRequest) (*Process, error) {
-	s, err := c.open(proto.KindExec, req)
+	s, err := c.open(ctx, proto.KindExec, req)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +53,7 @@ func (c *Client) Exec(ctx context.Context, req proto.ExecRequest) (*Process, err
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			c.send(proto.Frame{Kind: proto.KindCancel, ID: s.id})
+			c.sendBounded(proto.Frame{Kind: proto.KindCancel, ID: s.id})
 		}
 		c.forget(s)
 		return nil, fmt.Errorf("exec %q: %w", req.Argv, err)
@@ -75,7 +75,7 @@ func (p *Process) demux(ctx context.Context) {
 		if err != nil && ctx.Err() != nil && !cancelled {
 			// Kill the process and keep reading for its exit.
 			cancelled = true
-			p.c.send(proto.Frame{Kind: proto.KindCancel, ID: p.s.id})
+			p.c.sendBounded(proto.Frame{Kind: proto.KindCancel, ID: p.s.id})
 			ctx = context.WithoutCancel(ctx)
 			continue
 		}
@@ -137,7 +137,7 @@ func (p *Process) Signal(sig syscall.Signal, group bool) error {
 	if err != nil {
 		return err
 	}
-	return p.c.send(f)
+	return p.c.sendBounded(f)
 }
 
 // Resize changes the size of the process's terminal.
@@ -146,7 +146,7 @@ func (p *Process) Resize(rows, cols uint16) error {
 	if err != nil {
 		return err
 	}
-	return p.c.send(f)
+	return p.c.sendBounded(f)
 }
 
 // stdin writes to the process in chunks, at most proto.StdinWindow of
@@ -165,7 +165,7 @@ func (w stdin) Write(b []byte) (int, error) {
 		case <-p.done:
 			return n, errors.New("write to the stdin of an exited process")
 		}
-		if err := p.c.send(proto.Frame{Kind: proto.KindStdin, ID: p.s.id, Payload: chunk}); err != nil {
+		if err := p.c.sendBounded(proto.Frame{Kind: proto.KindStdin, ID: p.s.id, Payload: chunk}); err != nil {
 			return n, err
 		}
 		n += len(chunk)
@@ -175,7 +175,7 @@ func (w stdin) Write(b []byte) (int, error) {
 }
 
 func (w stdin) Close() error {
-	return w.p.c.send(proto.Frame{Kind: proto.KindCloseStdin, ID: w.p.s.id})
+	return w.p.c.sendBounded(proto.Frame{Kind: proto.KindCloseStdin, ID: w.p.s.id})
 }
 
 // pipe is a bounded buffer between the connection's reader and a caller.

@@ -15,13 +15,13 @@ import (
 // agent answers an End once the file is in place, or an Error; any other
 // answer is an error.
 func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, r io.Reader) error {
-	s, err := c.open(proto.KindPut, proto.PutRequest{Path: path, Mode: proto.ModeBits(mode)})
+	s, err := c.open(ctx, proto.KindPut, proto.PutRequest{Path: path, Mode: proto.ModeBits(mode)})
 	if err != nil {
 		return fmt.Errorf("put %s: %w", path, err)
 	}
 	defer c.forget(s)
 	fail := func(err error) error {
-		c.send(proto.Frame{Kind: proto.KindCancel, ID: s.id})
+		c.sendBounded(proto.Frame{Kind: proto.KindCancel, ID: s.id})
 		return fmt.Errorf("put %s: %w", path, err)
 	}
 	buf := make([]byte, proto.ChunkSize)
@@ -39,7 +39,7 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, r i
 		}
 		n, rerr := r.Read(buf)
 		if n > 0 {
-			if err := c.send(proto.Frame{Kind: proto.KindData, ID: s.id, Payload: buf[:n]}); err != nil {
+			if err := c.send(ctx, proto.Frame{Kind: proto.KindData, ID: s.id, Payload: buf[:n]}); err != nil {
 				return fmt.Errorf("put %s: %w", path, err)
 			}
 		}
@@ -50,7 +50,7 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, r i
 			return fail(fmt.Errorf("read the source: %w", rerr))
 		}
 	}
-	if err := c.send(proto.Frame{Kind: proto.KindEnd, ID: s.id}); err != nil {
+	if err := c.send(ctx, proto.Frame{Kind: proto.KindEnd, ID: s.id}); err != nil {
 		return fmt.Errorf("put %s: %w", path, err)
 	}
 	f, err := c.recv(ctx, s)
@@ -67,7 +67,7 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, r i
 // its mode and size. It fails if the agent sends more or fewer bytes than
 // the size it announced.
 func (c *Client) GetFile(ctx context.Context, path string, w io.Writer) (proto.FileInfo, error) {
-	s, err := c.open(proto.KindGet, proto.GetRequest{Path: path})
+	s, err := c.open(ctx, proto.KindGet, proto.GetRequest{Path: path})
 	if err != nil {
 		return proto.FileInfo{}, fmt.Errorf("get %s: %w", path, err)
 	}
@@ -101,7 +101,7 @@ func (c *Client) GetFile(ctx context.Context, path string, w io.Writer) (proto.F
 			}
 		}
 		if err != nil {
-			c.send(proto.Frame{Kind: proto.KindCancel, ID: s.id})
+			c.sendBounded(proto.Frame{Kind: proto.KindCancel, ID: s.id})
 			return info, fmt.Errorf("get %s: %w", path, err)
 		}
 	}

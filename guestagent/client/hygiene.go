@@ -10,7 +10,7 @@ import (
 // Hygiene sends a VM clone its fork-hygiene step (docs/fork-hygiene.md)
 // and waits until the agent applied it.
 func (c *Client) Hygiene(ctx context.Context, req proto.HygieneRequest) error {
-	s, err := c.open(proto.KindHygiene, req)
+	s, err := c.open(ctx, proto.KindHygiene, req)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,8 @@
 package api_test
 
 import (
+	"bytes"
+	"context"
 	"strings"
 	"syscall"
 	"testing"
@@ -46,4 +48,36 @@ func TestListWithAnAgentThatDoesNotAnswer(t *testing.T) {
 	if _, err := e.c.Get(ctx, "mute"); err == nil || !strings.Contains(err.Error(), "deadline") {
 		t.Fatalf("status of the sandbox whose agent does not answer: %v, want its deadline", err)
 	}
+}
+
+// An upload to a sandbox whose agent stops reading ends with its caller
+// (the connection it cut short is closed), and once the agent reads again
+// the sandbox answers: the daemon dials it again rather than keeping the
+// closed connection.
+func TestUploadToAnAgentThatStopsReading(t *testing.T) {
+	e := newEnv(t)
+	ctx := ctxT(t)
+	e.create("mute")
+	pid := testagent.InitPID(t, "mute")
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}()
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	err := e.c.PutFile(short, "mute", "/tmp/big", 0o644, bytes.NewReader(make([]byte, 16<<20)))
+	if err == nil {
+		t.Fatal("an upload the agent never read succeeded")
+	}
+	syscall.Kill(pid, syscall.SIGCONT)
+	stopped = false
+	waitFor(t, "the sandbox answering again", func() bool {
+		ps, err := e.c.Ps(ctx, "mute")
+		return err == nil && len(ps) > 0
+	})
 }
