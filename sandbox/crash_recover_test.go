@@ -242,15 +242,10 @@ func TestLostBranchMadeAgain(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(e.root, "sandboxes", "gone", "sandbox.json"), j, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	rt, err := ns.New(agentPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m2, err := sandbox.Open(ctx, e.root, e.fs, sandbox.Options{Runtime: rt})
+	m2, err := e.reopen(ctx)
 	if err != nil {
 		t.Fatalf("a sandbox that cannot get its branch back kept the others from opening: %v", err)
 	}
-	e.m = m2
 	rec := strings.Join(m2.Recovered(), "\n")
 	if !strings.Contains(rec, `sandbox "lost": its branch`) || !strings.Contains(rec, "made it again from its origin") {
 		t.Errorf("Recovered does not tell of the branch made again: %q", rec)
@@ -311,15 +306,10 @@ func TestDamagedMetadataKeepsTheRest(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(e.root, "sandboxes", "mid", "rollback.json"), []byte("[\"snapshot\":"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	rt, err := ns.New(agentPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m2, err := sandbox.Open(ctx, e.root, e.fs, sandbox.Options{Runtime: rt})
+	m2, err := e.reopen(ctx)
 	if err != nil {
 		t.Fatalf("one damaged sandbox.json kept the state root from opening: %v", err)
 	}
-	e.m = m2
 	infos, err := m2.List()
 	if err != nil {
 		t.Fatalf("one damaged sandbox.json failed the list: %v", err)

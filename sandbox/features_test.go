@@ -14,7 +14,6 @@ import (
 
 	"tine/cowfs"
 	"tine/sandbox"
-	"tine/sandbox/ns"
 )
 
 // readLogs reads the sandbox's service log without following it.
@@ -381,15 +380,10 @@ func TestRestartRecovery(t *testing.T) {
 	os.MkdirAll(filepath.Join(e.root, "snapshots", "snap-halfmade", "runtime"), 0o700)
 	os.WriteFile(filepath.Join(e.root, "sandboxes", "rr", ".tmp-123"), []byte("{"), 0o600)
 
-	rt, err := ns.New(agentPath)
+	m2, err := e.reopen(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m2, err := sandbox.Open(ctx, e.root, e.fs, sandbox.Options{Runtime: rt})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.m = m2
 	t.Logf("recovered: %q", m2.Recovered())
 	if len(m2.Recovered()) != 2 {
 		t.Fatalf("recovered: %q", m2.Recovered())

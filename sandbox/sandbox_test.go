@@ -88,6 +88,21 @@ func (e *env) waitWarm(n int) {
 	}
 }
 
+// reopen opens a new manager, with a new ns runtime, over the state root
+// (as a daemon starting again does) and makes it e's.
+func (e *env) reopen(ctx context.Context) (*sandbox.Manager, error) {
+	e.t.Helper()
+	rt, err := ns.New(agentPath)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	m, err := sandbox.Open(ctx, e.root, e.fs, sandbox.Options{Runtime: rt})
+	if err == nil {
+		e.m = m
+	}
+	return m, err
+}
+
 func (e *env) create(name string, lim sandbox.Limits) *sandbox.Info {
 	e.t.Helper()
 	info, err := e.m.Create(context.Background(), sandbox.CreateOptions{Name: name, Dir: e.project, Limits: lim})
@@ -320,12 +335,10 @@ func testRollbackAndRestart(t *testing.T, warm int) {
 	if err := e.m.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rt, _ := ns.New(agentPath)
-	m2, err := sandbox.Open(ctx, e.root, e.fs, sandbox.Options{Runtime: rt})
+	m2, err := e.reopen(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.m = m2
 	info, err := m2.Get("r")
 	if err != nil || info.State != sandbox.Stopped {
 		t.Fatalf("after reopen: %+v, %v", info, err)

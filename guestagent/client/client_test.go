@@ -149,6 +149,23 @@ func TestExitKilledByIsNotTheAgents(t *testing.T) {
 	}
 }
 
+// deafAgent is a client of an agent that answers the hello, then never
+// reads again, over a pipe with no buffer: every write waits for a read.
+func deafAgent(t *testing.T) *Client {
+	host, agent := net.Pipe()
+	go func() {
+		if f, err := proto.ReadFrame(agent); err == nil && f.Kind == proto.KindHello {
+			agent.Write(frames(t, proto.HelloFrame()))
+		}
+	}()
+	c, err := New(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); agent.Close() })
+	return c
+}
+
 // An agent that stops reading (a sandbox's root can take it over) holds
 // an upload only as long as the caller's context: the upload then fails,
 // and so does, at its own deadline, a call that waits to send behind it;
@@ -159,18 +176,7 @@ func TestAgentThatStopsReading(t *testing.T) {
 		old := writeTimeout
 		writeTimeout = 200 * time.Millisecond
 		defer func() { writeTimeout = old }()
-		host, agent := net.Pipe()
-		go func() {
-			if f, err := proto.ReadFrame(agent); err == nil && f.Kind == proto.KindHello {
-				agent.Write(frames(t, proto.HelloFrame()))
-			}
-		}()
-		defer agent.Close()
-		c, err := New(host)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
+		c := deafAgent(t)
 		t0 := time.Now()
 		if err := c.PutFile(context.Background(), "/f", 0o644, bytes.NewReader(make([]byte, 4<<20))); !errors.Is(err, ErrClosed) {
 			t.Fatalf("upload to an agent that never reads, no deadline: %v, want ErrClosed", err)
@@ -179,21 +185,7 @@ func TestAgentThatStopsReading(t *testing.T) {
 			t.Errorf("it took %v", took)
 		}
 	})
-	host, agent := net.Pipe() // no buffer: every write waits for a read
-	go func() {
-		f, err := proto.ReadFrame(agent)
-		if err != nil || f.Kind != proto.KindHello {
-			return
-		}
-		agent.Write(frames(t, proto.HelloFrame()))
-		// Then never read again; the pipe closes with the test.
-	}()
-	defer agent.Close()
-	c, err := New(host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := deafAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	put := make(chan error, 1)
