@@ -232,7 +232,14 @@ func (c *Client) send(ctx context.Context, f proto.Frame) error {
 	}
 	defer func() { <-c.wmu }()
 	type deadliner interface{ SetWriteDeadline(time.Time) error }
+	var cut sync.Mutex // orders the cut against the end of the write
+	written := false
 	stop := context.AfterFunc(ctx, func() {
+		cut.Lock()
+		defer cut.Unlock()
+		if written {
+			return
+		}
 		if d, ok := c.conn.(deadliner); ok {
 			d.SetWriteDeadline(time.Unix(1, 0))
 		} else {
@@ -240,7 +247,10 @@ func (c *Client) send(ctx context.Context, f proto.Frame) error {
 		}
 	})
 	err := proto.WriteFrame(c.conn, f)
-	if !stop() { // ctx ended during the write
+	cut.Lock()
+	written = true
+	cut.Unlock()
+	if !stop() { // ctx ended during the write: the cut is done, or never will be
 		if err != nil {
 			c.conn.Close()
 			return fmt.Errorf("%w: send %v: %w", ErrClosed, f.Kind, ctx.Err())
