@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
+	"tine/internal/syncbuf"
 	"tine/netpolicy"
 )
 
@@ -91,8 +92,7 @@ func splitAddr(addr string) (string, uint16) {
 // keeps what is written to it.
 type fuzzConn struct {
 	in  io.Reader
-	mu  sync.Mutex
-	out bytes.Buffer
+	out syncbuf.Buffer
 }
 
 func (c *fuzzConn) Read(b []byte) (int, error) {
@@ -102,17 +102,7 @@ func (c *fuzzConn) Read(b []byte) (int, error) {
 	return c.in.Read(b)
 }
 
-func (c *fuzzConn) Write(b []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.out.Write(b)
-}
-
-func (c *fuzzConn) written() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.out.String()
-}
+func (c *fuzzConn) Write(b []byte) (int, error) { return c.out.Write(b) }
 
 var fuzzAddr = &net.TCPAddr{IP: net.IPv4(10, 213, 0, 2), Port: 40000}
 
@@ -398,7 +388,7 @@ func FuzzProxy(f *testing.F) {
 				}
 			}
 			host, port, ok := fuzzTarget(authority, def)
-			wrote := len(sandbox.written())
+			wrote := len(sandbox.out.String())
 
 			g.ServeHTTP(w, req)
 			req.Body.Close()
@@ -422,7 +412,7 @@ func FuzzProxy(f *testing.F) {
 			if req.Method != http.MethodConnect {
 				t.Fatalf("request %d (%s %s) took over the connection", i, req.Method, req.URL)
 			}
-			if !strings.HasPrefix(sandbox.written()[wrote:], "HTTP/1.1 200 ") {
+			if !strings.HasPrefix(sandbox.out.String()[wrote:], "HTTP/1.1 200 ") {
 				break
 			}
 			if !ok || !fuzzAllowed(host, port) || bound != "" || c.expect != host || c.port != port {

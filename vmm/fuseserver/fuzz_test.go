@@ -582,24 +582,9 @@ func (e *fuzzEnv) step() fuse.Status {
 		return code
 	case opReadDir, opReadDirPlus:
 		in := fuse.ReadIn{Fh: e.fh(), Offset: e.off(), Size: uint32(e.Byte())*32 + 32}
-		plus := op&31 == opReadDirPlus
-		out := fuse.NewDirEntryList(make([]byte, in.Size), in.Offset)
-		var code fuse.Status
-		if plus {
-			code = s.ReadDirPlus(never, &in, out)
-		} else {
-			code = s.ReadDir(never, &in, out)
-		}
+		ents, outs, code, err := readDir(s, &in, op&31 == opReadDirPlus)
 		if !code.Ok() {
 			return code
-		}
-		var ents []fuse.DirEntry
-		var outs []fuse.EntryOut
-		var err error
-		if plus {
-			ents, outs, err = fuse.ParseDirLookupEntries(out.Bytes())
-		} else {
-			ents, err = fuse.ParseDirEntries(out.Bytes())
 		}
 		if err != nil {
 			e.t.Fatalf("readdir answer does not parse: %v", err)

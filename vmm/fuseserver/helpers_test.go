@@ -109,30 +109,36 @@ func writeFile(t *testing.T, path, data string) {
 	}
 }
 
+// readDir answers one READDIR (or READDIRPLUS) of in, parsed: the entries,
+// and with plus their lookups.
+func readDir(s *Server, in *fuse.ReadIn, plus bool) ([]fuse.DirEntry, []fuse.EntryOut, fuse.Status, error) {
+	out := fuse.NewDirEntryList(make([]byte, in.Size), in.Offset)
+	var code fuse.Status
+	if plus {
+		code = s.ReadDirPlus(never, in, out)
+	} else {
+		code = s.ReadDir(never, in, out)
+	}
+	if !code.Ok() {
+		return nil, nil, code, nil
+	}
+	if plus {
+		ents, outs, err := fuse.ParseDirLookupEntries(out.Bytes())
+		return ents, outs, code, err
+	}
+	ents, err := fuse.ParseDirEntries(out.Bytes())
+	return ents, nil, code, err
+}
+
 // listAll reads a directory handle to the end, as the kernel does.
 func listAll(t *testing.T, s *Server, fh uint64, plus bool) []fuse.DirEntry {
 	t.Helper()
 	var all []fuse.DirEntry
 	off := uint64(0)
 	for range 100000 {
-		buf := make([]byte, 4096)
-		out := fuse.NewDirEntryList(buf, off)
-		in := fuse.ReadIn{Fh: fh, Offset: off, Size: 4096}
-		var code fuse.Status
-		if plus {
-			code = s.ReadDirPlus(never, &in, out)
-		} else {
-			code = s.ReadDir(never, &in, out)
-		}
+		es, _, code, err := readDir(s, &fuse.ReadIn{Fh: fh, Offset: off, Size: 4096}, plus)
 		if !code.Ok() {
 			t.Fatalf("readdir: %v", code)
-		}
-		var es []fuse.DirEntry
-		var err error
-		if plus {
-			es, _, err = fuse.ParseDirLookupEntries(out.Bytes())
-		} else {
-			es, err = fuse.ParseDirEntries(out.Bytes())
 		}
 		if err != nil {
 			t.Fatal(err)
