@@ -265,6 +265,28 @@ func (c *Client) send(ctx context.Context, f proto.Frame) error {
 	return nil
 }
 
+// refusal is the agent's error on stream s when it sent one before the
+// connection ended (an agent refuses a request, then may hang up), else
+// err, the failure of a send on s. The connection's end is waited for,
+// briefly, so that what the agent sent before it is delivered.
+func (c *Client) refusal(s *stream, err error) error {
+	if !errors.Is(err, ErrClosed) {
+		return err
+	}
+	select {
+	case <-c.done:
+	case <-time.After(time.Second):
+	}
+	select {
+	case f := <-s.ch:
+		if f.Kind == proto.KindError {
+			return agentError(f)
+		}
+	default:
+	}
+	return err
+}
+
 // sendBounded is send for frames no caller's context covers.
 func (c *Client) sendBounded(f proto.Frame) error { return c.send(context.Background(), f) }
 

@@ -40,7 +40,7 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, r i
 		n, rerr := r.Read(buf)
 		if n > 0 {
 			if err := c.send(ctx, proto.Frame{Kind: proto.KindData, ID: s.id, Payload: buf[:n]}); err != nil {
-				return fmt.Errorf("put %s: %w", path, err)
+				return fmt.Errorf("put %s: %w", path, c.refusal(s, err))
 			}
 		}
 		if rerr == io.EOF {
@@ -51,7 +51,7 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, r i
 		}
 	}
 	if err := c.send(ctx, proto.Frame{Kind: proto.KindEnd, ID: s.id}); err != nil {
-		return fmt.Errorf("put %s: %w", path, err)
+		return fmt.Errorf("put %s: %w", path, c.refusal(s, err))
 	}
 	f, err := c.recv(ctx, s)
 	if err == nil && f.Kind != proto.KindEnd {
