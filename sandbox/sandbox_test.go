@@ -444,3 +444,82 @@ func TestAgentConnectionsReusedAndClosed(t *testing.T) {
 		t.Errorf("%d sockets open after the sandbox was removed, %d before it was made", got, before)
 	}
 }
+
+// TestForkStacksLayers: a fork's OS layer is its snapshot's, stacked:
+// what the parent wrote and deleted outside the project shows in the
+// fork and in a fork of that fork, which stacks one merged layer, also
+// once the parent and its snapshots are removed, after a restart, and
+// after a rollback of the middle fork to its own snapshot.
+func TestForkStacksLayers(t *testing.T) {
+	for _, warm := range []int{0, 2} {
+		t.Run(fmt.Sprintf("warm=%d", warm), func(t *testing.T) { testForkStacksLayers(t, warm) })
+	}
+}
+
+func testForkStacksLayers(t *testing.T, warm int) {
+	e := newEnvWith(t, sandbox.Options{Warm: warm})
+	ctx := context.Background()
+	e.create("a", sandbox.Limits{})
+	e.mustSh("a", "echo a > /etc/tine-a; rm /etc/os-release; mkdir -p /opt/tine && echo a > /opt/tine/f")
+	fork := func(from, to string) {
+		t.Helper()
+		if warm > 0 {
+			e.waitWarm(warm)
+		}
+		if _, err := e.m.Fork(ctx, from, sandbox.ForkOptions{N: 1, Names: []string{to}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fork("a", "b")
+	e.mustSh("b", "cat /etc/tine-a && test ! -e /etc/os-release && echo b > /etc/tine-b && rm /etc/tine-a && rm -r /opt/tine && mkdir /opt/tine && echo b > /opt/tine/g")
+	const view = "cat /etc/tine-b /opt/tine/g; ls /opt/tine; for f in /etc/tine-a /etc/os-release; do test -e $f && echo $f; done; true"
+	const want = "b\nb\ng\n"
+	snapB, err := e.m.Snapshot(ctx, "b", sandbox.SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fork("b", "c")
+	if out := e.mustSh("c", view); out != want {
+		t.Fatalf("the fork of a fork sees %q, want %q", out, want)
+	}
+	if _, err := os.Lstat(filepath.Join(e.root, "sandboxes", "c", "runtime", "lower", "etc", "tine-b")); err != nil {
+		t.Errorf("the fork's stacked layer: %v", err)
+	}
+	snaps, err := e.m.Snapshots("a")
+	if err != nil || len(snaps) == 0 {
+		t.Fatalf("the parent's snapshots: %v, %v", snaps, err)
+	}
+	if err := e.m.Remove(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range snaps {
+		if err := e.m.RemoveSnapshot(s.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out := e.mustSh("c", view); out != want {
+		t.Fatalf("with the parent and its snapshots removed, the fork of a fork sees %q, want %q", out, want)
+	}
+	if err := e.m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m, err := e.reopen(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"b", "c"} {
+		if err := m.Start(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out := e.mustSh("c", view); out != want {
+		t.Fatalf("after a restart, the fork of a fork sees %q, want %q", out, want)
+	}
+	e.mustSh("b", "echo later > /etc/tine-b; rm /opt/tine/g; echo a > /etc/tine-a")
+	if err := m.Rollback(ctx, "b", snapB.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.mustSh("b", view); out != want {
+		t.Fatalf("the fork rolled back to its snapshot sees %q, want %q", out, want)
+	}
+}

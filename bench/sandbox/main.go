@@ -541,6 +541,60 @@ func (b *bench) fork(ctx context.Context, rep *report) error {
 			rep.add(sec, "bwrap", fmt.Sprintf("%d bwrap true at once (no state to copy)", n), bw, "")
 		}
 	}
+	return b.forkBig(ctx, rep)
+}
+
+// forkBig: fork into 1 of a sandbox that wrote 64 MB in 2,000 files
+// outside its project (a package install's size), beside a durable cp -a
+// of that OS layer: a fork's snapshot makes one such copy (the parent
+// runs on), and a fork that copied its snapshot's layer (before ADR 0206)
+// made a second.
+func (b *bench) forkBig(ctx context.Context, rep *report) error {
+	const sec = "fork x1, big OS layer"
+	parent := b.name("big")
+	if _, err := b.warm.Create(ctx, sandbox.CreateOptions{Name: parent, Dir: b.project}); err != nil {
+		return err
+	}
+	defer b.warm.Remove(ctx, parent)
+	p, err := b.warm.Exec(ctx, parent, proto.ExecRequest{Argv: []string{"sh", "-c",
+		"mkdir -p /opt/tine-bench && cd /opt/tine-bench && for d in $(seq 20); do mkdir $d; for f in $(seq 100); do printf '%032768d' $f > $d/$f; done; done; sleep 100000 & true"}})
+	if err != nil {
+		return err
+	}
+	if ex, err := p.Wait(ctx); err != nil || ex.Code != 0 {
+		return fmt.Errorf("fill the OS layer of %s: %v (exit %d)", parent, err, ex.Code)
+	}
+	var s []time.Duration
+	for i := 0; i < b.o.forkRep[1]; i++ {
+		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		b.warmRT.WaitWarm(wctx, 1)
+		cancel()
+		kid := b.name("k")
+		t := time.Now()
+		if _, err := b.warm.Fork(ctx, parent, sandbox.ForkOptions{N: 1, Names: []string{kid}}); err != nil {
+			return err
+		}
+		err := first(ctx, b.warm, kid)
+		s = append(s, time.Since(t))
+		b.warm.Remove(ctx, kid)
+		if err != nil {
+			return err
+		}
+	}
+	rep.add(sec, "tine", "Fork into 1 of a sandbox whose OS layer holds 64 MB in 2,000 files, answered `true`", s, "")
+	upper := filepath.Join(b.base, "state-warm", "sandboxes", parent, "runtime", "upper")
+	var cp []time.Duration
+	for i := 0; i < b.o.forkRep[1]; i++ {
+		dst := filepath.Join(b.base, "cp-layer")
+		t := time.Now()
+		out, err := exec.CommandContext(ctx, "sh", "-c", `cp -a --reflink=auto "$1" "$2" && sync -f "$2"`, "sh", upper, dst).CombinedOutput()
+		cp = append(cp, time.Since(t))
+		os.RemoveAll(dst)
+		if err != nil {
+			return fmt.Errorf("cp -a %s: %v: %s", upper, err, out)
+		}
+	}
+	rep.add(sec, "cp -a + syncfs", "cp -a of that OS layer, written out: the durable copy a fork made before", cp, "")
 	return nil
 }
 

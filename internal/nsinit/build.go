@@ -130,12 +130,16 @@ func mountOverlay(c *Config) (int, error) {
 		}
 		return c.overlayFD, nil
 	}
-	lower := c.Lower
-	if lower == "" {
-		lower = "/"
-	}
+	lower := "/"
 	if c.Image != "" {
 		lower = c.Image
+	}
+	lower, sfd, err := StackedLower(c.Lower, c.LowerBase, lower, nil)
+	if err != nil {
+		return -1, err
+	}
+	if sfd >= 0 {
+		defer unix.Close(sfd)
 	}
 	opts := "lowerdir=" + lower + ",upperdir=" + c.Upper + ",workdir=" + c.Work
 	if Rootless() {

@@ -50,9 +50,14 @@ const MaxMessage = 64 << 10
 type Config struct {
 	// Warm: the project, the hidden paths and the host name are left to
 	// the host's bind (package ns: warm.go, bind.go).
-	Warm  bool   `json:",omitempty"`
-	Root  string // host path the overlay is mounted at
-	Lower string `json:",omitempty"` // the overlay's lower layer: "/" when empty
+	Warm bool   `json:",omitempty"`
+	Root string // host path the overlay is mounted at
+	// Lower, when given, is a read-only layer stacked between Upper and
+	// the OS (the host root, or Image): the layer of the snapshot the
+	// sandbox was made from, mounted over the empty directory LowerBase
+	// (see StackedLower).
+	Lower     string `json:",omitempty"`
+	LowerBase string `json:",omitempty"`
 	// Image is an image's unpacked root file system that is the
 	// overlay's lower layer in place of the host root (see package oci).
 	Image         string   `json:",omitempty"`

@@ -220,6 +220,25 @@ func (r Root) AttachAPI(fd int) error {
 	return nil
 }
 
+// StackedLower returns the lowerdir of an overlay over base (a directory
+// or a /proc/self/fd path) with the stacked layer layer above it (package
+// ns: layerlink.go), unless layer is "": the layer is given as a
+// read-only overlay of its own, over the empty directory empty, which
+// unescapes its whiteouts and opaque marks (and lets a layer inside base
+// be a lower layer at all). fd is that overlay's detached mount, -1 when
+// none, for the caller to close once its overlay is made; create is
+// NewMount's.
+func StackedLower(layer, empty, base string, create func(func() error) error) (lowerdir string, fd int, err error) {
+	if layer == "" {
+		return base, -1, nil
+	}
+	fd, err = NewMount("overlay", [][2]string{{"lowerdir", layer + ":" + empty}}, unix.MOUNT_ATTR_RDONLY, create)
+	if err != nil {
+		return "", -1, fmt.Errorf("stacked layer %s: %w", layer, err)
+	}
+	return fmt.Sprintf("/proc/self/fd/%d:%s", fd, base), fd, nil
+}
+
 // NewMount makes a file system of type fstype with the options opts (key,
 // value) as a detached mount with the MOUNT_ATTR_ flags attrs, through
 // the mount API's descriptors (no path names a mount point); create, if

@@ -88,8 +88,17 @@ func forkRoot(overlay int) error {
 }
 
 // hostOverlay makes a fork's root without a user namespace: an overlay of
-// the host root (the root mount only, as the init step's) under the layer
-// upper (work: its work directory), as a detached mount.
-func hostOverlay(upper, work string) (int, error) {
-	return nsinit.NewMount("overlay", [][2]string{{"lowerdir", "/"}, {"upperdir", upper}, {"workdir", work}}, 0, nil)
+// the host root (the root mount only, as the init step's) under the
+// stacked layer lower (over its empty base directory, see
+// nsinit.StackedLower) and the layer upper (work: its work directory), as
+// a detached mount.
+func hostOverlay(lower, empty, upper, work string) (int, error) {
+	lowers, sfd, err := nsinit.StackedLower(lower, empty, "/", nil)
+	if err != nil {
+		return -1, err
+	}
+	if sfd >= 0 {
+		defer unix.Close(sfd)
+	}
+	return nsinit.NewMount("overlay", [][2]string{{"lowerdir", lowers}, {"upperdir", upper}, {"workdir", work}}, 0, nil)
 }

@@ -154,21 +154,11 @@ func copyAttrs(from, to string, st *unix.Stat_t) error {
 // copyXattrs copies every extended attribute of from to to, neither
 // followed if a symlink.
 func copyXattrs(from, to string) error {
-	sz, err := unix.Llistxattr(from, nil)
-	if err != nil || sz == 0 {
-		if errors.Is(err, unix.ENOTSUP) {
-			err = nil
-		}
+	names, err := listXattrs(from)
+	if err != nil {
 		return err
 	}
-	buf := make([]byte, sz)
-	if sz, err = unix.Llistxattr(from, buf); err != nil {
-		return err
-	}
-	for _, name := range strings.Split(string(buf[:sz]), "\x00") {
-		if name == "" {
-			continue
-		}
+	for _, name := range names {
 		vs, err := unix.Lgetxattr(from, name, nil)
 		if err != nil {
 			return err
@@ -182,4 +172,27 @@ func copyXattrs(from, to string) error {
 		}
 	}
 	return nil
+}
+
+// listXattrs returns the names of p's extended attributes, p not followed
+// if a symlink; none where the file system has none.
+func listXattrs(p string) ([]string, error) {
+	sz, err := unix.Llistxattr(p, nil)
+	if err != nil || sz == 0 {
+		if errors.Is(err, unix.ENOTSUP) {
+			err = nil
+		}
+		return nil, err
+	}
+	buf := make([]byte, sz)
+	if sz, err = unix.Llistxattr(p, buf); err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, n := range strings.Split(string(buf[:sz]), "\x00") {
+		if n != "" {
+			names = append(names, n)
+		}
+	}
+	return names, nil
 }

@@ -61,13 +61,17 @@ func (r *Runtime) Name() string { return "ns" }
 // The runtime's files in Spec.Dir.
 const (
 	upperDir = "upper" // the sandbox's writes to the host OS
+	lowerDir = "lower" // a snapshot's layer it started from, stacked read-only (layerlink.go)
+	emptyDir = "empty" // the stacked layer's overlay's base (nsinit.StackedLower)
 	workDir  = "work"  // overlayfs's scratch directory
 	rootDir  = "root"  // the overlay's mount point (in the sandbox's mount namespace only)
 	runDir   = "run"   // bound at /run/tine: the agent's socket
 
-	// A warm instance becoming a fork gets its layer here (a copy of the
-	// snapshot's) and renames it to upperDir once its root is rebuilt.
+	// A warm instance becoming a fork gets its layers here (an empty
+	// one, and the snapshot's stacked) and renames them to upperDir and
+	// lowerDir once its root is rebuilt.
 	forkUpper = "upper.fork"
+	forkLower = "lower.fork"
 	forkWork  = "work.fork"
 )
 
@@ -75,7 +79,7 @@ const (
 // layer's top is the sandbox's "/": 0755 like a root directory, or users
 // other than root could not reach any file.
 func makeStateDirs(dir string) error {
-	for _, d := range []string{upperDir, workDir, rootDir, runDir} {
+	for _, d := range []string{upperDir, workDir, rootDir, runDir, emptyDir} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			return err
 		}
@@ -109,7 +113,7 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 			}
 		}
 		if spec.Seed != "" {
-			if err := r.CopyState(ctx, spec.Seed, spec.Dir); err != nil {
+			if err := seedState(ctx, spec.Seed, spec.Dir); err != nil {
 				return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 			}
 		}
@@ -137,6 +141,8 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 	}
 	cfg := nsinit.Config{
 		Root:          filepath.Join(spec.Dir, rootDir),
+		Lower:         stacked(spec.Dir, lowerDir),
+		LowerBase:     filepath.Join(spec.Dir, emptyDir),
 		Upper:         filepath.Join(spec.Dir, upperDir),
 		Work:          filepath.Join(spec.Dir, workDir),
 		ProjectPath:   spec.ProjectPath,
@@ -356,12 +362,13 @@ func (in *instance) Stop(ctx context.Context) error {
 	return in.err
 }
 
-// CopyState copies the sandbox's upper layer from one runtime directory to
-// a new one, keeping owners, modes, xattrs (overlayfs's own among them),
-// whiteouts and hard links, with reflinks where the file system has them.
-// The copy is atomic and durable: it is made in a temporary directory
-// beside to, written out with syncfs and renamed into
-// place, so that after a crash to is either missing or whole (and a
+// CopyState copies the sandbox's layers from one runtime directory to a
+// new one: its own layer by value, keeping owners, modes, xattrs
+// (overlayfs's own among them), whiteouts and hard links, with reflinks
+// where the file system has them, and the layer it stacks (never
+// written) by hard links. The copy is atomic and durable: it is made in a
+// temporary directory beside to, written out with syncfs and renamed
+// into place, so that after a crash to is either missing or whole (and a
 // directory named ".tmp-" and to's name may be left beside it).
 func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
 	finish, err := r.CaptureState(ctx, from, to)
@@ -375,6 +382,38 @@ func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
 // in its temporary directory; finish writes it out (syncfs, which waits
 // for every dirty page of the file system, however long) and renames it.
 func (r *Runtime) CaptureState(ctx context.Context, from, to string) (func() error, error) {
+	return makeState(to, func(tmp string) error {
+		if err := copyLayer(ctx, filepath.Join(from, upperDir), filepath.Join(tmp, upperDir)); err != nil {
+			return err
+		}
+		if stacked(from, lowerDir) == "" {
+			return nil
+		}
+		return linkLayers(ctx, []string{filepath.Join(from, lowerDir)}, filepath.Join(tmp, lowerDir))
+	})
+}
+
+// seedState makes the state directory to of a sandbox that starts from
+// the state seed of a snapshot: seed's layers, which no one writes,
+// stacked as its lower layer and an empty layer of its own (or, in
+// rootless mode, whose overlays take no stacked layer, a copy).
+func seedState(ctx context.Context, seed, to string) error {
+	if Rootless() {
+		return (&Runtime{}).CopyState(ctx, seed, to)
+	}
+	finish, err := makeState(to, func(tmp string) error {
+		return stackSeed(ctx, seed, filepath.Join(tmp, lowerDir), filepath.Join(tmp, upperDir))
+	})
+	if err != nil {
+		return err
+	}
+	return finish()
+}
+
+// makeState runs fill on a new temporary directory beside to and returns
+// finish, which writes it out (syncfs) and renames it to to; either
+// removes it if it fails.
+func makeState(to string, fill func(tmp string) error) (func() error, error) {
 	tmp := filepath.Join(filepath.Dir(to), ".tmp-"+filepath.Base(to))
 	if err := os.RemoveAll(tmp); err != nil {
 		return nil, fmt.Errorf("copy sandbox state to %s: %w", to, err)
@@ -382,7 +421,7 @@ func (r *Runtime) CaptureState(ctx context.Context, from, to string) (func() err
 	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return nil, fmt.Errorf("copy sandbox state to %s: %w", to, err)
 	}
-	if err := copyLayer(ctx, filepath.Join(from, upperDir), filepath.Join(tmp, upperDir)); err != nil {
+	if err := fill(tmp); err != nil {
 		os.RemoveAll(tmp)
 		return nil, fmt.Errorf("copy sandbox state to %s: %w", to, err)
 	}
@@ -400,6 +439,16 @@ func (r *Runtime) CaptureState(ctx context.Context, from, to string) (func() err
 		}
 		return nil
 	}, nil
+}
+
+// stacked returns the path of the layer name in the state directory dir,
+// or "" when dir has none.
+func stacked(dir, name string) string {
+	p := filepath.Join(dir, name)
+	if _, err := os.Lstat(p); err != nil {
+		return ""
+	}
+	return p
 }
 
 // tail keeps the last 4 KiB written to it: the init step's and the

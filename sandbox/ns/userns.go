@@ -237,11 +237,13 @@ func (m *idMap) idmap(fd int) error {
 		Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(m.userns)})
 }
 
-// overlay returns a detached overlay mount of the host root under the
-// layer upper (with its scratch directory work), both in the state
-// directory dir, all seen through the mapping.
-func (m *idMap) overlay(dir, upper, work, image string) (int, error) {
-	lower := m.lower
+// overlay returns a detached overlay mount of the host root (or image)
+// under the layer upper (with its scratch directory work) and, unless it
+// is "", the stacked layer lower (over its empty base directory, see
+// nsinit.StackedLower), all in the state directory dir and seen through
+// the mapping.
+func (m *idMap) overlay(dir, lower, empty, upper, work, image string) (int, error) {
+	base := m.lower
 	if image != "" {
 		// An image's rootfs in place of the host root, idmapped alike:
 		// its files' owners are the image's ids, which the mapping shows
@@ -251,7 +253,7 @@ func (m *idMap) overlay(dir, upper, work, image string) (int, error) {
 			return -1, err
 		}
 		defer unix.Close(fd)
-		lower = fd
+		base = fd
 	}
 	sfd, err := m.clone(dir)
 	if err != nil {
@@ -259,8 +261,21 @@ func (m *idMap) overlay(dir, upper, work, image string) (int, error) {
 	}
 	defer unix.Close(sfd)
 	state := fmt.Sprintf("/proc/self/fd/%d/", sfd)
+	var lowers string
+	if lower == "" {
+		lowers = fmt.Sprintf("/proc/self/fd/%d", base)
+	} else {
+		var lfd int
+		lowers, lfd, err = nsinit.StackedLower(state+lower, state+empty, fmt.Sprintf("/proc/self/fd/%d", base), m.asSandboxRoot)
+		if err != nil {
+			return -1, fmt.Errorf("%w (of %s)", err, dir)
+		}
+		if lfd >= 0 {
+			defer unix.Close(lfd)
+		}
+	}
 	fd, err := nsinit.NewMount("overlay", [][2]string{
-		{"lowerdir", fmt.Sprintf("/proc/self/fd/%d", lower)},
+		{"lowerdir", lowers},
 		{"upperdir", state + upper},
 		{"workdir", state + work},
 	}, 0, m.asSandboxRoot)
@@ -296,7 +311,14 @@ func (m *idMap) initFDs(c *nsinit.Config) (fds []int, err error) {
 	if filepath.Dir(c.Work) != dir {
 		return nil, fmt.Errorf("upper %s and work %s are in different directories", c.Upper, c.Work)
 	}
-	fd, err := m.overlay(dir, filepath.Base(c.Upper), filepath.Base(c.Work), c.Image)
+	lower, empty := "", ""
+	if c.Lower != "" {
+		if filepath.Dir(c.Lower) != dir || filepath.Dir(c.LowerBase) != dir {
+			return nil, fmt.Errorf("upper %s and stacked layer %s (over %s) are in different directories", c.Upper, c.Lower, c.LowerBase)
+		}
+		lower, empty = filepath.Base(c.Lower), filepath.Base(c.LowerBase)
+	}
+	fd, err := m.overlay(dir, lower, empty, filepath.Base(c.Upper), filepath.Base(c.Work), c.Image)
 	if err != nil {
 		return nil, err
 	}

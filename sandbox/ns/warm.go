@@ -345,21 +345,27 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	fork := spec.Seed != ""
 	if fork {
 		// A seed cannot go into the layer already mounted (overlayfs
-		// caches what it looked up): the bind builds a new root over a
-		// copy of it (docs/adr/0093).
-		// Copied whole and durably before it takes its name, as CopyState
-		// does: a fork's OS layer survives a crash once the fork is made.
-		tmp := filepath.Join(spec.Dir, ".tmp-"+forkUpper)
-		if err := copyLayer(ctx, filepath.Join(spec.Seed, upperDir), tmp); err != nil {
+		// caches what it looked up): the bind builds a new root over an
+		// empty layer with the seed's stacked below it (docs/adr/0093,
+		// 0206). The stacked layer is whole and durable before it takes
+		// its name, as seedState's, so that a fork's OS layer survives a
+		// crash once the fork is made; the empty layer is made first, so
+		// that a stacked layer with its name has it beside it
+		// (finishForkLayer).
+		if err := os.Mkdir(filepath.Join(spec.Dir, forkUpper), 0o755); err != nil {
+			return err
+		}
+		if err := os.Mkdir(filepath.Join(spec.Dir, forkWork), 0o700); err != nil {
+			return err
+		}
+		tmp := filepath.Join(spec.Dir, ".tmp-"+forkLower)
+		if err := stackSeed(ctx, spec.Seed, tmp, filepath.Join(spec.Dir, forkUpper)); err != nil {
 			return err
 		}
 		if err := atomicfile.SyncFS(tmp); err != nil {
 			return err
 		}
-		if err := os.Rename(tmp, filepath.Join(spec.Dir, forkUpper)); err != nil {
-			return err
-		}
-		if err := os.Mkdir(filepath.Join(spec.Dir, forkWork), 0o700); err != nil {
+		if err := os.Rename(tmp, filepath.Join(spec.Dir, forkLower)); err != nil {
 			return err
 		}
 	}
@@ -388,12 +394,12 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	fds = append(fds, project)
 	overlay, api := -1, -1
 	if fork && in.ids != nil {
-		if overlay, err = in.ids.overlay(spec.Dir, forkUpper, forkWork, ""); err != nil {
+		if overlay, err = in.ids.overlay(spec.Dir, forkLower, emptyDir, forkUpper, forkWork, ""); err != nil {
 			return fmt.Errorf("fork root: %w", err)
 		}
 		fds = append(fds, overlay)
 	} else if fork {
-		if overlay, err = hostOverlay(filepath.Join(spec.Dir, forkUpper), filepath.Join(spec.Dir, forkWork)); err != nil {
+		if overlay, err = hostOverlay(filepath.Join(spec.Dir, forkLower), filepath.Join(spec.Dir, emptyDir), filepath.Join(spec.Dir, forkUpper), filepath.Join(spec.Dir, forkWork)); err != nil {
 			return fmt.Errorf("fork root: %w", err)
 		}
 		fds = append(fds, overlay)
@@ -425,7 +431,7 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 	return nil
 }
 
-// swapForkLayer gives a bound fork's layer the usual names (the overlay
+// swapForkLayer gives a bound fork's layers the usual names (the overlay
 // holds its layers by dentry, so renames do not disturb it) and removes
 // the warm root's layer, detached and never written by the sandbox.
 func swapForkLayer(dir string) error {
@@ -439,23 +445,32 @@ func swapForkLayer(dir string) error {
 		}
 		os.RemoveAll(old)
 	}
+	if err := os.Rename(filepath.Join(dir, forkLower), filepath.Join(dir, lowerDir)); err != nil {
+		return fmt.Errorf("fork layer: %w", err)
+	}
 	return atomicfile.SyncDir(dir)
 }
 
 // finishForkLayer completes, in a stopped sandbox's state directory dir,
-// a swapForkLayer that a crash cut short: a fork's layer, whole once it
-// has its name, replaces the warm root's, and what the swap would have
-// removed goes.
+// a swapForkLayer that a crash cut short: a fork's layers, whole once
+// the stacked one has its name, replace the warm root's, and what the
+// swap would have removed goes. A bind cut short before that leaves the
+// warm root's layer, with nothing stacked.
 func finishForkLayer(dir string) error {
-	if _, err := os.Lstat(filepath.Join(dir, forkUpper)); err == nil {
-		if err := os.RemoveAll(filepath.Join(dir, upperDir)); err != nil {
-			return fmt.Errorf("fork layer: %w", err)
+	if _, err := os.Lstat(filepath.Join(dir, forkLower)); err == nil {
+		if _, err := os.Lstat(filepath.Join(dir, forkUpper)); err == nil {
+			if err := os.RemoveAll(filepath.Join(dir, upperDir)); err != nil {
+				return fmt.Errorf("fork layer: %w", err)
+			}
+			if err := os.Rename(filepath.Join(dir, forkUpper), filepath.Join(dir, upperDir)); err != nil {
+				return fmt.Errorf("fork layer: %w", err)
+			}
 		}
-		if err := os.Rename(filepath.Join(dir, forkUpper), filepath.Join(dir, upperDir)); err != nil {
+		if err := os.Rename(filepath.Join(dir, forkLower), filepath.Join(dir, lowerDir)); err != nil {
 			return fmt.Errorf("fork layer: %w", err)
 		}
 	}
-	for _, n := range []string{forkWork, upperDir + ".warm", workDir + ".warm", ".tmp-" + forkUpper} {
+	for _, n := range []string{forkUpper, forkWork, upperDir + ".warm", workDir + ".warm", ".tmp-" + forkLower, ".tmp-" + forkUpper} {
 		if err := os.RemoveAll(filepath.Join(dir, n)); err != nil {
 			return fmt.Errorf("fork layer: %w", err)
 		}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"tine/guestagent/client"
 	"tine/internal/nsinit"
 	"tine/sandbox"
@@ -92,7 +94,7 @@ func testWarmBind(t *testing.T, userns bool) {
 		t.Errorf("pids.max of the renamed group: %q, %v", b, err)
 	}
 	// A seeded start (a fork) takes a warm instance too: its root is
-	// rebuilt over a copy of the seed's layer, with the same project,
+	// rebuilt with the seed's layer stacked, with the same project,
 	// hidden paths and host name rules, and nothing else running.
 	if err := rt.WaitWarm(ctx, 1); err != nil {
 		t.Fatal(err)
@@ -100,6 +102,9 @@ func testWarmBind(t *testing.T, userns bool) {
 	seed := filepath.Join(dir, "seed")
 	os.MkdirAll(filepath.Join(seed, upperDir, "etc"), 0o755)
 	os.WriteFile(filepath.Join(seed, upperDir, "etc", "warm-seeded"), []byte("S"), 0o644)
+	if err := unix.Mknod(filepath.Join(seed, upperDir, "etc", "os-release"), unix.S_IFCHR, 0); err != nil { // deleted in the seed
+		t.Fatal(err)
+	}
 	in2, err := rt.Start(ctx, sandbox.Spec{ID: "nswarm2", Hostname: "h2", Dir: filepath.Join(dir, "rt2"),
 		ProjectPath: "/srv/proj-nswarm", ProjectSource: proj, Hide: []string{hidden}, Seed: seed})
 	if err != nil {
@@ -136,7 +141,7 @@ func testWarmBind(t *testing.T, userns bool) {
 	if _, err := os.Stat(filepath.Join(seed, upperDir, "etc", "fork-wrote")); err == nil {
 		t.Error("the fork wrote into the seed's layer")
 	}
-	for _, n := range []string{forkUpper, forkWork, upperDir + ".warm", workDir + ".warm"} {
+	for _, n := range []string{forkUpper, forkLower, forkWork, upperDir + ".warm", workDir + ".warm"} {
 		if _, err := os.Lstat(filepath.Join(dir, "rt2", n)); err == nil {
 			t.Errorf("%s left in the fork's state", n)
 		}
@@ -144,6 +149,19 @@ func testWarmBind(t *testing.T, userns bool) {
 	var got bytes.Buffer
 	if _, err := c2.GetFile(ctx, "/etc/warm-seeded", &got); err != nil || got.String() != "S" {
 		t.Errorf("GetFile in the warm fork: %q, %v", got.String(), err)
+	}
+	// The seed's layer is stacked, its files shared: what the seed
+	// deleted stays deleted, and a change to a seeded file is the fork's
+	// alone.
+	out, code = run(t, c2, "sh", "-c", "ls /etc/os-release 2>&1 >/dev/null | wc -l; echo X >> /etc/warm-seeded; cat /etc/warm-seeded")
+	if code != 0 || out != "1\nSX\n" {
+		t.Errorf("the seed's deletion and a change to its file, inside the fork: exit %d: %q", code, out)
+	}
+	if b, err := os.ReadFile(filepath.Join(seed, upperDir, "etc", "warm-seeded")); err != nil || string(b) != "S" {
+		t.Errorf("the seed's file after the fork changed its own: %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "rt2", lowerDir, "etc", "warm-seeded")); err != nil {
+		t.Errorf("the fork has no stacked layer: %v", err)
 	}
 }
 
@@ -239,10 +257,11 @@ func warmRuntime(t *testing.T, userns bool, limit time.Duration) (*Runtime, stri
 }
 
 // TestFinishForkLayer: a start finds the state a crash leaves in the
-// middle of a warm fork's layer swap and completes it: the fork's layer,
-// not the warm root's, becomes the sandbox's.
+// middle of a warm fork's layer swap and completes it: the fork's layers,
+// not the warm root's, become the sandbox's. A bind cut before the
+// stacked layer had its name leaves the warm root's layer alone.
 func TestFinishForkLayer(t *testing.T) {
-	for _, cut := range []string{"before the swap", "between its renames"} {
+	for _, cut := range []string{"before the stacked layer's name", "before the swap", "between its renames", "before the stacked layer's rename"} {
 		t.Run(cut, func(t *testing.T) {
 			dir := t.TempDir()
 			mk := func(p, content string) {
@@ -254,32 +273,50 @@ func TestFinishForkLayer(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			mk(filepath.Join(forkUpper, "etc", "f"), "fork")
-			mk(filepath.Join(forkWork, "x"), "")
-			mk(filepath.Join(".tmp-"+forkUpper, "etc", "f"), "half")
-			if cut == "before the swap" {
+			own, stacked := "fork", "stacked"
+			switch cut {
+			case "before the stacked layer's name":
+				mk(filepath.Join(upperDir, "etc", "f"), "warm")
+				mk(filepath.Join(forkUpper, "etc", "f"), "fork")
+				mk(filepath.Join(".tmp-"+forkLower, "etc", "g"), "half")
+				own, stacked = "warm", ""
+			case "before the swap":
 				mk(filepath.Join(upperDir, "etc", "warm"), "")
-			} else {
+				mk(filepath.Join(forkUpper, "etc", "f"), "fork")
+				mk(filepath.Join(forkLower, "etc", "g"), "stacked")
+			case "between its renames":
 				mk(filepath.Join(upperDir+".warm", "etc", "warm"), "")
+				mk(filepath.Join(forkUpper, "etc", "f"), "fork")
+				mk(filepath.Join(forkLower, "etc", "g"), "stacked")
+			default:
+				mk(filepath.Join(upperDir, "etc", "f"), "fork")
+				mk(filepath.Join(forkLower, "etc", "g"), "stacked")
+			}
+			mk(filepath.Join(forkWork, "x"), "")
+			check := func() {
+				t.Helper()
+				if b, err := os.ReadFile(filepath.Join(dir, upperDir, "etc", "f")); err != nil || string(b) != own {
+					t.Fatalf("the sandbox's own layer after the swap was finished: %q, %v, want %q", b, err, own)
+				}
+				b, err := os.ReadFile(filepath.Join(dir, lowerDir, "etc", "g"))
+				if stacked == "" && !errors.Is(err, os.ErrNotExist) || stacked != "" && string(b) != stacked {
+					t.Fatalf("the stacked layer after the swap was finished: %q, %v, want %q", b, err, stacked)
+				}
+				for _, n := range []string{forkUpper, forkLower, forkWork, upperDir + ".warm", ".tmp-" + forkLower, filepath.Join(upperDir, "etc", "warm")} {
+					if _, err := os.Lstat(filepath.Join(dir, n)); err == nil {
+						t.Errorf("%s left", n)
+					}
+				}
 			}
 			if err := finishForkLayer(dir); err != nil {
 				t.Fatal(err)
 			}
-			if b, err := os.ReadFile(filepath.Join(dir, upperDir, "etc", "f")); err != nil || string(b) != "fork" {
-				t.Fatalf("the fork's file after the swap was finished: %q, %v", b, err)
-			}
-			for _, n := range []string{forkUpper, forkWork, upperDir + ".warm", ".tmp-" + forkUpper, filepath.Join(upperDir, "etc", "warm")} {
-				if _, err := os.Lstat(filepath.Join(dir, n)); err == nil {
-					t.Errorf("%s left", n)
-				}
-			}
+			check()
 			// Done again, it changes nothing.
 			if err := finishForkLayer(dir); err != nil {
 				t.Fatal(err)
 			}
-			if b, err := os.ReadFile(filepath.Join(dir, upperDir, "etc", "f")); err != nil || string(b) != "fork" {
-				t.Fatalf("after a second pass: %q, %v", b, err)
-			}
+			check()
 		})
 	}
 }

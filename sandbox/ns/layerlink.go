@@ -1,0 +1,251 @@
+package ns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// A sandbox made from a snapshot (a fork, or a create from one) does not
+// copy the snapshot's OS layer: it stacks it, read-only, between its own
+// empty layer and the host root (docs/adr/0206). The stacked layer,
+// lowerDir in its state directory, is one directory tree whose files are
+// hard links to the snapshot's: neither is ever written (overlayfs copies
+// a file up into the sandbox's own layer before it changes it), so they
+// can share inodes, and the sandbox keeps its layer when the snapshot is
+// removed. A snapshot's state has two layers (its sandbox's own, copied,
+// and the one that sandbox stacked, linked); linkLayers merges them into
+// one, so that a chain of forks of forks stacks one layer, never more.
+//
+// overlayfs refuses a lower layer inside another one (the host root), so
+// the stacked layer is seen through an overlay of its own (stackedMount)
+// and given to the root's overlay as that mount. That inner overlay would
+// hide whiteouts and opaque marks from the outer one, so the stacked
+// layer holds them escaped, as overlayfs's nesting expects: a whiteout is
+// an empty file with the attribute trusted.overlay.overlay.whiteout, in a
+// directory whose trusted.overlay.overlay.opaque is "x", and an opaque
+// directory has it "y". The inner overlay shows them unescaped.
+
+// The overlayfs attributes linkLayers reads and writes: an upper layer's
+// (trusted.*: the daemon's overlays are mounted by the host's root;
+// rootless mode copies its layers, see seedState) and their escaped forms.
+const (
+	ovlPrefix       = "trusted.overlay."
+	ovlOpaque       = ovlPrefix + "opaque"
+	ovlEscOpaque    = ovlPrefix + "overlay.opaque"
+	ovlEscWhiteout  = ovlPrefix + "overlay.whiteout"
+	opaqueAll       = "y" // the directory hides the layers below it
+	opaqueWhiteouts = "x" // the directory holds escaped whiteouts
+)
+
+// linkLayers makes to, which does not exist, a stacked layer that shows
+// what layers (upper first; each a directory, or missing; an upper layer
+// or a stacked one) show stacked: a directory is new, with the attributes
+// of the upper-most one, and opaque where the stack hides what is below
+// it; a whiteout is an escaped one; every other entry (files, symlinks,
+// devices) is a hard link to the upper-most one, or a copy where it
+// cannot be linked (the link count's bound, a file system that refuses).
+func linkLayers(ctx context.Context, layers []string, to string) error {
+	var dirs []string
+	for _, l := range layers {
+		if _, err := os.Lstat(l); err == nil {
+			dirs = append(dirs, l)
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("stack layer %s: %w", l, err)
+		}
+	}
+	if len(dirs) == 0 {
+		return os.Mkdir(to, 0o755)
+	}
+	l := layerLink{ctx: ctx}
+	if err := l.dir(dirs, to, false, 0); err != nil {
+		return fmt.Errorf("stack layers %v in %s: %w", layers, to, err)
+	}
+	return nil
+}
+
+// stackSeed makes the layers of a sandbox starting from the state seed of
+// a snapshot: lower, seed's layers stacked; upper, the sandbox's own, is
+// left as it is (empty, or missing). Where seed's own layer is deeper (or
+// its paths longer) than linkLayers goes, that layer is copied into upper
+// instead (by cp -a past copyLayer's depth) and only the layer seed
+// stacked, which linkLayers made, is linked.
+func stackSeed(ctx context.Context, seed, lower, upper string) error {
+	err := linkLayers(ctx, []string{filepath.Join(seed, upperDir), filepath.Join(seed, lowerDir)}, lower)
+	if !errors.Is(err, errTooDeep) && !errors.Is(err, unix.ENAMETOOLONG) {
+		return err
+	}
+	if err := errors.Join(os.RemoveAll(lower), os.RemoveAll(upper)); err != nil {
+		return err
+	}
+	if err := copyLayer(ctx, filepath.Join(seed, upperDir), upper); err != nil {
+		return err
+	}
+	return linkLayers(ctx, []string{filepath.Join(seed, lowerDir)}, lower)
+}
+
+type layerLink struct {
+	ctx context.Context
+}
+
+// dir makes the directory to, the merge of srcs (directories of the same
+// path in the stacked layers, upper first, down to the first opaque one),
+// opaque if hide.
+func (l *layerLink) dir(srcs []string, to string, hide bool, depth int) error {
+	if err := l.ctx.Err(); err != nil {
+		return err
+	}
+	if depth >= maxLayerDepth {
+		return errTooDeep
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(srcs[0], &st); err != nil {
+		return err
+	}
+	if err := unix.Mkdir(to, 0o700); err != nil {
+		return err
+	}
+	hide = hide || isOpaque(srcs[0])
+	var names []string
+	seen := map[string]bool{}
+	for _, s := range srcs {
+		d, err := os.Open(s)
+		if err != nil {
+			return err
+		}
+		ns, err := d.Readdirnames(-1)
+		d.Close()
+		if err != nil {
+			return err
+		}
+		for _, n := range ns {
+			if !seen[n] {
+				seen[n] = true
+				names = append(names, n)
+			}
+		}
+	}
+	whiteouts := false
+	for _, n := range names {
+		wo, err := l.entry(srcs, n, filepath.Join(to, n), hide, depth)
+		if err != nil {
+			return err
+		}
+		whiteouts = whiteouts || wo
+	}
+	if err := copyAttrs(srcs[0], to, &st); err != nil {
+		return err
+	}
+	if err := dropOverlayXattrs(to); err != nil {
+		return err
+	}
+	switch {
+	case hide:
+		return unix.Lsetxattr(to, ovlEscOpaque, []byte(opaqueAll), 0)
+	case whiteouts:
+		return unix.Lsetxattr(to, ovlEscOpaque, []byte(opaqueWhiteouts), 0)
+	}
+	return nil
+}
+
+// entry makes to, the entry name of the merged directories srcs (opaque
+// if hide: whiteouts in it are left out), and reports whether it is a
+// whiteout.
+func (l *layerLink) entry(srcs []string, name, to string, hide bool, depth int) (bool, error) {
+	var dirs []string
+	below := false // a layer's file or whiteout below a directory ends the merge
+	for _, s := range srcs {
+		p := filepath.Join(s, name)
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); errors.Is(err, unix.ENOENT) {
+			continue
+		} else if err != nil {
+			return false, err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			if len(dirs) > 0 {
+				below = true
+				break
+			}
+			if !isWhiteout(p, &st) {
+				return false, l.link(p, to, depth)
+			}
+			if hide {
+				return false, nil // nothing below to hide
+			}
+			fd, err := unix.Open(to, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return false, err
+			}
+			unix.Close(fd)
+			return true, unix.Lsetxattr(to, ovlEscWhiteout, nil, 0)
+		}
+		dirs = append(dirs, p)
+		if isOpaque(p) {
+			// Below the upper-most directory, an opaque one makes the
+			// merge opaque too: it hid the host's.
+			below = below || len(dirs) > 1
+			break
+		}
+	}
+	return false, l.dir(dirs, to, below, depth+1)
+}
+
+// link makes to a hard link to the non-directory from, or a copy of it.
+func (l *layerLink) link(from, to string, depth int) error {
+	if err := unix.Link(from, to); err == nil {
+		return nil
+	}
+	c := layerCopy{ctx: l.ctx, links: map[[2]uint64]string{}}
+	return c.copy(from, to, depth)
+}
+
+// isWhiteout reports whether the layer entry p (st) is a whiteout: an
+// upper layer's (a 0/0 character device) or a stacked layer's (escaped).
+func isWhiteout(p string, st *unix.Stat_t) bool {
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFCHR:
+		return st.Rdev == 0
+	case unix.S_IFREG:
+		if st.Size != 0 {
+			return false
+		}
+		_, err := unix.Lgetxattr(p, ovlEscWhiteout, nil)
+		return err == nil
+	}
+	return false
+}
+
+// isOpaque reports whether the layer directory p hides the layers below
+// it, in an upper layer or a stacked one.
+func isOpaque(p string) bool {
+	for _, n := range []string{ovlOpaque, ovlEscOpaque} {
+		var v [2]byte
+		if k, err := unix.Lgetxattr(p, n, v[:]); err == nil && k == 1 && v[0] == opaqueAll[0] {
+			return true
+		}
+	}
+	return false
+}
+
+// dropOverlayXattrs removes overlayfs's attributes, escaped or not, from
+// the new directory p: a stacked layer's are set by linkLayers alone.
+func dropOverlayXattrs(p string) error {
+	names, err := listXattrs(p)
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		if strings.HasPrefix(n, ovlPrefix) {
+			if err := unix.Lremovexattr(p, n); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
