@@ -460,7 +460,7 @@ func testForkStacksLayers(t *testing.T, warm int) {
 	e := newEnvWith(t, sandbox.Options{Warm: warm})
 	ctx := context.Background()
 	e.create("a", sandbox.Limits{})
-	e.mustSh("a", "echo a > /etc/tine-a; rm /etc/os-release; mkdir -p /opt/tine && echo a > /opt/tine/f")
+	e.mustSh("a", "echo a > /etc/tine-a; rm /etc/os-release; mkdir -p /opt/tine /opt/tine-del && echo a > /opt/tine/f && echo x > /opt/tine-del/x")
 	fork := func(from, to string) {
 		t.Helper()
 		if warm > 0 {
@@ -471,8 +471,10 @@ func testForkStacksLayers(t *testing.T, warm int) {
 		}
 	}
 	fork("a", "b")
-	e.mustSh("b", "cat /etc/tine-a && test ! -e /etc/os-release && echo b > /etc/tine-b && rm /etc/tine-a && rm -r /opt/tine && mkdir /opt/tine && echo b > /opt/tine/g")
-	const view = "cat /etc/tine-b /opt/tine/g; ls /opt/tine; for f in /etc/tine-a /etc/os-release; do test -e $f && echo $f; done; true"
+	e.mustSh("b", "cat /etc/tine-a && test ! -e /etc/os-release && echo b > /etc/tine-b && rm /etc/tine-a /opt/tine-del/x && rm -r /opt/tine && mkdir /opt/tine && echo b > /opt/tine/g")
+	// /opt/tine-del, not on the host, is listed empty: a deletion in a
+	// directory the host does not have leaves no name behind.
+	const view = "cat /etc/tine-b /opt/tine/g; ls /opt/tine; ls -A /opt/tine-del; for f in /etc/tine-a /etc/os-release; do test -e $f && echo $f; done; true"
 	const want = "b\nb\ng\n"
 	snapB, err := e.m.Snapshot(ctx, "b", sandbox.SnapshotOptions{})
 	if err != nil {

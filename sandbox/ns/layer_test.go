@@ -2,6 +2,7 @@ package ns
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,8 +19,24 @@ import (
 // extended attributes.
 func manifest(t *testing.T, dir string) []string {
 	t.Helper()
+	return walkManifest(t, dir, false)
+}
+
+// manifestFound is manifest leaving out the names a directory lists that
+// are then not found (an overlay's whiteout in a directory the layers
+// below do not have).
+func manifestFound(t *testing.T, dir string) []string {
+	t.Helper()
+	return walkManifest(t, dir, true)
+}
+
+func walkManifest(t *testing.T, dir string, found bool) []string {
+	t.Helper()
 	var out []string
 	err := filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+		if found && errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}

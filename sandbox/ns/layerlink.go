@@ -45,12 +45,15 @@ const (
 
 // linkLayers makes to, which does not exist, a stacked layer that shows
 // what layers (upper first; each a directory, or missing; an upper layer
-// or a stacked one) show stacked: a directory is new, with the attributes
-// of the upper-most one, and opaque where the stack hides what is below
-// it; a whiteout is an escaped one; every other entry (files, symlinks,
-// devices) is a hard link to the upper-most one, or a copy where it
-// cannot be linked (the link count's bound, a file system that refuses).
-func linkLayers(ctx context.Context, layers []string, to string) error {
+// or a stacked one) show stacked over the OS tree base: a directory is
+// new, with the attributes of the upper-most one, and opaque where the
+// stack hides what is below it; a whiteout is an escaped one, where base
+// has something to hide ("" keeps every whiteout: overlayfs lists a
+// whiteout in a directory that the OS does not have, which it then does
+// not find); every other entry (files, symlinks, devices) is a hard link
+// to the upper-most one, or a copy where it cannot be linked (the link
+// count's bound, a file system that refuses).
+func linkLayers(ctx context.Context, layers []string, base, to string) error {
 	var dirs []string
 	for _, l := range layers {
 		if _, err := os.Lstat(l); err == nil {
@@ -62,7 +65,7 @@ func linkLayers(ctx context.Context, layers []string, to string) error {
 	if len(dirs) == 0 {
 		return os.Mkdir(to, 0o755)
 	}
-	l := layerLink{ctx: ctx}
+	l := layerLink{ctx: ctx, base: base, root: to}
 	if err := l.dir(dirs, to, false, 0); err != nil {
 		return fmt.Errorf("stack layers %v in %s: %w", layers, to, err)
 	}
@@ -70,13 +73,13 @@ func linkLayers(ctx context.Context, layers []string, to string) error {
 }
 
 // stackSeed makes the layers of a sandbox starting from the state seed of
-// a snapshot: lower, seed's layers stacked; upper, the sandbox's own, is
+// a snapshot, over the OS tree base: lower, seed's layers stacked; upper, the sandbox's own, is
 // left as it is (empty, or missing). Where seed's own layer is deeper (or
 // its paths longer) than linkLayers goes, that layer is copied into upper
 // instead (by cp -a past copyLayer's depth) and only the layer seed
 // stacked, which linkLayers made, is linked.
-func stackSeed(ctx context.Context, seed, lower, upper string) error {
-	err := linkLayers(ctx, []string{filepath.Join(seed, upperDir), filepath.Join(seed, lowerDir)}, lower)
+func stackSeed(ctx context.Context, seed, base, lower, upper string) error {
+	err := linkLayers(ctx, []string{filepath.Join(seed, upperDir), filepath.Join(seed, lowerDir)}, base, lower)
 	if !errors.Is(err, errTooDeep) && !errors.Is(err, unix.ENAMETOOLONG) {
 		return err
 	}
@@ -86,11 +89,28 @@ func stackSeed(ctx context.Context, seed, lower, upper string) error {
 	if err := copyLayer(ctx, filepath.Join(seed, upperDir), upper); err != nil {
 		return err
 	}
-	return linkLayers(ctx, []string{filepath.Join(seed, lowerDir)}, lower)
+	return linkLayers(ctx, []string{filepath.Join(seed, lowerDir)}, base, lower)
+}
+
+// osBase runs fn with the OS tree a sandbox's layers go over: image, or
+// when it is "" the host's root mount alone (as the sandbox's overlay
+// takes it: no mount below it), as a path.
+func osBase(image string, fn func(base string) error) error {
+	if image != "" {
+		return fn(image)
+	}
+	fd, err := unix.OpenTree(unix.AT_FDCWD, "/", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("clone the host's root mount: %w", err)
+	}
+	defer unix.Close(fd)
+	return fn(fmt.Sprintf("/proc/self/fd/%d", fd))
 }
 
 type layerLink struct {
-	ctx context.Context
+	ctx  context.Context
+	base string // the OS tree below ("": none known)
+	root string // the layer made
 }
 
 // dir makes the directory to, the merge of srcs (directories of the same
@@ -175,7 +195,7 @@ func (l *layerLink) entry(srcs []string, name, to string, hide bool, depth int) 
 			if !isWhiteout(p, &st) {
 				return false, l.link(p, to, depth)
 			}
-			if hide {
+			if hide || !l.inBase(to) {
 				return false, nil // nothing below to hide
 			}
 			fd, err := unix.Open(to, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0)
@@ -194,6 +214,17 @@ func (l *layerLink) entry(srcs []string, name, to string, hide bool, depth int) 
 		}
 	}
 	return false, l.dir(dirs, to, below, depth+1)
+}
+
+// inBase reports whether the OS tree has an entry where to is in the
+// layer made (yes when it is not known).
+func (l *layerLink) inBase(to string) bool {
+	if l.base == "" {
+		return true
+	}
+	var st unix.Stat_t
+	err := unix.Lstat(l.base+strings.TrimPrefix(to, l.root), &st)
+	return !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR)
 }
 
 // link makes to a hard link to the non-directory from, or a copy of it.

@@ -84,10 +84,10 @@ func TestLinkLayers(t *testing.T) {
 	// The stack is linked in two steps, as a fork of a fork stacks it:
 	// l2 alone, then l1 over that.
 	first, merged := filepath.Join(base, "first"), filepath.Join(base, "merged")
-	if err := linkLayers(context.Background(), []string{l2}, first); err != nil {
+	if err := linkLayers(context.Background(), []string{l2}, os_, first); err != nil {
 		t.Fatal(err)
 	}
-	if err := linkLayers(context.Background(), []string{l1, first, filepath.Join(base, "missing")}, merged); err != nil {
+	if err := linkLayers(context.Background(), []string{l1, first, filepath.Join(base, "missing")}, os_, merged); err != nil {
 		t.Fatal(err)
 	}
 	empty := filepath.Join(base, "empty")
@@ -232,7 +232,7 @@ func TestLinkLayersCopiesWhatCannotLink(t *testing.T) {
 		t.Fatal(err)
 	}
 	to := filepath.Join(base, "to")
-	if err := linkLayers(context.Background(), []string{layer}, to); err != nil {
+	if err := linkLayers(context.Background(), []string{layer}, "", to); err != nil {
 		t.Fatal(err)
 	}
 	var st unix.Stat_t
@@ -265,7 +265,7 @@ func TestStackSeedTooDeep(t *testing.T) {
 	if err := os.Mkdir(upper, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := stackSeed(context.Background(), seed, lower, upper); err != nil {
+	if err := stackSeed(context.Background(), seed, "", lower, upper); err != nil {
 		t.Fatal(err)
 	}
 	if want, got := manifest(t, filepath.Join(seed, upperDir)), manifest(t, upper); strings.Join(got, "\n") != strings.Join(want, "\n") {

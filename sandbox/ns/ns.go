@@ -113,7 +113,7 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 			}
 		}
 		if spec.Seed != "" {
-			if err := seedState(ctx, spec.Seed, spec.Dir); err != nil {
+			if err := seedState(ctx, spec.Seed, spec.Image, spec.Dir); err != nil {
 				return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 			}
 		}
@@ -389,20 +389,23 @@ func (r *Runtime) CaptureState(ctx context.Context, from, to string) (func() err
 		if stacked(from, lowerDir) == "" {
 			return nil
 		}
-		return linkLayers(ctx, []string{filepath.Join(from, lowerDir)}, filepath.Join(tmp, lowerDir))
+		return linkLayers(ctx, []string{filepath.Join(from, lowerDir)}, "", filepath.Join(tmp, lowerDir))
 	})
 }
 
-// seedState makes the state directory to of a sandbox that starts from
-// the state seed of a snapshot: seed's layers, which no one writes,
-// stacked as its lower layer and an empty layer of its own (or, in
-// rootless mode, whose overlays take no stacked layer, a copy).
-func seedState(ctx context.Context, seed, to string) error {
+// seedState makes the state directory to of a sandbox over the OS tree
+// image ("": the host's) that starts from the state seed of a snapshot:
+// seed's layers, which no one writes, stacked as its lower layer and an
+// empty layer of its own (or, in rootless mode, whose overlays take no
+// stacked layer, a copy).
+func seedState(ctx context.Context, seed, image, to string) error {
 	if Rootless() {
 		return (&Runtime{}).CopyState(ctx, seed, to)
 	}
 	finish, err := makeState(to, func(tmp string) error {
-		return stackSeed(ctx, seed, filepath.Join(tmp, lowerDir), filepath.Join(tmp, upperDir))
+		return osBase(image, func(base string) error {
+			return stackSeed(ctx, seed, base, filepath.Join(tmp, lowerDir), filepath.Join(tmp, upperDir))
+		})
 	})
 	if err != nil {
 		return err

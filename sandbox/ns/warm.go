@@ -359,7 +359,9 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 			return err
 		}
 		tmp := filepath.Join(spec.Dir, ".tmp-"+forkLower)
-		if err := stackSeed(ctx, spec.Seed, tmp, filepath.Join(spec.Dir, forkUpper)); err != nil {
+		if err := osBase("", func(base string) error {
+			return stackSeed(ctx, spec.Seed, base, tmp, filepath.Join(spec.Dir, forkUpper))
+		}); err != nil {
 			return err
 		}
 		if err := atomicfile.SyncFS(tmp); err != nil {
