@@ -135,7 +135,8 @@ bench-quick:
 		--work $(QUICK_OUT)/chunkstore-work > $(QUICK_OUT)/chunkstore.txt
 	@if [ -e /dev/kvm ]; then $(GO) run ./bench/vmm --quick --forks 10 --save $(QUICK_OUT)/vmm.json > $(QUICK_OUT)/vmm.txt; \
 	else echo "bench/vmm: not run: this machine has no /dev/kvm" > $(QUICK_OUT)/vmm.txt; fi
-	$(GO) run ./bench/report --check --cowfs $(QUICK_OUT)/cowfs.json --out $(QUICK_OUT)/report \
+	$(GO) run ./bench/sandbox --quick --dir $(QUICK_OUT) --save $(QUICK_OUT)/sandbox.json > $(QUICK_OUT)/sandbox.txt
+	$(GO) run ./bench/report --check --cowfs $(QUICK_OUT)/cowfs.json --out $(QUICK_OUT)/report --sandbox $(QUICK_OUT)/sandbox.json \
 		$$([ -e $(QUICK_OUT)/vmm.json ] && echo "--vmm $(QUICK_OUT)/vmm.json") \
 		--text chunkstore=$(QUICK_OUT)/chunkstore.txt --text vmm=$(QUICK_OUT)/vmm.txt
 	@grep -Eq '[0-9]' $(QUICK_OUT)/chunkstore.txt || { echo "bench-quick: chunkstore printed no numbers"; exit 1; }

@@ -831,11 +831,11 @@ func (b *bench) breakdown(ctx context.Context, rep *report) error {
 	rep.add(sec, "ns cold", "... + agent answered its handshake (root built, agent up)", coldAgent, "")
 	rep.add(sec, "ns warm", "Start: bind a warm instance (rename, cgroup rename, project)", warm, "")
 	rep.add(sec, "ns warm", "... + agent answered its handshake", warmAgent, "")
-	rep.add(sec, "ns warm fork", "Start with a seed: layer copied, root rebuilt over it, pivot", wfork, "")
+	rep.add(sec, "ns warm fork", "Start with a seed: its layer stacked (hard links), root rebuilt over it, pivot", wfork, "")
 	rep.add(sec, "ns warm fork", "... + agent answered its handshake", wforkAgent, "")
 	rep.add(sec, "agent", "Exec true round trip", ex, "")
 	rep.add(sec, "metadata", "JSON write: temp file, fsync, rename, dir fsync", meta, "")
-	rep.add(sec, "fork", "copy of an upper layer (empty; in process, reflinks)", cp, "")
+	rep.add(sec, "fork", "CopyState of an empty upper layer, as a snapshot copies (in process, reflinks)", cp, "")
 	rep.add(sec, "fork", "freeze + thaw of a sandbox's cgroup", frz, "")
 	return nil
 }
