@@ -7,8 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"tine/internal/nsinit"
 )
 
 // A sandbox made from a snapshot (a fork, or a create from one) does not
@@ -73,23 +76,85 @@ func linkLayers(ctx context.Context, layers []string, base, to string) error {
 }
 
 // stackSeed makes the layers of a sandbox starting from the state seed of
-// a snapshot, over the OS tree base: lower, seed's layers stacked; upper, the sandbox's own, is
-// left as it is (empty, or missing). Where seed's own layer is deeper (or
-// its paths longer) than linkLayers goes, that layer is copied into upper
+// a snapshot, over the OS tree base: lower, seed's layers stacked; upper,
+// the sandbox's own, is left as it is (empty, or missing). Where seed's
+// own layer is deeper (or its paths longer) than linkLayers goes, or the
+// kernel cannot stack a layer (stackable), that layer is copied into upper
 // instead (by cp -a past copyLayer's depth) and only the layer seed
-// stacked, which linkLayers made, is linked.
+// stacked, if any, is linked (an empty one otherwise).
 func stackSeed(ctx context.Context, seed, base, lower, upper string) error {
-	err := linkLayers(ctx, []string{filepath.Join(seed, upperDir), filepath.Join(seed, lowerDir)}, base, lower)
-	if !errors.Is(err, errTooDeep) && !errors.Is(err, unix.ENAMETOOLONG) {
-		return err
+	if stackable() {
+		err := linkLayers(ctx, []string{filepath.Join(seed, upperDir), filepath.Join(seed, lowerDir)}, base, lower)
+		if !errors.Is(err, errTooDeep) && !errors.Is(err, unix.ENAMETOOLONG) {
+			return err
+		}
+		if err := os.RemoveAll(lower); err != nil {
+			return err
+		}
 	}
-	if err := errors.Join(os.RemoveAll(lower), os.RemoveAll(upper)); err != nil {
+	if err := os.RemoveAll(upper); err != nil {
 		return err
 	}
 	if err := copyLayer(ctx, filepath.Join(seed, upperDir), upper); err != nil {
 		return err
 	}
 	return linkLayers(ctx, []string{filepath.Join(seed, lowerDir)}, base, lower)
+}
+
+// stackable reports whether this kernel's overlayfs shows a stacked layer
+// as linkLayers makes it (escaped whiteouts and opaque marks, unescaped by
+// an overlay of its own: Linux 6.7 and later). An older one would show a
+// fork the whiteouts as empty files; it is tried once, on a tiny layer.
+var stackable = sync.OnceValue(func() bool {
+	err := probeStacking()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "tine: forks copy their snapshot's OS layer: this kernel cannot stack it (%v)\n", err)
+	}
+	return err == nil
+})
+
+// probeStacking stacks a layer that deletes a file of a small OS tree
+// and checks that the file is gone from the overlay.
+func probeStacking() error {
+	dir, err := os.MkdirTemp("", "tine-stack-probe-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	up, base, lower, empty := filepath.Join(dir, "up"), filepath.Join(dir, "os"), filepath.Join(dir, "lower"), filepath.Join(dir, "empty")
+	for _, d := range []string{filepath.Join(up, "d"), filepath.Join(base, "d"), empty} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := os.WriteFile(filepath.Join(base, "d", "w"), nil, 0o644); err != nil {
+		return err
+	}
+	if err := unix.Mknod(filepath.Join(up, "d", "w"), unix.S_IFCHR, 0); err != nil {
+		return err
+	}
+	if err := linkLayers(context.Background(), []string{up}, base, lower); err != nil {
+		return err
+	}
+	lowers, sfd, err := nsinit.StackedLower(lower, empty, base, nil)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(sfd)
+	fd, err := nsinit.NewMount("overlay", [][2]string{{"lowerdir", lowers}}, unix.MOUNT_ATTR_RDONLY, nil)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	d := fmt.Sprintf("/proc/self/fd/%d/d", fd)
+	ents, err := os.ReadDir(d)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Lstat(filepath.Join(d, "w")); err == nil || len(ents) != 0 {
+		return errors.New("overlayfs shows an escaped whiteout as a file")
+	}
+	return nil
 }
 
 // osBase runs fn with the OS tree a sandbox's layers go over: image, or

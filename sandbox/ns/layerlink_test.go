@@ -275,3 +275,41 @@ func TestStackSeedTooDeep(t *testing.T) {
 		t.Errorf("the seed's stacked layer: %q, %v", b, err)
 	}
 }
+
+// TestStackable: this kernel (6.7 or later) stacks layers; the probe
+// finds so.
+func TestStackable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: whiteouts and overlay mounts")
+	}
+	if err := probeStacking(); err != nil {
+		t.Fatalf("stacking a layer on this kernel: %v", err)
+	}
+}
+
+// TestStackSeedWithoutStacking: where the kernel cannot stack a layer,
+// a seed's own layer is copied into the sandbox's, as before stacking.
+func TestStackSeedWithoutStacking(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: whiteouts, owners and trusted.* attributes")
+	}
+	old := stackable
+	stackable = func() bool { return false }
+	defer func() { stackable = old }()
+	base := t.TempDir()
+	seed := filepath.Join(base, "seed")
+	makeLayer(t, filepath.Join(seed, upperDir), 3)
+	lower, upper := filepath.Join(base, "lower"), filepath.Join(base, "upper")
+	if err := os.Mkdir(upper, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := stackSeed(context.Background(), seed, "", lower, upper); err != nil {
+		t.Fatal(err)
+	}
+	if want, got := manifest(t, filepath.Join(seed, upperDir)), manifest(t, upper); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("the seed's own layer, copied:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if ents, err := os.ReadDir(lower); err != nil || len(ents) != 0 {
+		t.Errorf("the stacked layer of a seed that stacks none: %v, %v (want empty)", ents, err)
+	}
+}
