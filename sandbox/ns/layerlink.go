@@ -26,7 +26,7 @@ import (
 // one, so that a chain of forks of forks stacks one layer, never more.
 //
 // overlayfs refuses a lower layer inside another one (the host root), so
-// the stacked layer is seen through an overlay of its own (stackedMount)
+// the stacked layer is seen through an overlay of its own (nsinit.StackedLower)
 // and given to the root's overlay as that mount. That inner overlay would
 // hide whiteouts and opaque marks from the outer one, so the stacked
 // layer holds them escaped, as overlayfs's nesting expects: a whiteout is
@@ -172,6 +172,7 @@ func osBase(image string, fn func(base string) error) error {
 	return fn(fmt.Sprintf("/proc/self/fd/%d", fd))
 }
 
+// layerLink is one linkLayers walk.
 type layerLink struct {
 	ctx  context.Context
 	base string // the OS tree below ("": none known)
