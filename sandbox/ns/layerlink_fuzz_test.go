@@ -11,7 +11,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"tine/internal/fuzzbytes"
-	"tine/internal/nsinit"
 )
 
 // FuzzLinkLayers: for two upper layers a sandbox could have written (any
@@ -41,35 +40,15 @@ func FuzzLinkLayers(f *testing.F) {
 				fuzzEntry(t, layers[n], r, n != "os")
 			}
 		}
-		first, merged, empty := filepath.Join(base, "first"), filepath.Join(base, "merged"), filepath.Join(base, "empty")
+		first, merged := filepath.Join(base, "first"), filepath.Join(base, "merged")
 		if err := linkLayers(context.Background(), []string{layers["l2"]}, layers["os"], first); err != nil {
 			t.Fatal(err)
 		}
 		if err := linkLayers(context.Background(), []string{layers["l1"], first}, layers["os"], merged); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Mkdir(empty, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		mount := func(name, lowers string) string {
-			t.Helper()
-			mnt := filepath.Join(base, name)
-			if err := os.Mkdir(mnt, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := unix.Mount("overlay", mnt, "overlay", unix.MS_RDONLY, "lowerdir="+lowers); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
-			return mnt
-		}
-		lowers, fd, err := nsinit.StackedLower(merged, empty, layers["os"], nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := mount("stacked", lowers)
-		unix.Close(fd)
-		want := mount("raw", layers["l1"]+":"+layers["l2"]+":"+layers["os"])
+		got := mountStacked(t, base, "stacked", merged, layers["os"])
+		want := mountLowers(t, base, "raw", layers["l1"]+":"+layers["l2"]+":"+layers["os"])
 		nlink := regexp.MustCompile(` nlink=\d+`)
 		// The stacked view lists only what it finds (manifest fails on a
 		// listed name that is not found); the layers themselves may list

@@ -90,30 +90,13 @@ func TestLinkLayers(t *testing.T) {
 	if err := linkLayers(context.Background(), []string{l1, first, filepath.Join(base, "missing")}, os_, merged); err != nil {
 		t.Fatal(err)
 	}
-	empty := filepath.Join(base, "empty")
-	if err := os.Mkdir(empty, 0o755); err != nil {
-		t.Fatal(err)
+	stacked := func(name, layer string) string {
+		t.Helper()
+		return mountStacked(t, base, name, layer, os_)
 	}
 	mount := func(name, lowers string) string {
 		t.Helper()
-		mnt := filepath.Join(base, name)
-		if err := os.Mkdir(mnt, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := unix.Mount("overlay", mnt, "overlay", unix.MS_RDONLY, "lowerdir="+lowers); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
-		return mnt
-	}
-	stacked := func(name, layer string) string {
-		t.Helper()
-		lowers, fd, err := nsinit.StackedLower(layer, empty, os_, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer unix.Close(fd)
-		return mount(name, lowers)
+		return mountLowers(t, base, name, lowers)
 	}
 	nlink := regexp.MustCompile(` nlink=\d+`)
 	view := func(dir string) string {
@@ -145,6 +128,46 @@ func TestLinkLayers(t *testing.T) {
 	}
 	if a.Ino != b.Ino {
 		t.Errorf("a file of the stack was copied into the merged layer, not linked")
+	}
+}
+
+// mountLowers mounts, read-only at dir/name until the test ends, an
+// overlay of the layers lowers (lowerdir's form) and returns its path.
+func mountLowers(t *testing.T, dir, name, lowers string) string {
+	t.Helper()
+	mnt := filepath.Join(dir, name)
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("overlay", mnt, "overlay", unix.MS_RDONLY, "lowerdir="+lowers); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	return mnt
+}
+
+// mountStacked is mountLowers of the stacked layer layer over the OS tree
+// base, as a sandbox's root has it (over an empty directory made in dir).
+func mountStacked(t *testing.T, dir, name, layer, base string) string {
+	t.Helper()
+	empty := filepath.Join(dir, name+".empty")
+	if err := os.Mkdir(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lowers, fd, err := nsinit.StackedLower(layer, empty, base, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	return mountLowers(t, dir, name, lowers)
+}
+
+// sameTree fails the test unless the trees want and got have the same
+// manifest.
+func sameTree(t *testing.T, what, want, got string) {
+	t.Helper()
+	if w, g := manifest(t, want), manifest(t, got); strings.Join(g, "\n") != strings.Join(w, "\n") {
+		t.Errorf("%s:\n%s\nwant\n%s", what, strings.Join(g, "\n"), strings.Join(w, "\n"))
 	}
 }
 
@@ -268,9 +291,7 @@ func TestStackSeedTooDeep(t *testing.T) {
 	if err := stackSeed(context.Background(), seed, "", lower, upper); err != nil {
 		t.Fatal(err)
 	}
-	if want, got := manifest(t, filepath.Join(seed, upperDir)), manifest(t, upper); strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("the seed's own layer, copied:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	sameTree(t, "the seed's own layer, copied", filepath.Join(seed, upperDir), upper)
 	if b, err := os.ReadFile(filepath.Join(lower, "etc", "inherited")); err != nil || string(b) != "i" {
 		t.Errorf("the seed's stacked layer: %q, %v", b, err)
 	}
@@ -306,9 +327,7 @@ func TestStackSeedWithoutStacking(t *testing.T) {
 	if err := stackSeed(context.Background(), seed, "", lower, upper); err != nil {
 		t.Fatal(err)
 	}
-	if want, got := manifest(t, filepath.Join(seed, upperDir)), manifest(t, upper); strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("the seed's own layer, copied:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
-	}
+	sameTree(t, "the seed's own layer, copied", filepath.Join(seed, upperDir), upper)
 	if ents, err := os.ReadDir(lower); err != nil || len(ents) != 0 {
 		t.Errorf("the stacked layer of a seed that stacks none: %v, %v (want empty)", ents, err)
 	}
