@@ -378,19 +378,40 @@ func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
 	return finish()
 }
 
-// CaptureState implements sandbox.StateCapturer: the copy of CopyState,
-// in its temporary directory; finish writes it out (syncfs, which waits
-// for every dirty page of the file system, however long) and renames it.
+// CaptureState implements sandbox.StateCapturer: the copy of CopyState's
+// own layer, in its temporary directory; finish links the stacked layer,
+// which no one writes, so it is not read frozen (it is held open, so
+// that it is the same one however from is renamed meanwhile), writes it
+// all out (syncfs, which waits for every dirty page of the file system,
+// however long) and renames it.
 func (r *Runtime) CaptureState(ctx context.Context, from, to string) (func() error, error) {
-	return makeState(to, func(tmp string) error {
-		if err := copyLayer(ctx, filepath.Join(from, upperDir), filepath.Join(tmp, upperDir)); err != nil {
-			return err
+	lower := -1
+	if p := stacked(from, lowerDir); p != "" {
+		fd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("copy sandbox state to %s: %w", to, err)
 		}
-		if stacked(from, lowerDir) == "" {
-			return nil
-		}
-		return linkLayers(ctx, []string{filepath.Join(from, lowerDir)}, "", filepath.Join(tmp, lowerDir))
+		lower = fd
+	}
+	finish, err := makeState(to, func(tmp string) error {
+		return copyLayer(ctx, filepath.Join(from, upperDir), filepath.Join(tmp, upperDir))
 	})
+	if err != nil || lower < 0 {
+		if lower >= 0 {
+			unix.Close(lower)
+		}
+		return finish, err
+	}
+	return func() error {
+		defer unix.Close(lower)
+		// The descriptor's directory, not its link: the path ends in "/".
+		src := fmt.Sprintf("/proc/self/fd/%d/", lower)
+		if err := linkLayers(ctx, []string{src}, "", filepath.Join(stateTmp(to), lowerDir)); err != nil {
+			os.RemoveAll(stateTmp(to))
+			return fmt.Errorf("copy sandbox state to %s: %w", to, err)
+		}
+		return finish()
+	}, nil
 }
 
 // seedState makes the state directory to of a sandbox over the OS tree
@@ -417,7 +438,7 @@ func seedState(ctx context.Context, seed, image, to string) error {
 // finish, which writes it out (syncfs) and renames it to to; either
 // removes it if it fails.
 func makeState(to string, fill func(tmp string) error) (func() error, error) {
-	tmp := filepath.Join(filepath.Dir(to), ".tmp-"+filepath.Base(to))
+	tmp := stateTmp(to)
 	if err := os.RemoveAll(tmp); err != nil {
 		return nil, fmt.Errorf("copy sandbox state to %s: %w", to, err)
 	}
@@ -442,6 +463,11 @@ func makeState(to string, fill func(tmp string) error) (func() error, error) {
 		}
 		return nil
 	}, nil
+}
+
+// stateTmp is the temporary directory a state directory to is made in.
+func stateTmp(to string) string {
+	return filepath.Join(filepath.Dir(to), ".tmp-"+filepath.Base(to))
 }
 
 // stacked returns the path of the layer name in the state directory dir,
