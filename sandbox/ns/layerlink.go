@@ -279,6 +279,9 @@ func (l *layerLink) entry(srcs []string, name, to string, hide bool, depth int) 
 			break
 		}
 	}
+	if len(dirs) == 0 {
+		return false, nil // listed, then gone from every layer
+	}
 	return false, l.dir(dirs, to, below, depth+1)
 }
 
