@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -20,23 +21,38 @@ import (
 // layer's copy); a layer it does not copy that way (deeper than
 // maxLayerDepth, or a call that fails) is copied again by cp -a.
 func copyLayer(ctx context.Context, from, to string) error {
-	c := layerCopy{ctx: ctx, links: map[[2]uint64]string{}}
-	err := c.copy(from, to, 0)
+	_, err := copyLayerIndexed(ctx, from, to, nil)
+	return err
+}
+
+// copyLayerIndexed is copyLayer that links, rather than copies, each
+// file that ref (an index of an earlier copy of from, or nil) holds
+// unchanged, and returns the index of this copy, rooted at to (nil
+// where the copy fell back to cp -a).
+func copyLayerIndexed(ctx context.Context, from, to string, ref *layerIndex) (*layerIndex, error) {
+	c := layerCopy{ctx: ctx, links: map[[2]uint64]string{}, ref: ref, root: to, start: time.Now(),
+		out: &layerIndex{root: to, files: map[fileID]indexed{}}}
+	var st unix.Stat_t
+	err := unix.Lstat(from, &st)
 	if err == nil {
-		return nil
+		c.out.src = fileID{st.Dev, st.Ino}
+		err = c.copy(from, to, 0)
+	}
+	if err == nil {
+		return c.out, nil
 	}
 	if ctx.Err() != nil {
 		os.RemoveAll(to)
-		return fmt.Errorf("copy sandbox layer %s to %s: %w", from, to, ctx.Err())
+		return nil, fmt.Errorf("copy sandbox layer %s to %s: %w", from, to, ctx.Err())
 	}
 	if err := os.RemoveAll(to); err != nil {
-		return fmt.Errorf("copy sandbox layer %s to %s: clear a partial copy: %w", from, to, err)
+		return nil, fmt.Errorf("copy sandbox layer %s to %s: clear a partial copy: %w", from, to, err)
 	}
 	cmd := exec.CommandContext(ctx, "cp", "-a", "--reflink=auto", from, to)
 	if out, cerr := cmd.CombinedOutput(); cerr != nil {
-		return fmt.Errorf("copy sandbox layer %s to %s: %w: %s (first try: %v)", from, to, cerr, out, err)
+		return nil, fmt.Errorf("copy sandbox layer %s to %s: %w: %s (first try: %v)", from, to, cerr, out, err)
 	}
-	return nil
+	return nil, nil
 }
 
 // maxLayerDepth bounds the directory depth copyLayer walks itself.
@@ -47,6 +63,10 @@ var errTooDeep = errors.New("layer deeper than the in-process copy goes")
 type layerCopy struct {
 	ctx   context.Context
 	links map[[2]uint64]string // device and inode of a hard-linked file: its first copy
+	ref   *layerIndex          // an earlier copy's files, linked where unchanged
+	out   *layerIndex          // this copy's files
+	root  string               // the copy's root, which out's paths are below
+	start time.Time
 }
 
 // copy copies the entry from to the path to, which does not exist.
@@ -89,8 +109,17 @@ func (c *layerCopy) copy(from, to string, depth int) error {
 			}
 		}
 	case unix.S_IFREG:
-		if err := copyFile(from, to); err != nil {
+		rel := strings.TrimPrefix(to, c.root+"/")
+		if e, ok := c.ref.reuse(&st, to); ok {
+			c.record(&st, e.stamp, rel)
+			return nil // the linked copy has the attributes
+		}
+		ok, err := copyFile(from, to, &st, c.start)
+		if err != nil {
 			return err
+		}
+		if ok {
+			c.record(&st, stampOf(&st), rel)
 		}
 	case unix.S_IFLNK:
 		buf := make([]byte, unix.PathMax)
@@ -112,24 +141,37 @@ func (c *layerCopy) copy(from, to string, depth int) error {
 }
 
 // copyFile copies a regular file's bytes, by reflink when the file
-// system can.
-func copyFile(from, to string) error {
+// system can, and reports whether the file was settled (unchanged since
+// st and sure to show a later change: layerIndex) as the copy began at
+// start.
+func copyFile(from, to string, st *unix.Stat_t, start time.Time) (bool, error) {
 	src, err := os.OpenFile(from, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer src.Close()
+	var now unix.Stat_t
+	ok := unix.Fstat(int(src.Fd()), &now) == nil && now.Ino == st.Ino && stampOf(&now) == stampOf(st) &&
+		settled(int(src.Fd()), st, start)
 	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if unix.IoctlFileClone(int(dst.Fd()), int(src.Fd())) != nil {
 		if _, err := dst.ReadFrom(src); err != nil { // copy_file_range where it can
 			dst.Close()
-			return err
+			return false, err
 		}
 	}
-	return dst.Close()
+	return ok, dst.Close()
+}
+
+// record notes in the copy's index that the source file st, as stamped,
+// has its copy at rel.
+func (c *layerCopy) record(st *unix.Stat_t, s stamp, rel string) {
+	if len(c.out.files) < maxIndexed {
+		c.out.files[fileID{st.Dev, st.Ino}] = indexed{stamp: s, rel: rel}
+	}
 }
 
 // copyAttrs gives to the owner, extended attributes, mode and times of

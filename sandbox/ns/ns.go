@@ -35,6 +35,9 @@ type Runtime struct {
 	mu   sync.Mutex
 	warm *warmPool
 
+	// The last copy of each sandbox's own layer (layerindex.go).
+	caps captures
+
 	// User namespaces (userns.go).
 	idOnce   sync.Once
 	ids      *idMap
@@ -393,24 +396,36 @@ func (r *Runtime) CaptureState(ctx context.Context, from, to string) (func() err
 		}
 		lower = fd
 	}
+	var index *layerIndex
 	finish, err := makeState(to, func(tmp string) error {
-		return copyLayer(ctx, filepath.Join(from, upperDir), filepath.Join(tmp, upperDir))
+		var err error
+		index, err = copyLayerIndexed(ctx, filepath.Join(from, upperDir), filepath.Join(tmp, upperDir), r.caps.get(from))
+		return err
 	})
-	if err != nil || lower < 0 {
+	if err != nil {
 		if lower >= 0 {
 			unix.Close(lower)
 		}
-		return finish, err
+		return nil, err
 	}
 	return func() error {
-		defer unix.Close(lower)
-		// The descriptor's directory, not its link: the path ends in "/".
-		src := fmt.Sprintf("/proc/self/fd/%d/", lower)
-		if err := linkLayers(ctx, []string{src}, "", filepath.Join(stateTmp(to), lowerDir)); err != nil {
-			os.RemoveAll(stateTmp(to))
-			return fmt.Errorf("copy sandbox state to %s: %w", to, err)
+		if lower >= 0 {
+			defer unix.Close(lower)
+			// The descriptor's directory, not its link: the path ends in "/".
+			src := fmt.Sprintf("/proc/self/fd/%d/", lower)
+			if err := linkLayers(ctx, []string{src}, "", filepath.Join(stateTmp(to), lowerDir)); err != nil {
+				os.RemoveAll(stateTmp(to))
+				return fmt.Errorf("copy sandbox state to %s: %w", to, err)
+			}
 		}
-		return finish()
+		if err := finish(); err != nil {
+			return err
+		}
+		if index != nil {
+			index.root = filepath.Join(to, upperDir)
+			r.caps.put(from, index)
+		}
+		return nil
 	}, nil
 }
 

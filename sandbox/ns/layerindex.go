@@ -1,0 +1,146 @@
+package ns
+
+import (
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// A layerIndex records, for the regular files a copy of a sandbox's own
+// layer made, what each source file was when it was read and where its
+// copy lies, so that the next copy of the same layer (the next snapshot)
+// links the files that did not change instead of copying them again
+// (docs/adr/0207). Copies are never written (a snapshot's layer is only
+// stacked, read-only, or copied), so a link to one is a copy.
+type layerIndex struct {
+	root  string             // the copy's root directory, where it lies now
+	src   fileID             // the source layer's root directory
+	files map[fileID]indexed // source file -> what it was, and its copy
+	seq   uint64             // when it was kept (Runtime.captures)
+}
+
+// fileID names a file: its device and inode.
+type fileID struct{ dev, ino uint64 }
+
+// indexed is one source file as it was read and the path of its copy
+// below the copy's root.
+type indexed struct {
+	stamp stamp
+	rel   string
+}
+
+// stamp is what changes when a file's bytes or attributes change: any
+// write, truncate, chmod, chown or xattr change sets its ctime, which no
+// process can set back.
+type stamp struct {
+	size         int64
+	ctime, mtime unix.Timespec
+	mode         uint32
+	nlink        uint64
+}
+
+func stampOf(st *unix.Stat_t) stamp {
+	return stamp{size: st.Size, ctime: st.Ctim, mtime: st.Mtim, mode: st.Mode, nlink: st.Nlink}
+}
+
+// maxIndexed bounds the files one index records (about 100 bytes each
+// in the daemon's memory); files beyond it are copied every time.
+const maxIndexed = 100_000
+
+// racyWindow is how much older than the copy's start a file's ctime must
+// be for the file to be recorded: a change made after the read gets a
+// later ctime even from a clock that ticks coarsely (git's racily-clean
+// rule).
+const racyWindow = 50 * time.Millisecond
+
+// settled reports whether a later change to the file fd (stat st, read
+// by a copy that began at start) is sure to show in its stamp: its
+// ctime is older than the copy by more than a clock tick, and none of
+// its pages is dirty. A page written through a shared mapping sets the
+// times only when it turns dirty, so a page dirty now could be written
+// again, unseen, until it is written back.
+func settled(fd int, st *unix.Stat_t, start time.Time) bool {
+	if time.Unix(st.Ctim.Unix()).After(start.Add(-racyWindow)) {
+		return false
+	}
+	var cs unix.Cachestat_t
+	if err := unix.Cachestat(uint(fd), &unix.CachestatRange{Off: 0, Len: 0}, &cs, 0); err != nil {
+		return false // no cachestat (Linux < 6.5): nothing is recorded
+	}
+	return cs.Dirty == 0 && cs.Writeback == 0
+}
+
+// reuse links the copy ref holds of the source file st (read at from)
+// to to, if the file is unchanged since that copy read it, and reports
+// whether it did. A copy gone (its snapshot removed) or changed is not
+// used.
+func (x *layerIndex) reuse(st *unix.Stat_t, to string) (indexed, bool) {
+	if x == nil {
+		return indexed{}, false
+	}
+	e, ok := x.files[fileID{st.Dev, st.Ino}]
+	if !ok || e.stamp != stampOf(st) {
+		return indexed{}, false
+	}
+	old := filepath.Join(x.root, e.rel)
+	var ost unix.Stat_t
+	if unix.Lstat(old, &ost) != nil || ost.Mode != st.Mode || ost.Size != st.Size || ost.Mtim != st.Mtim {
+		return indexed{}, false
+	}
+	if unix.Link(old, to) != nil {
+		return indexed{}, false // too many links, or another file system: copied
+	}
+	return e, true
+}
+
+// captures keeps the index of the last copy of each sandbox's own layer,
+// for the few sandboxes snapshotted last.
+type captures struct {
+	mu   sync.Mutex
+	last map[string]*layerIndex // sandbox runtime directory -> index
+	seq  uint64
+}
+
+// maxCaptures bounds the sandboxes whose last copy is remembered.
+const maxCaptures = 32
+
+// get returns the index of the last copy of the layer at dir/upper if
+// that layer is still the directory the copy read (a rollback or a
+// removal makes a new one).
+func (c *captures) get(dir string) *layerIndex {
+	var st unix.Stat_t
+	if unix.Lstat(filepath.Join(dir, upperDir), &st) != nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	x := c.last[dir]
+	if x == nil || x.src != (fileID{st.Dev, st.Ino}) {
+		return nil
+	}
+	return x
+}
+
+// put remembers x as the last copy of dir's layer, forgetting the least
+// recently kept index beyond maxCaptures.
+func (c *captures) put(dir string, x *layerIndex) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last == nil {
+		c.last = map[string]*layerIndex{}
+	}
+	c.seq++
+	x.seq = c.seq
+	c.last[dir] = x
+	for len(c.last) > maxCaptures {
+		var oldest string
+		for d, y := range c.last {
+			if oldest == "" || y.seq < c.last[oldest].seq {
+				oldest = d
+			}
+		}
+		delete(c.last, oldest)
+	}
+}

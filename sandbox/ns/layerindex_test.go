@@ -1,0 +1,206 @@
+package ns
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// sameContent is manifest without link counts: a copy that links files
+// of an earlier copy raises theirs.
+func sameContent(t *testing.T, a, b string) {
+	t.Helper()
+	nlink := regexp.MustCompile(` nlink=\d+`)
+	strip := func(m []string) string { return nlink.ReplaceAllString(strings.Join(m, "\n"), "") }
+	if ga, gb := strip(manifest(t, a)), strip(manifest(t, b)); ga != gb {
+		t.Fatalf("%s differs from %s:\n%s\nwant\n%s", b, a, gb, ga)
+	}
+}
+
+func inode(t *testing.T, p string) uint64 {
+	t.Helper()
+	return idOf(t, p).ino
+}
+
+func idOf(t *testing.T, p string) fileID {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Lstat(p, &st); err != nil {
+		t.Fatal(err)
+	}
+	return fileID{st.Dev, st.Ino}
+}
+
+// settle writes dir's file system out and waits past the racy window,
+// so that the files written so far are ones a copy may record.
+func settle(t *testing.T, dir string) {
+	t.Helper()
+	f, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(racyWindow + 20*time.Millisecond)
+}
+
+// TestCopyLayerIndexed: a copy given the index of an earlier one links
+// the files that did not change and copies the rest, and every copy is
+// its source: files rewritten, re-moded or new, and files written
+// through a shared mapping, whose times change only when a page turns
+// dirty.
+func TestCopyLayerIndexed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: whiteouts, owners and trusted.* attributes")
+	}
+	ctx := context.Background()
+	base := t.TempDir()
+	src := filepath.Join(base, "src")
+	makeLayer(t, src, 2)
+	for _, n := range []string{"same", "rewritten", "moded", "mapped", "sneaky"} {
+		if err := os.WriteFile(filepath.Join(src, n), []byte(n+" 0123456789"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settle(t, src)
+	copyTo := func(name string, ref *layerIndex) (string, *layerIndex) {
+		t.Helper()
+		dst := filepath.Join(base, name)
+		x, err := copyLayerIndexed(ctx, src, dst, ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x == nil {
+			t.Fatal("no index from an in-process copy")
+		}
+		sameContent(t, src, dst)
+		return dst, x
+	}
+	c1, x1 := copyTo("c1", nil)
+	for _, n := range []string{"same", "blob", "etc/passwd", "mapped"} {
+		if _, ok := x1.files[idOf(t, filepath.Join(src, n))]; !ok {
+			t.Fatalf("settled file %s is not in the first copy's index", n)
+		}
+	}
+
+	// Changes: one file rewritten (same size), one re-moded, one new,
+	// and one rewritten with its times set back, which only its ctime
+	// tells.
+	var old unix.Stat_t
+	if err := unix.Lstat(filepath.Join(src, "sneaky"), &old); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "sneaky"), []byte("SNEAKY 0123456789"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.UtimesNano(filepath.Join(src, "sneaky"), []unix.Timespec{old.Atim, old.Mtim}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "rewritten"), []byte("REWRITTEN 0123456789"[:len("rewritten 0123456789")]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(src, "moded"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "new"), []byte("new"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c2, x2 := copyTo("c2", x1)
+	if inode(t, filepath.Join(c2, "same")) != inode(t, filepath.Join(c1, "same")) ||
+		inode(t, filepath.Join(c2, "blob")) != inode(t, filepath.Join(c1, "blob")) {
+		t.Fatal("an unchanged file was copied again, not linked")
+	}
+	for _, n := range []string{"rewritten", "moded", "sneaky"} {
+		if inode(t, filepath.Join(c2, n)) == inode(t, filepath.Join(c1, n)) {
+			t.Fatalf("changed file %s was linked from the earlier copy", n)
+		}
+	}
+	// The hard link pair stays one pair in the copy.
+	if inode(t, filepath.Join(c2, "etc/passwd")) != inode(t, filepath.Join(c2, "etc/passwd-link")) {
+		t.Fatal("a hard-linked pair was split")
+	}
+
+	// A shared mapping written: the first write to a clean page sets the
+	// times, so the next copy copies it; the page is dirty then, so that
+	// copy does not record it, and a second write through the mapping,
+	// which sets no time, is copied too.
+	f, err := os.OpenFile(filepath.Join(src, "mapped"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	m[0] = 'M'
+	time.Sleep(racyWindow + 20*time.Millisecond) // its ctime old enough to be recorded, were it not dirty
+	c3, x3 := copyTo("c3", x2)
+	if inode(t, filepath.Join(c3, "mapped")) == inode(t, filepath.Join(c2, "mapped")) {
+		t.Fatal("a file written through a mapping was linked from the earlier copy")
+	}
+	m[1] = 'N'
+	c4, _ := copyTo("c4", x3)
+	if b, _ := os.ReadFile(filepath.Join(c4, "mapped")); !strings.HasPrefix(string(b), "MN") {
+		t.Fatalf("copy after a second write through the mapping holds %q", b)
+	}
+	if inode(t, filepath.Join(c4, "same")) != inode(t, filepath.Join(c1, "same")) {
+		t.Fatal("an unchanged file was not linked through a chain of copies")
+	}
+
+	// An earlier copy removed: its files are copied, not lost.
+	if err := os.RemoveAll(c4); err != nil {
+		t.Fatal(err)
+	}
+	_, x5 := copyTo("c5", x3)
+	os.RemoveAll(c3)
+	os.RemoveAll(c2)
+	os.RemoveAll(c1)
+	copyTo("c6", x5)
+}
+
+// TestCaptureStateReuses: the runtime remembers a sandbox's last copy,
+// so that the next snapshot links its unchanged files, and forgets it
+// when the layer is another directory (after a rollback).
+func TestCaptureStateReuses(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: whiteouts, owners and trusted.* attributes")
+	}
+	ctx := context.Background()
+	base := t.TempDir()
+	from := filepath.Join(base, "sandbox")
+	makeLayer(t, filepath.Join(from, upperDir), 2)
+	settle(t, from)
+	var r Runtime
+	for _, n := range []string{"s1", "s2"} {
+		if err := r.CopyState(ctx, from, filepath.Join(base, n)); err != nil {
+			t.Fatal(err)
+		}
+		sameContent(t, filepath.Join(from, upperDir), filepath.Join(base, n, upperDir))
+	}
+	if inode(t, filepath.Join(base, "s2", upperDir, "blob")) != inode(t, filepath.Join(base, "s1", upperDir, "blob")) {
+		t.Fatal("the second snapshot copied an unchanged file again")
+	}
+	// The layer replaced by another directory with the same names.
+	if err := os.Rename(filepath.Join(from, upperDir), filepath.Join(base, "old")); err != nil {
+		t.Fatal(err)
+	}
+	makeLayer(t, filepath.Join(from, upperDir), 2)
+	settle(t, from)
+	if err := r.CopyState(ctx, from, filepath.Join(base, "s3")); err != nil {
+		t.Fatal(err)
+	}
+	sameContent(t, filepath.Join(from, upperDir), filepath.Join(base, "s3", upperDir))
+	if inode(t, filepath.Join(base, "s3", upperDir, "blob")) == inode(t, filepath.Join(base, "s2", upperDir, "blob")) {
+		t.Fatal("a copy of a new layer linked a file of the old one's copy")
+	}
+}
