@@ -882,6 +882,14 @@ func (m *Manager) snapshot(ctx context.Context, name string, o SnapshotOptions) 
 	// on the disk (a syncfs waits for all the file system's dirty pages).
 	from, to := m.rtDir(name), filepath.Join(dir, "runtime")
 	finish := func() error { return nil }
+	if sc, ok := rt.(StateCapturer); ok {
+		if _, err := m.running(name); err == nil {
+			if err := sc.PrepareState(ctx, from, to); err != nil {
+				os.RemoveAll(dir)
+				return nil, nil, fmt.Errorf("snapshot sandbox %q: %w", name, err)
+			}
+		}
+	}
 	err = m.freezeWhile(ctx, name, func() error {
 		id, err := m.fs.Snapshot(ctx, info.Branch)
 		if err != nil {

@@ -224,12 +224,15 @@ type Runtime interface {
 }
 
 // StateCapturer is a Runtime whose CopyState of a running sandbox splits
-// in two, so that the sandbox stays frozen only while its state is
-// read: CaptureState copies from (the sandbox frozen) and returns finish,
-// called once the sandbox is thawed, which makes the copy durable and
-// gives it the name to. The two together are CopyState; finish is
-// called once, and removes the copy if it fails.
+// in three, so that the sandbox stays frozen only while its state is
+// read: PrepareState, with the sandbox running, may copy what it can
+// ahead (what changes after is read again); CaptureState copies from
+// (the sandbox frozen) and returns finish, called once the sandbox is
+// thawed, which makes the copy durable and gives it the name to.
+// CaptureState and finish together are CopyState; finish is called once,
+// and removes the copy if it fails.
 type StateCapturer interface {
+	PrepareState(ctx context.Context, from, to string) error
 	CaptureState(ctx context.Context, from, to string) (finish func() error, err error)
 }
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -523,5 +524,62 @@ func testForkStacksLayers(t *testing.T, warm int) {
 	}
 	if out := e.mustSh("b", view); out != want {
 		t.Fatalf("the fork rolled back to its snapshot sees %q, want %q", out, want)
+	}
+}
+
+// TestSnapshotsCopyWhatChanged: snapshots of a sandbox with a few MB in
+// its OS layer, taken one after another, each copying ahead of its
+// freeze and linking what the one before holds (ADR 0207), each hold the
+// layer as it was at their instant: forks of every one read their own
+// files, whatever was rewritten, mapped, removed or added in between.
+func TestSnapshotsCopyWhatChanged(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	e.create("a", sandbox.Limits{})
+	e.mustSh("a", "mkdir -p /opt/big && for i in 1 2 3; do head -c 1100000 /dev/urandom > /opt/big/$i; done; echo v1 > /opt/big/small")
+	sums := "cd /opt/big && sha256sum * | sort"
+	var want []string
+	var snaps []string
+	for round, change := range []string{
+		"",
+		"head -c 1100000 /dev/urandom > /opt/big/2; echo v2 > /opt/big/small",
+		"python3 -c \"import mmap; f=open('/opt/big/3','r+b'); m=mmap.mmap(f.fileno(), 0); m[0:4]=b'MMAP'; m.flush()\"",
+		"rm /opt/big/1; head -c 1100000 /dev/urandom > /opt/big/4",
+	} {
+		if change != "" {
+			e.mustSh("a", change)
+		}
+		// Past the racy window, so that the copy records what it reads.
+		time.Sleep(100 * time.Millisecond)
+		want = append(want, e.mustSh("a", sums))
+		s, err := e.m.Snapshot(ctx, "a", sandbox.SnapshotOptions{})
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		snaps = append(snaps, s.ID)
+		if left, _ := filepath.Glob(filepath.Join(e.root, "snapshots", s.ID, ".tmp-*")); len(left) > 0 {
+			t.Fatalf("round %d: left in the snapshot: %v", round, left)
+		}
+	}
+	// /opt/big/1, unchanged in rounds 0-2, is one file in their copies.
+	ino := func(id string) uint64 {
+		t.Helper()
+		st, err := os.Stat(filepath.Join(e.root, "snapshots", id, "runtime", "upper", "opt", "big", "1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Sys().(*syscall.Stat_t).Ino
+	}
+	if ino(snaps[1]) != ino(snaps[0]) || ino(snaps[2]) != ino(snaps[0]) {
+		t.Error("snapshots copied a file unchanged since the one before, not linked it")
+	}
+	for i, id := range snaps {
+		name := fmt.Sprintf("from-%d", i)
+		if _, err := e.m.Create(ctx, sandbox.CreateOptions{Name: name, Snapshot: id}); err != nil {
+			t.Fatal(err)
+		}
+		if got := e.mustSh(name, sums); got != want[i] {
+			t.Errorf("sandbox from snapshot %d reads\n%s\nwant\n%s", i, got, want[i])
+		}
 	}
 }

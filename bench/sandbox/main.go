@@ -572,11 +572,14 @@ func (b *bench) forkBig(ctx context.Context, rep *report) error {
 	// forks times n forks, each after change ran in the parent: the
 	// parent's snapshot copies what changed since its last one and links
 	// the rest (ADR 0207).
-	forks := func(change string) ([]time.Duration, error) {
-		var s []time.Duration
+	// A process in the parent ticks every millisecond; its longest gap
+	// during a fork is how long the fork paused the parent's processes
+	// (the freeze of its snapshot).
+	ticking := run("start a ticker", "command -v python3 >/dev/null && { python3 -c '"+tickerPy+"' >/dev/null 2>&1 & }") == nil
+	forks := func(change string) (s, pause []time.Duration, err error) {
 		for i := 0; i < b.o.forkRep[1]; i++ {
 			if err := run("change the OS layer", change); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			// Past the racy window of a snapshot's copy (ADR 0207), as
 			// changes a moment before a fork are.
@@ -584,25 +587,38 @@ func (b *bench) forkBig(ctx context.Context, rep *report) error {
 			wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 			b.warmRT.WaitWarm(wctx, 1)
 			cancel()
+			if ticking {
+				if err := run("reset the ticker", "touch /tmp/tine-gap-reset; sleep 0.02"); err != nil {
+					return nil, nil, err
+				}
+			}
 			kid := b.name("k")
 			t := time.Now()
 			if _, err := b.warm.Fork(ctx, parent, sandbox.ForkOptions{N: 1, Names: []string{kid}}); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			err := first(ctx, b.warm, kid)
 			s = append(s, time.Since(t))
 			b.warm.Remove(ctx, kid)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
+			}
+			if ticking {
+				out, err := output(ctx, b.warm, parent, "cat /tmp/tine-gap")
+				ns, perr := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+				if err != nil || perr != nil {
+					return nil, nil, fmt.Errorf("read the ticker's gap in %s: %v %v (%q)", parent, err, perr, out)
+				}
+				pause = append(pause, time.Duration(ns))
 			}
 		}
-		return s, nil
+		return s, pause, nil
 	}
-	all, err := forks("find /opt/tine-bench -type f -exec touch {} +")
+	all, allPause, err := forks("find /opt/tine-bench -type f -exec touch {} +")
 	if err != nil {
 		return err
 	}
-	some, err := forks("cd /opt/tine-bench/7 && for f in $(seq 20); do printf '%032768d' $RANDOM > $f; done")
+	some, somePause, err := forks("cd /opt/tine-bench/7 && for f in $(seq 20); do printf '%032768d' $RANDOM > $f; done")
 	if err != nil {
 		return err
 	}
@@ -624,7 +640,45 @@ func (b *bench) forkBig(ctx context.Context, rep *report) error {
 	rep.add("fork x1, big OS layer", "cp -a + syncfs", peer, cp, "")
 	rep.add("fork x1, big OS layer, 20 files changed", "tine", layer+", 20 of them rewritten since its last snapshot, answered `true`", some, "")
 	rep.add("fork x1, big OS layer, 20 files changed", "cp -a + syncfs", peer, cp, "")
+	if ticking {
+		const what = "longest pause of a process in the parent ticking every 1 ms, during that fork"
+		rep.add("fork x1, big OS layer: parent's pause", "tine", what+" (every file changed)", allPause, "")
+		rep.add("fork x1, big OS layer, 20 files changed: parent's pause", "tine", what, somePause, "")
+	} else {
+		rep.skipped = append(rep.skipped, "the parent's pause during a fork: python3 is not installed")
+	}
 	return nil
+}
+
+// tickerPy sleeps 1 ms at a time and keeps the longest gap between two
+// ticks, in ns, in /tmp/tine-gap (reset by /tmp/tine-gap-reset).
+const tickerPy = `import os, time
+last, mx = time.monotonic(), 0.0
+while True:
+    time.sleep(0.001)
+    now = time.monotonic()
+    gap, last = now - last, now
+    if os.path.exists("/tmp/tine-gap-reset"):
+        os.remove("/tmp/tine-gap-reset")
+        mx = 0.0
+    if gap > mx:
+        mx = gap
+        with open("/tmp/tine-gap.tmp", "w") as f:
+            f.write("%d" % int(mx * 1e9))
+        os.rename("/tmp/tine-gap.tmp", "/tmp/tine-gap")
+`
+
+// output runs script in sandbox name and returns what it printed.
+func output(ctx context.Context, m *sandbox.Manager, name, script string) (string, error) {
+	p, err := m.Exec(ctx, name, proto.ExecRequest{Argv: []string{"sh", "-c", script}})
+	if err != nil {
+		return "", err
+	}
+	out, _ := io.ReadAll(p.Stdout)
+	if ex, err := p.Wait(ctx); err != nil || ex.Code != 0 {
+		return string(out), fmt.Errorf("%s in %s: %v (exit %d)", script, name, err, ex.Code)
+	}
+	return string(out), nil
 }
 
 // alive: n sandboxes running at once, each answering exec; memory per

@@ -21,16 +21,16 @@ import (
 // layer's copy); a layer it does not copy that way (deeper than
 // maxLayerDepth, or a call that fails) is copied again by cp -a.
 func copyLayer(ctx context.Context, from, to string) error {
-	_, err := copyLayerIndexed(ctx, from, to, nil)
+	_, err := copyLayerIndexed(ctx, from, to)
 	return err
 }
 
 // copyLayerIndexed is copyLayer that links, rather than copies, each
-// file that ref (an index of an earlier copy of from, or nil) holds
-// unchanged, and returns the index of this copy, rooted at to (nil
+// file that one of refs (indexes of earlier copies of from's files, nil
+// ones skipped) holds unchanged, and returns the index of this copy, rooted at to (nil
 // where the copy fell back to cp -a).
-func copyLayerIndexed(ctx context.Context, from, to string, ref *layerIndex) (*layerIndex, error) {
-	c := layerCopy{ctx: ctx, links: map[[2]uint64]string{}, ref: ref, root: to, start: time.Now(),
+func copyLayerIndexed(ctx context.Context, from, to string, refs ...*layerIndex) (*layerIndex, error) {
+	c := layerCopy{ctx: ctx, links: map[[2]uint64]string{}, refs: refs, root: to, start: time.Now(),
 		out: &layerIndex{root: to, files: map[fileID]indexed{}}}
 	var st unix.Stat_t
 	err := unix.Lstat(from, &st)
@@ -63,7 +63,7 @@ var errTooDeep = errors.New("layer deeper than the in-process copy goes")
 type layerCopy struct {
 	ctx   context.Context
 	links map[[2]uint64]string // device and inode of a hard-linked file: its first copy
-	ref   *layerIndex          // an earlier copy's files, linked where unchanged
+	refs  []*layerIndex        // earlier copies' files, linked where unchanged
 	out   *layerIndex          // this copy's files
 	root  string               // the copy's root, which out's paths are below
 	start time.Time
@@ -94,12 +94,7 @@ func (c *layerCopy) copy(from, to string, depth int) error {
 		if err := unix.Mkdir(to, 0o700); err != nil {
 			return err
 		}
-		d, err := os.Open(from)
-		if err != nil {
-			return err
-		}
-		names, err := d.Readdirnames(-1)
-		d.Close()
+		names, err := dirNames(from)
 		if err != nil {
 			return err
 		}
@@ -110,9 +105,11 @@ func (c *layerCopy) copy(from, to string, depth int) error {
 		}
 	case unix.S_IFREG:
 		rel := strings.TrimPrefix(to, c.root+"/")
-		if e, ok := c.ref.reuse(&st, to); ok {
-			c.record(&st, e.stamp, rel)
-			return nil // the linked copy has the attributes
+		for _, ref := range c.refs {
+			if e, ok := ref.reuse(&st, to); ok {
+				c.record(&st, e.stamp, rel)
+				return nil // the linked copy has the attributes
+			}
 		}
 		ok, err := copyFile(from, to, &st, c.start)
 		if err != nil {
@@ -140,30 +137,57 @@ func (c *layerCopy) copy(from, to string, depth int) error {
 	return copyAttrs(from, to, &st)
 }
 
+// dirNames returns the names in directory dir.
+func dirNames(dir string) ([]string, error) {
+	d, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return d.Readdirnames(-1)
+}
+
 // copyFile copies a regular file's bytes, by reflink when the file
-// system can, and reports whether the file was settled (unchanged since
-// st and sure to show a later change: layerIndex) as the copy began at
-// start.
+// system can, and reports whether the file was settled (see openSource)
+// as the copy that began at start read it.
 func copyFile(from, to string, st *unix.Stat_t, start time.Time) (bool, error) {
-	src, err := os.OpenFile(from, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	src, ok, err := openSource(from, st, start)
 	if err != nil {
 		return false, err
 	}
 	defer src.Close()
+	return ok, copyBytes(src, to)
+}
+
+// openSource opens the regular file from (stat st) to be copied and
+// reports whether it is settled: still as st says, and sure to show a
+// later change in its stamp (layerIndex) as a copy that began at start
+// reads it.
+func openSource(from string, st *unix.Stat_t, start time.Time) (*os.File, bool, error) {
+	src, err := os.OpenFile(from, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, false, err
+	}
 	var now unix.Stat_t
 	ok := unix.Fstat(int(src.Fd()), &now) == nil && now.Ino == st.Ino && stampOf(&now) == stampOf(st) &&
 		settled(int(src.Fd()), st, start)
+	return src, ok, nil
+}
+
+// copyBytes copies src's bytes to the new file to, by reflink when the
+// file system can.
+func copyBytes(src *os.File, to string) error {
 	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return false, err
+		return err
 	}
 	if unix.IoctlFileClone(int(dst.Fd()), int(src.Fd())) != nil {
 		if _, err := dst.ReadFrom(src); err != nil { // copy_file_range where it can
 			dst.Close()
-			return false, err
+			return err
 		}
 	}
-	return ok, dst.Close()
+	return dst.Close()
 }
 
 // record notes in the copy's index that the source file st, as stamped,

@@ -72,10 +72,11 @@ func settled(fd int, st *unix.Stat_t, start time.Time) bool {
 	return cs.Dirty == 0 && cs.Writeback == 0
 }
 
-// reuse links the copy ref holds of the source file st (read at from)
-// to to, if the file is unchanged since that copy read it, and reports
-// whether it did. A copy gone (its snapshot removed) or changed is not
-// used.
+// reuse links the copy x holds of the source file st to to, if the file
+// is unchanged since that copy read it, and reports whether it did. A
+// copy gone (its snapshot removed) is not used; a copy is never changed
+// (its directories are the copy's own, so the link reaches the file the
+// index names or nothing).
 func (x *layerIndex) reuse(st *unix.Stat_t, to string) (indexed, bool) {
 	if x == nil {
 		return indexed{}, false
@@ -84,13 +85,8 @@ func (x *layerIndex) reuse(st *unix.Stat_t, to string) (indexed, bool) {
 	if !ok || e.stamp != stampOf(st) {
 		return indexed{}, false
 	}
-	old := filepath.Join(x.root, e.rel)
-	var ost unix.Stat_t
-	if unix.Lstat(old, &ost) != nil || ost.Mode != st.Mode || ost.Size != st.Size || ost.Mtim != st.Mtim {
-		return indexed{}, false
-	}
-	if unix.Link(old, to) != nil {
-		return indexed{}, false // too many links, or another file system: copied
+	if unix.Link(filepath.Join(x.root, e.rel), to) != nil {
+		return indexed{}, false // gone, too many links, or another file system: copied
 	}
 	return e, true
 }
@@ -100,7 +96,28 @@ func (x *layerIndex) reuse(st *unix.Stat_t, to string) (indexed, bool) {
 type captures struct {
 	mu   sync.Mutex
 	last map[string]*layerIndex // sandbox runtime directory -> index
+	pre  map[string]*layerIndex // a capture's destination -> its pre-copy's index
 	seq  uint64
+}
+
+// setPre keeps x, the index of a pre-copy, for the capture into to.
+func (c *captures) setPre(to string, x *layerIndex) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pre == nil || len(c.pre) >= maxCaptures { // left by captures that never came
+		c.pre = map[string]*layerIndex{}
+	}
+	c.pre[to] = x
+}
+
+// takePre returns and forgets the index of the pre-copy for the capture
+// into to, or nil.
+func (c *captures) takePre(to string) *layerIndex {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	x := c.pre[to]
+	delete(c.pre, to)
+	return x
 }
 
 // maxCaptures bounds the sandboxes whose last copy is remembered.

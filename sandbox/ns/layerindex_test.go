@@ -204,3 +204,85 @@ func TestCaptureStateReuses(t *testing.T) {
 		t.Fatal("a copy of a new layer linked a file of the old one's copy")
 	}
 }
+
+// TestPrecopy: the copy made ahead of a freeze holds the files the last
+// copy did not, and the frozen copy links those unchanged since and
+// copies the ones changed meanwhile; too little to copy is left to the
+// frozen copy.
+func TestPrecopy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: whiteouts, owners and trusted.* attributes")
+	}
+	ctx := context.Background()
+	base := t.TempDir()
+	src := filepath.Join(base, "src")
+	makeLayer(t, src, 2)
+	time.Sleep(racyWindow + 20*time.Millisecond)
+	if x, err := precopy(ctx, src, filepath.Join(base, "pre0")); err != nil || x != nil {
+		t.Fatalf("precopy of a 300 KiB layer: index %v, %v; want none (below precopyMin)", x, err)
+	}
+	if _, err := os.Lstat(filepath.Join(base, "pre0")); err == nil {
+		t.Fatal("precopy below precopyMin made its directory")
+	}
+	big := make([]byte, precopyMin+1)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	for _, n := range []string{"big", "big2"} {
+		if err := os.WriteFile(filepath.Join(src, n), big, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(racyWindow + 20*time.Millisecond)
+	pre := filepath.Join(base, "pre")
+	x, err := precopy(ctx, src, pre)
+	if err != nil || x == nil {
+		t.Fatalf("precopy: index %v, %v", x, err)
+	}
+	if _, ok := x.files[idOf(t, filepath.Join(src, "big"))]; !ok {
+		t.Fatal("the pre-copy does not hold the big file")
+	}
+	// Changed between the pre-copy and the frozen copy.
+	big[0] ^= 0xff
+	if err := os.WriteFile(filepath.Join(src, "big2"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(base, "dst")
+	if _, err := copyLayerIndexed(ctx, src, dst, nil, x); err != nil {
+		t.Fatal(err)
+	}
+	sameContent(t, src, dst)
+	if got, want := inode(t, filepath.Join(dst, "big")), inode(t, filepath.Join(pre, x.files[idOf(t, filepath.Join(src, "big"))].rel)); got != want {
+		t.Fatal("the frozen copy copied a file the pre-copy held unchanged")
+	}
+	if e, ok := x.files[idOf(t, filepath.Join(src, "big2"))]; ok && inode(t, filepath.Join(dst, "big2")) == inode(t, filepath.Join(pre, e.rel)) {
+		t.Fatal("the frozen copy linked a file changed since the pre-copy")
+	}
+
+	// Through the runtime: PrepareState, then CopyState's capture.
+	from := filepath.Join(base, "sandbox")
+	if err := os.MkdirAll(from, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(src, filepath.Join(from, upperDir)); err != nil {
+		t.Fatal(err)
+	}
+	var r Runtime
+	to := filepath.Join(base, "snap", "runtime")
+	if err := os.MkdirAll(filepath.Dir(to), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.PrepareState(ctx, from, to); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(preDir(to)); err != nil {
+		t.Fatalf("PrepareState of 2 MiB to copy made no pre-copy: %v", err)
+	}
+	if err := r.CopyState(ctx, from, to); err != nil {
+		t.Fatal(err)
+	}
+	sameContent(t, filepath.Join(from, upperDir), filepath.Join(to, upperDir))
+	if _, err := os.Lstat(preDir(to)); err == nil {
+		t.Fatal("the pre-copy is left after the capture")
+	}
+}

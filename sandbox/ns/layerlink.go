@@ -200,12 +200,7 @@ func (l *layerLink) dir(srcs []string, to string, hide bool, depth int) error {
 	var names []string
 	seen := map[string]bool{}
 	for _, s := range srcs {
-		d, err := os.Open(s)
-		if err != nil {
-			return err
-		}
-		ns, err := d.Readdirnames(-1)
-		d.Close()
+		ns, err := dirNames(s)
 		if err != nil {
 			return err
 		}

@@ -382,7 +382,9 @@ func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
 }
 
 // CaptureState implements sandbox.StateCapturer: the copy of CopyState's
-// own layer, in its temporary directory; finish links the stacked layer,
+// own layer, in its temporary directory, linking the files that the
+// sandbox's last copy or PrepareState's holds unchanged; finish links the
+// stacked layer,
 // which no one writes, so it is not read frozen (it is held open, so
 // that it is the same one however from is renamed meanwhile), writes it
 // all out (syncfs, which waits for every dirty page of the file system,
@@ -399,16 +401,19 @@ func (r *Runtime) CaptureState(ctx context.Context, from, to string) (func() err
 	var index *layerIndex
 	finish, err := makeState(to, func(tmp string) error {
 		var err error
-		index, err = copyLayerIndexed(ctx, filepath.Join(from, upperDir), filepath.Join(tmp, upperDir), r.caps.get(from))
+		index, err = copyLayerIndexed(ctx, filepath.Join(from, upperDir), filepath.Join(tmp, upperDir), r.caps.get(from), r.caps.takePre(to))
 		return err
 	})
 	if err != nil {
+		os.RemoveAll(preDir(to))
 		if lower >= 0 {
 			unix.Close(lower)
 		}
 		return nil, err
 	}
 	return func() error {
+		// The pre-copy's files that the copy took are linked there.
+		os.RemoveAll(preDir(to))
 		if lower >= 0 {
 			defer unix.Close(lower)
 			// The descriptor's directory, not its link: the path ends in "/".
@@ -427,6 +432,31 @@ func (r *Runtime) CaptureState(ctx context.Context, from, to string) (func() err
 		}
 		return nil
 	}, nil
+}
+
+// PrepareState implements sandbox.StateCapturer: it copies the files of
+// the sandbox's own layer that its last snapshot does not hold
+// unchanged, with the sandbox running, so that CaptureState, frozen,
+// links them (ADR 0207). Nothing is copied when they are few.
+func (r *Runtime) PrepareState(ctx context.Context, from, to string) error {
+	pre := preDir(to)
+	if err := os.RemoveAll(pre); err != nil {
+		return fmt.Errorf("copy sandbox state to %s: %w", to, err)
+	}
+	x, err := precopy(ctx, filepath.Join(from, upperDir), pre, r.caps.get(from))
+	if err != nil {
+		os.RemoveAll(pre)
+		return fmt.Errorf("copy sandbox state to %s ahead of the freeze: %w", to, err)
+	}
+	if x != nil {
+		r.caps.setPre(to, x)
+	}
+	return nil
+}
+
+// preDir is where PrepareState copies for a capture into to.
+func preDir(to string) string {
+	return filepath.Join(filepath.Dir(to), ".tmp-pre-"+filepath.Base(to))
 }
 
 // seedState makes the state directory to of a sandbox over the OS tree
