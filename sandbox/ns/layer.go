@@ -193,9 +193,7 @@ func copyBytes(src *os.File, to string) error {
 // record notes in the copy's index that the source file st, as stamped,
 // has its copy at rel.
 func (c *layerCopy) record(st *unix.Stat_t, s stamp, rel string) {
-	if len(c.out.files) < maxIndexed {
-		c.out.files[fileID{st.Dev, st.Ino}] = indexed{stamp: s, rel: rel}
-	}
+	c.out.add(fileID{st.Dev, st.Ino}, s, rel)
 }
 
 // copyAttrs gives to the owner, extended attributes, mode and times of

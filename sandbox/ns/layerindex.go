@@ -19,6 +19,7 @@ type layerIndex struct {
 	src   fileID             // the source layer's root directory
 	files map[fileID]indexed // source file -> what it was, and its copy
 	seq   uint64             // when it was kept (Runtime.captures)
+	bytes int                // its memory, as entryBytes counts it
 }
 
 // fileID names a file: its device and inode.
@@ -45,9 +46,23 @@ func stampOf(st *unix.Stat_t) stamp {
 	return stamp{size: st.Size, ctime: st.Ctim, mtime: st.Mtim, mode: st.Mode, nlink: st.Nlink}
 }
 
-// maxIndexed bounds the files one index records (about 100 bytes each
-// in the daemon's memory); files beyond it are copied every time.
-const maxIndexed = 100_000
+// maxIndexBytes bounds the daemon memory one index takes (entryBytes
+// each); files beyond it are copied every time. The sandbox names its
+// files, so a path may be 4 KiB long: the bound is in bytes, not files.
+const maxIndexBytes = 16 << 20
+
+// entryBytes is what an index entry for a copy at rel costs in memory,
+// about.
+func entryBytes(rel string) int { return 128 + len(rel) }
+
+// add records that the source file id, as stamped, has its copy at rel,
+// if the index has room.
+func (x *layerIndex) add(id fileID, s stamp, rel string) {
+	if n := entryBytes(rel); x.bytes+n <= maxIndexBytes {
+		x.files[id] = indexed{stamp: s, rel: rel}
+		x.bytes += n
+	}
+}
 
 // racyWindow is how much older than the copy's start a file's ctime must
 // be for the file to be recorded: a change made after the read gets a
@@ -120,8 +135,12 @@ func (c *captures) takePre(to string) *layerIndex {
 	return x
 }
 
-// maxCaptures bounds the sandboxes whose last copy is remembered.
-const maxCaptures = 32
+// maxCaptures and maxCaptureBytes bound the sandboxes whose last copy
+// is remembered and the memory their indexes take together.
+const (
+	maxCaptures     = 32
+	maxCaptureBytes = 64 << 20
+)
 
 // get returns the index of the last copy of the layer at dir/upper if
 // that layer is still the directory the copy read (a rollback or a
@@ -151,12 +170,16 @@ func (c *captures) put(dir string, x *layerIndex) {
 	c.seq++
 	x.seq = c.seq
 	c.last[dir] = x
-	for len(c.last) > maxCaptures {
-		var oldest string
+	for {
+		total, oldest := 0, ""
 		for d, y := range c.last {
+			total += y.bytes
 			if oldest == "" || y.seq < c.last[oldest].seq {
 				oldest = d
 			}
+		}
+		if len(c.last) <= maxCaptures && total <= maxCaptureBytes {
+			return
 		}
 		delete(c.last, oldest)
 	}

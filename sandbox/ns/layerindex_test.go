@@ -2,6 +2,7 @@ package ns
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -284,5 +285,38 @@ func TestPrecopy(t *testing.T) {
 	sameContent(t, filepath.Join(from, upperDir), filepath.Join(to, upperDir))
 	if _, err := os.Lstat(preDir(to)); err == nil {
 		t.Fatal("the pre-copy is left after the capture")
+	}
+}
+
+// TestIndexMemoryBounded: the sandbox names its files, so an index is
+// bounded in bytes (a path may be 4 KiB), and the runtime keeps the
+// indexes of a bounded number of sandboxes and bytes, the oldest going.
+func TestIndexMemoryBounded(t *testing.T) {
+	x := &layerIndex{files: map[fileID]indexed{}}
+	long := strings.Repeat("d/", 2000)
+	for i := 0; x.bytes+entryBytes(long) <= maxIndexBytes; i++ {
+		x.add(fileID{1, uint64(i)}, stamp{}, long)
+	}
+	n := len(x.files)
+	x.add(fileID{2, 0}, stamp{}, long)
+	if len(x.files) != n || x.bytes > maxIndexBytes {
+		t.Fatalf("an index took %d entries, %d bytes: more than maxIndexBytes", len(x.files), x.bytes)
+	}
+	var c captures
+	for i := range maxCaptures + 8 {
+		c.put(fmt.Sprint(i), &layerIndex{bytes: 1})
+	}
+	if len(c.last) != maxCaptures || c.last["0"] != nil || c.last[fmt.Sprint(maxCaptures+7)] == nil {
+		t.Fatalf("kept %d indexes (want the last %d)", len(c.last), maxCaptures)
+	}
+	for i := range 8 {
+		c.put(fmt.Sprint("big", i), &layerIndex{bytes: maxIndexBytes})
+	}
+	total := 0
+	for _, y := range c.last {
+		total += y.bytes
+	}
+	if total > maxCaptureBytes || c.last["big7"] == nil {
+		t.Fatalf("indexes kept hold %d bytes (at most %d, the newest kept)", total, maxCaptureBytes)
 	}
 }

@@ -32,6 +32,7 @@ func precopy(ctx context.Context, upper, pre string, refs ...*layerIndex) (*laye
 	}
 	var files []file
 	var bytes int64
+	mem := 0 // the paths held, bounded as an index is
 	seen := map[fileID]bool{}
 	var walk func(dir string, depth int) error
 	walk = func(dir string, depth int) error {
@@ -57,12 +58,13 @@ func precopy(ctx context.Context, upper, pre string, refs ...*layerIndex) (*laye
 				}
 			case unix.S_IFREG:
 				id := fileID{st.Dev, st.Ino}
-				if seen[id] || held(refs, &st) || len(files) >= maxIndexed {
+				if seen[id] || held(refs, &st) || mem+entryBytes(p) > maxIndexBytes {
 					continue
 				}
 				seen[id] = true
 				files = append(files, file{p, st})
 				bytes += st.Size
+				mem += entryBytes(p)
 			}
 		}
 		return nil
@@ -99,7 +101,7 @@ func precopy(ctx context.Context, upper, pre string, refs ...*layerIndex) (*laye
 		if err != nil {
 			return nil, err
 		}
-		x.files[fileID{f.st.Dev, f.st.Ino}] = indexed{stamp: stampOf(&f.st), rel: rel}
+		x.add(fileID{f.st.Dev, f.st.Ino}, stampOf(&f.st), rel)
 	}
 	return x, nil
 }
