@@ -30,7 +30,7 @@ func copyLayer(ctx context.Context, from, to string) error {
 // ones skipped) holds unchanged, and returns the index of this copy, rooted at to (nil
 // where the copy fell back to cp -a).
 func copyLayerIndexed(ctx context.Context, from, to string, refs ...*layerIndex) (*layerIndex, error) {
-	c := layerCopy{ctx: ctx, links: map[[2]uint64]string{}, refs: refs, root: to, start: time.Now(),
+	c := layerCopy{ctx: ctx, links: map[[2]uint64]string{}, refs: refs, root: to, start: copyClock(),
 		out: &layerIndex{root: to, files: map[fileID]indexed{}}}
 	var st unix.Stat_t
 	err := unix.Lstat(from, &st)
@@ -54,6 +54,10 @@ func copyLayerIndexed(ctx context.Context, from, to string, refs ...*layerIndex)
 	}
 	return nil, nil
 }
+
+// copyClock gives a copy's start, against which it judges whether a file
+// is settled (layerIndex); tests move it.
+var copyClock = time.Now
 
 // maxLayerDepth bounds the directory depth copyLayer walks itself.
 const maxLayerDepth = 128

@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"time"
 
 	"tine/internal/atomicfile"
 
@@ -79,7 +78,7 @@ func precopy(ctx context.Context, upper, pre string, refs ...*layerIndex) (*laye
 		return nil, err
 	}
 	x := &layerIndex{root: pre, files: map[fileID]indexed{}}
-	start := time.Now()
+	start := copyClock()
 	for i, f := range files {
 		if err := ctx.Err(); err != nil {
 			return nil, err
