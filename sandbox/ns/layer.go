@@ -151,6 +151,53 @@ func dirNames(dir string) ([]string, error) {
 	return d.Readdirnames(-1)
 }
 
+// walkLayerAt calls fn for each entry below the directory dir, with its
+// directory's descriptor, its name there and its stat (directories
+// before what they hold), until fn returns an error, which it returns.
+// Each directory is opened below its parent without following a link,
+// so that a sandbox swapping a directory of its layer for a symlink
+// (it runs meanwhile) never leads the walk out of the layer; an entry
+// that changes under the walk is skipped.
+func walkLayerAt(ctx context.Context, dir string, fn func(dfd int, name string, st *unix.Stat_t) error) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	var walk func(fd, depth int) error
+	walk = func(fd, depth int) error {
+		d := os.NewFile(uintptr(fd), dir)
+		defer d.Close()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		names, err := d.Readdirnames(-1)
+		if err != nil {
+			return nil // changed under the walk
+		}
+		for _, n := range names {
+			var st unix.Stat_t
+			if unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
+				continue
+			}
+			if err := fn(fd, n, &st); err != nil {
+				return err
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFDIR || depth >= maxLayerDepth {
+				continue
+			}
+			cfd, err := unix.Openat(fd, n, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				continue
+			}
+			if err := walk(cfd, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return walk(fd, 0)
+}
+
 // copyFile copies a regular file's bytes, by reflink when the file
 // system can, and reports whether the file was settled (see openSource)
 // as the copy that began at start read it.
@@ -164,18 +211,22 @@ func copyFile(from, to string, st *unix.Stat_t, start time.Time) (bool, error) {
 }
 
 // openSource opens the regular file from (stat st) to be copied and
-// reports whether it is settled: still as st says, and sure to show a
-// later change in its stamp (layerIndex) as a copy that began at start
-// reads it.
+// reports whether it is settled (see settledAs).
 func openSource(from string, st *unix.Stat_t, start time.Time) (*os.File, bool, error) {
 	src, err := os.OpenFile(from, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, false, err
 	}
+	return src, settledAs(src, st, start), nil
+}
+
+// settledAs reports whether the open file src is still the file st
+// describes, unchanged, and settled: sure to show a later change in its
+// stamp (layerIndex) as a copy that began at start reads it.
+func settledAs(src *os.File, st *unix.Stat_t, start time.Time) bool {
 	var now unix.Stat_t
-	ok := unix.Fstat(int(src.Fd()), &now) == nil && now.Ino == st.Ino && stampOf(&now) == stampOf(st) &&
-		settled(int(src.Fd()), st, start)
-	return src, ok, nil
+	return unix.Fstat(int(src.Fd()), &now) == nil && now.Dev == st.Dev && now.Ino == st.Ino &&
+		stampOf(&now) == stampOf(st) && settled(int(src.Fd()), st, start)
 }
 
 // copyBytes copies src's bytes to the new file to, by reflink when the
@@ -201,13 +252,19 @@ func (c *layerCopy) record(st *unix.Stat_t, s stamp, rel string) {
 }
 
 // copyAttrs gives to the owner, extended attributes, mode and times of
-// from (st), in that order: a chown clears setuid bits, and writing
-// attributes would change the times.
+// from (st).
 func copyAttrs(from, to string, st *unix.Stat_t) error {
+	return setAttrs(to, st, func() error { return copyXattrs(from, to) })
+}
+
+// setAttrs gives to st's owner, then the extended attributes xattrs
+// sets, then st's mode and times, in that order: a chown clears setuid
+// bits, and writing attributes would change the times.
+func setAttrs(to string, st *unix.Stat_t, xattrs func() error) error {
 	if err := unix.Lchown(to, int(st.Uid), int(st.Gid)); err != nil {
 		return err
 	}
-	if err := copyXattrs(from, to); err != nil {
+	if err := xattrs(); err != nil {
 		return err
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFLNK {
@@ -226,13 +283,29 @@ func copyXattrs(from, to string) error {
 	if err != nil {
 		return err
 	}
+	return setXattrs(to, names, func(n string, v []byte) (int, error) { return unix.Lgetxattr(from, n, v) })
+}
+
+// copyXattrsFd copies every extended attribute of the open file fd to
+// to.
+func copyXattrsFd(fd int, to string) error {
+	names, err := xattrNames(func(b []byte) (int, error) { return unix.Flistxattr(fd, b) })
+	if err != nil {
+		return err
+	}
+	return setXattrs(to, names, func(n string, v []byte) (int, error) { return unix.Fgetxattr(fd, n, v) })
+}
+
+// setXattrs sets on to (not followed) each attribute of names, as get
+// reads it.
+func setXattrs(to string, names []string, get func(name string, v []byte) (int, error)) error {
 	for _, name := range names {
-		vs, err := unix.Lgetxattr(from, name, nil)
+		vs, err := get(name, nil)
 		if err != nil {
 			return err
 		}
 		v := make([]byte, vs)
-		if vs, err = unix.Lgetxattr(from, name, v); err != nil {
+		if vs, err = get(name, v); err != nil {
 			return err
 		}
 		if err := unix.Lsetxattr(to, name, v[:vs], 0); err != nil {
@@ -245,7 +318,12 @@ func copyXattrs(from, to string) error {
 // listXattrs returns the names of p's extended attributes, p not followed
 // if a symlink; none where the file system has none.
 func listXattrs(p string) ([]string, error) {
-	sz, err := unix.Llistxattr(p, nil)
+	return xattrNames(func(b []byte) (int, error) { return unix.Llistxattr(p, b) })
+}
+
+// xattrNames returns the attribute names list gives (a listxattr call).
+func xattrNames(list func([]byte) (int, error)) ([]string, error) {
+	sz, err := list(nil)
 	if err != nil || sz == 0 {
 		if errors.Is(err, unix.ENOTSUP) {
 			err = nil
@@ -253,7 +331,7 @@ func listXattrs(p string) ([]string, error) {
 		return nil, err
 	}
 	buf := make([]byte, sz)
-	if sz, err = unix.Llistxattr(p, buf); err != nil {
+	if sz, err = list(buf); err != nil {
 		return nil, err
 	}
 	var names []string

@@ -320,3 +320,117 @@ func TestIndexMemoryBounded(t *testing.T) {
 		t.Fatalf("indexes kept hold %d bytes (at most %d, the newest kept)", total, maxCaptureBytes)
 	}
 }
+
+// TestPrecopyLayerSwapped: the sandbox runs while its layer is copied
+// ahead, and may swap a directory of it for a symlink to a host
+// directory, back and forth: the pre-copy never reads through it (no
+// host file's bytes or attributes in the copy), and a file the swap
+// hides is left to the frozen copy.
+func TestPrecopyLayerSwapped(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: owners and trusted.* attributes")
+	}
+	ctx := context.Background()
+	base := t.TempDir()
+	upper, host := filepath.Join(base, "upper"), filepath.Join(base, "host")
+	secret := []byte(strings.Repeat("host secret ", precopyMin/8))
+	mine := []byte(strings.Repeat("sandbox file", precopyMin/8))
+	for _, d := range []string{filepath.Join(upper, "d"), host} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(host, "f"), secret, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Setxattr(filepath.Join(host, "f"), "user.secret", []byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(upper, "d", "f"), mine, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(racyWindow + 20*time.Millisecond)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d, real := filepath.Join(upper, "d"), filepath.Join(upper, "d.real")
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			os.Rename(d, real)
+			os.Symlink(host, d)
+			os.Remove(d)
+			os.Rename(real, d)
+		}
+	}()
+	for i := range 30 {
+		pre := filepath.Join(base, fmt.Sprint("pre", i))
+		x, err := precopy(ctx, upper, pre)
+		if err != nil {
+			t.Fatalf("precopy %d: %v", i, err)
+		}
+		if x == nil {
+			continue // the swap hid the file from the first walk
+		}
+		names, _ := dirNames(pre)
+		for _, n := range names {
+			p := filepath.Join(pre, n)
+			if b, _ := os.ReadFile(p); string(b) == string(secret) {
+				t.Fatalf("precopy %d copied the host's file through a symlink the sandbox made", i)
+			}
+			if sz, _ := unix.Lgetxattr(p, "user.secret", nil); sz > 0 {
+				t.Fatalf("precopy %d copied the host file's attributes", i)
+			}
+		}
+	}
+	close(stop)
+	<-done
+}
+
+// TestLayerBytesLayerSwapped: the OS-layer bound's count walks a running
+// sandbox's layer, which may swap a directory for a symlink to a host
+// directory back and forth: the count never includes the host's files.
+func TestLayerBytesLayerSwapped(t *testing.T) {
+	base := t.TempDir()
+	upper, host := filepath.Join(base, upperDir), filepath.Join(base, "host")
+	for _, d := range []string{filepath.Join(upper, "d", "e"), host} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(host, "big"), make([]byte, 8<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d, real := filepath.Join(upper, "d"), filepath.Join(upper, "d.real")
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			os.Rename(d, real)
+			os.Symlink(host, d)
+			os.Remove(d)
+			os.Rename(real, d)
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	in := &instance{dir: base}
+	for i := range 5000 {
+		n, err := in.LayerBytes(1 << 40)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n >= 8<<20 {
+			t.Fatalf("count %d: %d bytes, the host's file counted through the sandbox's symlink", i, n)
+		}
+	}
+}

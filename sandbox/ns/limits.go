@@ -1,9 +1,9 @@
 package ns
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"path/filepath"
 	"reflect"
 
@@ -97,19 +97,13 @@ func (in *instance) OOMKills() (uint64, error) {
 }
 
 // LayerBytes sums the disk blocks of the sandbox's upper layer, stopping
-// once the sum passes max.
+// once the sum passes max. The sandbox runs meanwhile; the walk never
+// follows a symlink it swaps in for a directory (walkLayerAt).
 func (in *instance) LayerBytes(max int64) (int64, error) {
 	var n int64
 	stop := errors.New("over")
-	err := filepath.WalkDir(filepath.Join(in.dir, upperDir), func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil // gone meanwhile
-		}
-		var st unix.Stat_t
-		if unix.Lstat(p, &st) == nil {
-			n += st.Blocks * 512
-		}
-		if n > max {
+	err := walkLayerAt(context.Background(), filepath.Join(in.dir, upperDir), func(_ int, _ string, st *unix.Stat_t) error {
+		if n += st.Blocks * 512; n > max {
 			return stop
 		}
 		return nil

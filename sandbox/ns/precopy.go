@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"tine/internal/atomicfile"
 
@@ -24,51 +25,22 @@ const precopyMin = 1 << 20
 // layer's file system is written out first, so that the files are
 // settled (no dirty page) when read. It returns nil, copying nothing,
 // when those files come to less than precopyMin bytes.
+//
+// The sandbox runs meanwhile and may swap any directory of its layer
+// for a symlink: the layer is walked and read through descriptors, each
+// opened below the last without following a link, and a file that
+// fails anywhere is left to the frozen copy.
 func precopy(ctx context.Context, upper, pre string, refs ...*layerIndex) (*layerIndex, error) {
-	type file struct {
-		path string
-		st   unix.Stat_t
-	}
-	var files []file
 	var bytes int64
-	mem := 0 // the paths held, bounded as an index is
-	seen := map[fileID]bool{}
-	var walk func(dir string, depth int) error
-	walk = func(dir string, depth int) error {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		names, err := dirNames(dir)
-		if err != nil {
-			return err
-		}
-		for _, n := range names {
-			p := filepath.Join(dir, n)
-			var st unix.Stat_t
-			if err := unix.Lstat(p, &st); err != nil {
-				continue // gone meanwhile: the frozen copy sees what is there
-			}
-			switch st.Mode & unix.S_IFMT {
-			case unix.S_IFDIR:
-				if depth < maxLayerDepth {
-					if err := walk(p, depth+1); err != nil {
-						return err
-					}
-				}
-			case unix.S_IFREG:
-				id := fileID{st.Dev, st.Ino}
-				if seen[id] || held(refs, &st) || mem+entryBytes(p) > maxIndexBytes {
-					continue
-				}
-				seen[id] = true
-				files = append(files, file{p, st})
-				bytes += st.Size
-				mem += entryBytes(p)
-			}
+	mem := 0 // the names held by the copy's index, bounded as an index is
+	err := walkLayerAt(ctx, upper, func(dfd int, name string, st *unix.Stat_t) error {
+		if st.Mode&unix.S_IFMT == unix.S_IFREG && !held(refs, st) && mem+entryBytes(name) <= maxIndexBytes {
+			bytes += st.Size
+			mem += entryBytes(name)
 		}
 		return nil
-	}
-	if err := walk(upper, 0); err != nil || bytes < precopyMin {
+	})
+	if err != nil || bytes < precopyMin {
 		return nil, err
 	}
 	if err := atomicfile.SyncFS(upper); err != nil {
@@ -79,30 +51,44 @@ func precopy(ctx context.Context, upper, pre string, refs ...*layerIndex) (*laye
 	}
 	x := &layerIndex{root: pre, files: map[fileID]indexed{}}
 	start := copyClock()
-	for i, f := range files {
-		if err := ctx.Err(); err != nil {
-			return nil, err
+	err = walkLayerAt(ctx, upper, func(dfd int, name string, st *unix.Stat_t) error {
+		id := fileID{st.Dev, st.Ino}
+		if _, ok := x.files[id]; ok || st.Mode&unix.S_IFMT != unix.S_IFREG || held(refs, st) {
+			return nil
 		}
-		src, ok, err := openSource(f.path, &f.st, start)
-		if err != nil || !ok {
-			if src != nil {
-				src.Close()
-			}
-			continue // gone, changed or not settled: copied frozen
+		rel := strconv.Itoa(len(x.files))
+		if entryBytes(rel)+x.bytes > maxIndexBytes {
+			return nil
 		}
-		rel := strconv.Itoa(i)
 		to := filepath.Join(pre, rel)
-		err = copyBytes(src, to)
-		src.Close()
-		if err == nil {
-			err = copyAttrs(f.path, to, &f.st)
+		if precopyFile(dfd, name, st, start, to) {
+			x.add(id, stampOf(st), rel)
+		} else {
+			os.Remove(to)
 		}
-		if err != nil {
-			return nil, err
-		}
-		x.add(fileID{f.st.Dev, f.st.Ino}, stampOf(&f.st), rel)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return x, nil
+}
+
+// precopyFile copies the file name in directory dfd (stat st) to to,
+// with its attributes, and reports whether it did and the file was
+// settled (see openSource) as it was read.
+func precopyFile(dfd int, name string, st *unix.Stat_t, start time.Time, to string) bool {
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false
+	}
+	src := os.NewFile(uintptr(fd), name)
+	defer src.Close()
+	if !settledAs(src, st, start) {
+		return false
+	}
+	return copyBytes(src, to) == nil &&
+		setAttrs(to, st, func() error { return copyXattrsFd(fd, to) }) == nil
 }
 
 // held reports whether one of refs holds the file st unchanged.
