@@ -216,7 +216,7 @@ func TestHostileSyscalls(t *testing.T) {
 			t.Errorf("%d attempts reported, want %d:\n%s", n, wantLines, out)
 		}
 	}
-	check(e.mustSh("sys", "tine-hostile syscalls"), 24)
+	check(e.mustSh("sys", "tine-hostile syscalls"), 25)
 
 	// ptrace: pid 1 (the agent) and a process of the sandbox's own.
 	check(e.mustSh("sys", "tine-hostile ptrace 1"), 1)

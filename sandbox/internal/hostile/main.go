@@ -146,6 +146,12 @@ func syscalls() {
 	report("bpf", errnoErr(e))
 	_, _, e = unix.Syscall(unix.SYS_USERFAULTFD, 0, 0, 0)
 	report("userfaultfd", errnoErr(e))
+	var params [120]byte // struct io_uring_params
+	fd, _, e := unix.Syscall(unix.SYS_IO_URING_SETUP, 1, uintptr(unsafe.Pointer(&params[0])), 0)
+	if e == 0 {
+		unix.Close(int(fd))
+	}
+	report("io_uring_setup", errnoErr(e))
 	_, _, e = unix.Syscall(unix.SYS_KEXEC_LOAD, 0, 0, 0)
 	report("kexec_load", errnoErr(e))
 	report("reboot", unix.Reboot(unix.LINUX_REBOOT_CMD_CAD_OFF))
