@@ -569,13 +569,13 @@ func (b *bench) forkBig(ctx context.Context, rep *report) error {
 	if err := run("fill the OS layer", "mkdir -p /opt/tine-bench && cd /opt/tine-bench && for d in $(seq 20); do mkdir $d; for f in $(seq 100); do printf '%032768d' $f > $d/$f; done; done; sleep 100000 & true"); err != nil {
 		return err
 	}
-	// forks times n forks, each after change ran in the parent: the
-	// parent's snapshot copies what changed since its last one and links
-	// the rest (ADR 0207).
 	// A process in the parent ticks every millisecond; its longest gap
 	// during a fork is how long the fork paused the parent's processes
 	// (the freeze of its snapshot).
 	ticking := run("start a ticker", "command -v python3 >/dev/null && { python3 -c '"+tickerPy+"' >/dev/null 2>&1 & }") == nil
+	// forks times forks into 1, each after the parent ran change: its
+	// snapshot copies what changed since the last one and links the rest
+	// (ADR 0207).
 	forks := func(change string) (s, pause []time.Duration, err error) {
 		for i := 0; i < b.o.forkRep[1]; i++ {
 			if err := run("change the OS layer", change); err != nil {
@@ -635,7 +635,7 @@ func (b *bench) forkBig(ctx context.Context, rep *report) error {
 		}
 	}
 	const layer = "Fork into 1 of a sandbox whose OS layer holds 64 MB in 2,000 files"
-	const peer = "cp -a of that OS layer, written out: the durable copy a fork made before"
+	const peer = "cp -a of that OS layer, written out: the durable copy each fork's snapshot made before"
 	rep.add("fork x1, big OS layer", "tine", layer+", every file changed since its last snapshot, answered `true`", all, "")
 	rep.add("fork x1, big OS layer", "cp -a + syncfs", peer, cp, "")
 	rep.add("fork x1, big OS layer, 20 files changed", "tine", layer+", 20 of them rewritten since its last snapshot, answered `true`", some, "")

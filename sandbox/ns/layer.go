@@ -27,8 +27,8 @@ func copyLayer(ctx context.Context, from, to string) error {
 
 // copyLayerIndexed is copyLayer that links, rather than copies, each
 // file that one of refs (indexes of earlier copies of from's files, nil
-// ones skipped) holds unchanged, and returns the index of this copy, rooted at to (nil
-// where the copy fell back to cp -a).
+// ones skipped) holds unchanged, and returns the index of this copy,
+// rooted at to (nil where the copy fell back to cp -a).
 func copyLayerIndexed(ctx context.Context, from, to string, refs ...*layerIndex) (*layerIndex, error) {
 	c := layerCopy{ctx: ctx, links: map[[2]uint64]string{}, refs: refs, root: to, start: copyClock(),
 		out: &layerIndex{root: to, files: map[fileID]indexed{}}}
@@ -111,7 +111,7 @@ func (c *layerCopy) copy(from, to string, depth int) error {
 		rel := strings.TrimPrefix(to, c.root+"/")
 		for _, ref := range c.refs {
 			if e, ok := ref.reuse(&st, to); ok {
-				c.record(&st, e.stamp, rel)
+				c.out.add(fileID{st.Dev, st.Ino}, e.stamp, rel)
 				return nil // the linked copy has the attributes
 			}
 		}
@@ -120,7 +120,7 @@ func (c *layerCopy) copy(from, to string, depth int) error {
 			return err
 		}
 		if ok {
-			c.record(&st, stampOf(&st), rel)
+			c.out.add(fileID{st.Dev, st.Ino}, stampOf(&st), rel)
 		}
 	case unix.S_IFLNK:
 		buf := make([]byte, unix.PathMax)
@@ -243,12 +243,6 @@ func copyBytes(src *os.File, to string) error {
 		}
 	}
 	return dst.Close()
-}
-
-// record notes in the copy's index that the source file st, as stamped,
-// has its copy at rel.
-func (c *layerCopy) record(st *unix.Stat_t, s stamp, rel string) {
-	c.out.add(fileID{st.Dev, st.Ino}, s, rel)
 }
 
 // copyAttrs gives to the owner, extended attributes, mode and times of

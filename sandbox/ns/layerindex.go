@@ -93,17 +93,24 @@ func settled(fd int, st *unix.Stat_t, start time.Time) bool {
 // (its directories are the copy's own, so the link reaches the file the
 // index names or nothing).
 func (x *layerIndex) reuse(st *unix.Stat_t, to string) (indexed, bool) {
-	if x == nil {
-		return indexed{}, false
-	}
-	e, ok := x.files[fileID{st.Dev, st.Ino}]
-	if !ok || e.stamp != stampOf(st) {
+	e, ok := x.holds(st)
+	if !ok {
 		return indexed{}, false
 	}
 	if unix.Link(filepath.Join(x.root, e.rel), to) != nil {
 		return indexed{}, false // gone, too many links, or another file system: copied
 	}
 	return e, true
+}
+
+// holds returns x's entry for the source file st if x (nil: none)
+// holds it unchanged.
+func (x *layerIndex) holds(st *unix.Stat_t) (indexed, bool) {
+	if x == nil {
+		return indexed{}, false
+	}
+	e, ok := x.files[fileID{st.Dev, st.Ino}]
+	return e, ok && e.stamp == stampOf(st)
 }
 
 // captures keeps the index of the last copy of each sandbox's own layer,

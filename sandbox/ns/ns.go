@@ -383,12 +383,11 @@ func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
 
 // CaptureState implements sandbox.StateCapturer: the copy of CopyState's
 // own layer, in its temporary directory, linking the files that the
-// sandbox's last copy or PrepareState's holds unchanged; finish links the
-// stacked layer,
-// which no one writes, so it is not read frozen (it is held open, so
-// that it is the same one however from is renamed meanwhile), writes it
-// all out (syncfs, which waits for every dirty page of the file system,
-// however long) and renames it.
+// sandbox's last copy or PrepareState's holds unchanged; finish links
+// the stacked layer, which no one writes, so it is not read frozen (it
+// is held open, so that it is the same one however from is renamed
+// meanwhile), writes it all out (syncfs, which waits for every dirty
+// page of the file system, however long) and renames it.
 func (r *Runtime) CaptureState(ctx context.Context, from, to string) (func() error, error) {
 	lower := -1
 	if p := stacked(from, lowerDir); p != "" {

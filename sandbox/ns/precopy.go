@@ -32,11 +32,9 @@ const precopyMin = 1 << 20
 // fails anywhere is left to the frozen copy.
 func precopy(ctx context.Context, upper, pre string, refs ...*layerIndex) (*layerIndex, error) {
 	var bytes int64
-	mem := 0 // the names held by the copy's index, bounded as an index is
-	err := walkLayerAt(ctx, upper, func(dfd int, name string, st *unix.Stat_t) error {
-		if st.Mode&unix.S_IFMT == unix.S_IFREG && !held(refs, st) && mem+entryBytes(name) <= maxIndexBytes {
+	err := walkLayerAt(ctx, upper, func(_ int, _ string, st *unix.Stat_t) error {
+		if st.Mode&unix.S_IFMT == unix.S_IFREG && !held(refs, st) {
 			bytes += st.Size
-			mem += entryBytes(name)
 		}
 		return nil
 	})
@@ -76,7 +74,7 @@ func precopy(ctx context.Context, upper, pre string, refs ...*layerIndex) (*laye
 
 // precopyFile copies the file name in directory dfd (stat st) to to,
 // with its attributes, and reports whether it did and the file was
-// settled (see openSource) as it was read.
+// settled (see settledAs) as it was read.
 func precopyFile(dfd int, name string, st *unix.Stat_t, start time.Time, to string) bool {
 	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
@@ -94,10 +92,7 @@ func precopyFile(dfd int, name string, st *unix.Stat_t, start time.Time, to stri
 // held reports whether one of refs holds the file st unchanged.
 func held(refs []*layerIndex, st *unix.Stat_t) bool {
 	for _, x := range refs {
-		if x == nil {
-			continue
-		}
-		if e, ok := x.files[fileID{st.Dev, st.Ino}]; ok && e.stamp == stampOf(st) {
+		if _, ok := x.holds(st); ok {
 			return true
 		}
 	}
