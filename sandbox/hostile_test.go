@@ -377,3 +377,56 @@ func TestSamePortTwoSandboxes(t *testing.T) {
 	}
 	l.Close()
 }
+
+// TestAgentSocketSwapped: without a user namespace the sandbox's root
+// can write where its agent's socket lies (/run/tine), and puts a
+// symlink to a host socket in its place. The daemon's next connection
+// to the agent refuses it: the host socket is never connected to, and
+// the sandbox's commands fail rather than reach anything else.
+func TestAgentSocketSwapped(t *testing.T) {
+	e := newEnv(t, 0)
+	e.rt.UseUserns(false)
+	e.create("s", sandbox.Limits{})
+	hostSock := filepath.Join(t.TempDir(), "host.sock")
+	l, err := net.Listen("unix", hostSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	reached := make(chan struct{}, 8)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			reached <- struct{}{}
+			c.Close()
+		}
+	}()
+	// A command that holds the agent connection the manager keeps for
+	// commands, so that the next one dials.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	hold, err := e.m.Exec(ctx, "s", proto.ExecRequest{Argv: []string{"sh", "-c",
+		fmt.Sprintf("rm /run/tine/agent.sock && ln -s %s /run/tine/agent.sock && echo swapped && sleep 30", hostSock)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 8)
+	if n, _ := io.ReadFull(hold.Stdout, line); n != 8 || string(line) != "swapped\n" {
+		t.Fatalf("the sandbox did not swap its agent's socket for a symlink: %q", line[:n])
+	}
+	p, err := e.m.Exec(ctx, "s", proto.ExecRequest{Argv: []string{"true"}})
+	if err == nil {
+		p.Wait(ctx)
+	}
+	select {
+	case <-reached:
+		t.Fatal("the daemon connected to a host socket the sandbox's symlink named")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err == nil {
+		t.Log("the command ran over a connection the manager already had")
+	}
+}

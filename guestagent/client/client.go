@@ -10,8 +10,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"tine/guestagent/proto"
 )
@@ -50,12 +53,29 @@ type stream struct {
 	done chan struct{} // closed when the request is forgotten
 }
 
-// Dial connects to an agent listening on a Unix socket.
+// Dial connects to an agent listening on the Unix socket at path. The
+// socket itself must be there: a symlink in its place is not followed
+// (connect would follow it), since a sandbox that can write where its
+// agent's socket lies could point it at any socket of the host.
 func Dial(ctx context.Context, socket string) (*Client, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", socket)
+	fd, err := unix.Open(socket, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("dial guest agent: %w", err)
+		return nil, fmt.Errorf("dial guest agent: %w", &os.PathError{Op: "open", Path: socket, Err: err})
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("dial guest agent: %w", &os.PathError{Op: "stat", Path: socket, Err: err})
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("dial guest agent: %w", &os.PathError{Op: "dial", Path: socket, Err: unix.ENOTSOCK})
+	}
+	// Through the descriptor: the socket that was looked at, not
+	// whatever the path names by now.
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil {
+		return nil, fmt.Errorf("dial guest agent at %s: %w", socket, err)
 	}
 	return New(conn)
 }

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -213,4 +216,51 @@ func TestAgentThatStopsReading(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the connection whose frame was cut short stays open")
 	}
+}
+
+// TestDialRefusesSymlink: a symlink where the agent's socket should be
+// (a sandbox that can write there could point it at any socket of the
+// host) is refused, never followed; the socket itself is dialed.
+func TestDialRefusesSymlink(t *testing.T) {
+	dir := t.TempDir()
+	sock, link := filepath.Join(dir, "host.sock"), filepath.Join(dir, "agent.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan struct{}, 2)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- struct{}{}
+			if f, err := proto.ReadFrame(c); err == nil && f.Kind == proto.KindHello {
+				c.Write(frames(t, proto.HelloFrame()))
+			}
+			defer c.Close()
+		}
+	}()
+	if err := os.Symlink(sock, link); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if c, err := Dial(ctx, link); err == nil || !errors.Is(err, syscall.ENOTSOCK) {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("Dial through a symlink: %v, want ENOTSOCK", err)
+	}
+	select {
+	case <-accepted:
+		t.Fatal("the socket behind the symlink was connected to")
+	case <-time.After(50 * time.Millisecond):
+	}
+	c, err := Dial(ctx, sock)
+	if err != nil {
+		t.Fatalf("Dial of the socket itself: %v", err)
+	}
+	c.Close()
 }
