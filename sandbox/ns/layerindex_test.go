@@ -432,5 +432,8 @@ func TestLayerBytesLayerSwapped(t *testing.T) {
 		if n >= 8<<20 {
 			t.Fatalf("count %d: %d bytes, the host's file counted through the sandbox's symlink", i, n)
 		}
+		if n <= 0 {
+			t.Fatalf("count %d: %d bytes, not even the layer's own directory", i, n)
+		}
 	}
 }

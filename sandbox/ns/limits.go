@@ -100,9 +100,15 @@ func (in *instance) OOMKills() (uint64, error) {
 // once the sum passes max. The sandbox runs meanwhile; the walk never
 // follows a symlink it swaps in for a directory (walkLayerAt).
 func (in *instance) LayerBytes(max int64) (int64, error) {
+	upper := filepath.Join(in.dir, upperDir)
 	var n int64
+	var st unix.Stat_t
+	if err := unix.Lstat(upper, &st); err != nil {
+		return 0, err
+	}
+	n = st.Blocks * 512 // the layer's own directory, as an empty layer's
 	stop := errors.New("over")
-	err := walkLayerAt(context.Background(), filepath.Join(in.dir, upperDir), func(_ int, _ string, st *unix.Stat_t) error {
+	err := walkLayerAt(context.Background(), upper, func(_ int, _ string, st *unix.Stat_t) error {
 		if n += st.Blocks * 512; n > max {
 			return stop
 		}
