@@ -321,6 +321,29 @@ func TestIndexMemoryBounded(t *testing.T) {
 	}
 }
 
+// swapDir swaps the directory d for a symlink to host and back, as fast
+// as it can, until the test ends: a sandbox racing the host's walk of
+// its layer.
+func swapDir(t *testing.T, d, host string) {
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		real := d + ".real"
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			os.Rename(d, real)
+			os.Symlink(host, d)
+			os.Remove(d)
+			os.Rename(real, d)
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+}
+
 // TestPrecopyLayerSwapped: the sandbox runs while its layer is copied
 // ahead, and may swap a directory of it for a symlink to a host
 // directory, back and forth: the pre-copy never reads through it (no
@@ -350,23 +373,7 @@ func TestPrecopyLayerSwapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(racyWindow + 20*time.Millisecond)
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		d, real := filepath.Join(upper, "d"), filepath.Join(upper, "d.real")
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			os.Rename(d, real)
-			os.Symlink(host, d)
-			os.Remove(d)
-			os.Rename(real, d)
-		}
-	}()
+	swapDir(t, filepath.Join(upper, "d"), host)
 	for i := range 30 {
 		pre := filepath.Join(base, fmt.Sprint("pre", i))
 		x, err := precopy(ctx, upper, pre)
@@ -387,8 +394,6 @@ func TestPrecopyLayerSwapped(t *testing.T) {
 			}
 		}
 	}
-	close(stop)
-	<-done
 }
 
 // TestLayerBytesLayerSwapped: the OS-layer bound's count walks a running
@@ -405,24 +410,7 @@ func TestLayerBytesLayerSwapped(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(host, "big"), make([]byte, 8<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		d, real := filepath.Join(upper, "d"), filepath.Join(upper, "d.real")
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			os.Rename(d, real)
-			os.Symlink(host, d)
-			os.Remove(d)
-			os.Rename(real, d)
-		}
-	}()
-	defer func() { close(stop); <-done }()
+	swapDir(t, filepath.Join(upper, "d"), host)
 	in := &instance{dir: base}
 	for i := range 5000 {
 		n, err := in.LayerBytes(1 << 40)
