@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"tine/guestagent/proto"
 	"tine/sandbox"
@@ -352,6 +355,54 @@ func testDiskFill(t *testing.T, pool int) {
 	}
 	tmp := strings.Fields(e.mustSh("fill", "df -k /tmp | tail -1"))
 	t.Logf("project: 4 MiB into a 1 MiB quota refused (ENOSPC); OS layer: %d bytes landed in the sandbox's upper layer (checked against its layer bound); /tmp is a tmpfs of %s KiB", st.Size(), tmp[1])
+}
+
+// TestSparseLayerSnapshot: a file of 4 GiB that holds 8 bytes (a
+// truncate, a write past it) in the OS layer takes no more of the host's
+// disk in the sandbox's snapshots than it takes in the sandbox: the
+// copies keep its holes, through the pre-copy (a 2 MiB file beside it)
+// and the frozen copy alike, and a fork reads it as it was written.
+func TestSparseLayerSnapshot(t *testing.T) {
+	e := newEnv(t, 0)
+	e.create("sparse", sandbox.Limits{})
+	const size = 4 << 30
+	write := func(tail string) {
+		e.mustSh("sparse", fmt.Sprintf("printf head > /var/tmp/sparse && truncate -s %d /var/tmp/sparse && "+
+			"printf %s | dd of=/var/tmp/sparse bs=1 seek=%d conv=notrunc 2>/dev/null && "+
+			"head -c 2097152 /dev/urandom > /var/tmp/dense", size, tail, size/2))
+	}
+	ctx := context.Background()
+	for i, tail := range []string{"tail", "more"} {
+		write(tail) // the second snapshot copies what changed since the first
+		s, err := e.m.Snapshot(ctx, "sparse", sandbox.SnapshotOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var used int64
+		err = filepath.WalkDir(filepath.Join(e.root, "snapshots", s.ID), func(p string, d fs.DirEntry, err error) error {
+			var st unix.Stat_t
+			if err == nil {
+				err = unix.Lstat(p, &st)
+			}
+			used += st.Blocks * 512
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if used > 64<<20 {
+			t.Fatalf("snapshot %d of a layer holding 2 MiB and a sparse file takes %d bytes of the host's disk", i+1, used)
+		}
+		forks, err := e.m.Fork(ctx, "sparse", sandbox.ForkOptions{N: 1, Names: []string{fmt.Sprintf("sparse-fork-%d", i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := e.mustSh(forks[0].Name, fmt.Sprintf("stat -c %%s /var/tmp/sparse; head -c 4 /var/tmp/sparse; echo; dd if=/var/tmp/sparse bs=1 skip=%d count=4 2>/dev/null", size/2))
+		if want := fmt.Sprintf("%d\nhead\n%s", size, tail); got != want {
+			t.Fatalf("the fork reads the sparse file as %q, want %q", got, want)
+		}
+		t.Logf("snapshot %d: %d bytes of disk for a %d-byte sparse file and 2 MiB of data", i+1, used, int64(size))
+	}
 }
 
 // TestSamePortTwoSandboxes: two sandboxes serve on the same port without

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"tine/internal/filecopy"
 )
 
 // copyLayer copies an upper layer directory to the new path to, keeping
@@ -230,17 +232,15 @@ func settledAs(src *os.File, st *unix.Stat_t, start time.Time) bool {
 }
 
 // copyBytes copies src's bytes to the new file to, by reflink when the
-// file system can.
+// file system can, its holes left holes (filecopy).
 func copyBytes(src *os.File, to string) error {
 	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}
-	if unix.IoctlFileClone(int(dst.Fd()), int(src.Fd())) != nil {
-		if _, err := dst.ReadFrom(src); err != nil { // copy_file_range where it can
-			dst.Close()
-			return err
-		}
+	if err := filecopy.Copy(dst, src); err != nil {
+		dst.Close()
+		return err
 	}
 	return dst.Close()
 }

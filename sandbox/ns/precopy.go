@@ -34,7 +34,7 @@ func precopy(ctx context.Context, upper, pre string, refs ...*layerIndex) (*laye
 	var bytes int64
 	err := walkLayerAt(ctx, upper, func(_ int, _ string, st *unix.Stat_t) error {
 		if st.Mode&unix.S_IFMT == unix.S_IFREG && !held(refs, st) {
-			bytes += st.Size
+			bytes += min(st.Size, st.Blocks*512) // holes are not copied
 		}
 		return nil
 	})

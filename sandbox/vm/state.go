@@ -14,6 +14,7 @@ import (
 
 	"tine/chunkstore"
 	"tine/internal/atomicfile"
+	"tine/internal/filecopy"
 	"tine/sandbox"
 	"tine/vmm"
 	"tine/vmm/linux"
@@ -165,7 +166,7 @@ func copyFile(src, dst string) error {
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(out, in)
+	err = filecopy.Copy(out, in)
 	if err == nil {
 		err = out.Sync()
 	}
