@@ -87,9 +87,12 @@ func (c *layerCopy) copy(from, to string, depth int) error {
 	typ := st.Mode & unix.S_IFMT
 	if typ != unix.S_IFDIR && st.Nlink > 1 {
 		key := [2]uint64{st.Dev, st.Ino}
-		if first, ok := c.links[key]; ok {
-			return unix.Link(first, to)
+		if first, ok := c.links[key]; ok && unix.Link(first, to) == nil {
+			return nil
 		}
+		// The first name, or the first copy at the link count's bound
+		// (an earlier copy that many snapshots and forks link): this
+		// name is copied, and the next ones link to it.
 		c.links[key] = to
 	}
 	switch typ {

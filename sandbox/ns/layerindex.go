@@ -58,6 +58,9 @@ func entryBytes(rel string) int { return 128 + len(rel) }
 // add records that the source file id, as stamped, has its copy at rel,
 // if the index has room.
 func (x *layerIndex) add(id fileID, s stamp, rel string) {
+	if x == nil {
+		return // a copy that keeps no index
+	}
 	if n := entryBytes(rel); x.bytes+n <= maxIndexBytes {
 		x.files[id] = indexed{stamp: s, rel: rel}
 		x.bytes += n

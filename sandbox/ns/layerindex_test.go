@@ -2,10 +2,12 @@ package ns
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -423,5 +425,73 @@ func TestLayerBytesLayerSwapped(t *testing.T) {
 		if n <= 0 {
 			t.Fatalf("count %d: %d bytes, not even the layer's own directory", i, n)
 		}
+	}
+}
+
+// linkToBound links p into dir under new names until the file system
+// refuses one more (the link count's bound), and returns those names.
+func linkToBound(t *testing.T, p, dir string) []string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for i := 0; ; i++ {
+		n := filepath.Join(dir, strconv.Itoa(i))
+		err := unix.Link(p, n)
+		if errors.Is(err, unix.EMLINK) {
+			return names
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 200000 {
+			t.Skipf("the file system of %s takes more than %d links to a file: no bound to reach", dir, i)
+		}
+		names = append(names, n)
+	}
+}
+
+// TestCopyAtLinkBound: a hard-linked file whose earlier copy is at the
+// link count's bound (as many snapshots and forks linking it make it)
+// is copied again, and its next name linked to that copy. The copy went
+// on in process (before, the EMLINK made it give the whole layer to
+// cp -a: every file copied again, and no index for the next snapshot).
+func TestCopyAtLinkBound(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: trusted.* attributes")
+	}
+	ctx := context.Background()
+	base := t.TempDir()
+	src := filepath.Join(base, "src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "a"), []byte("shared"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(filepath.Join(src, "a"), filepath.Join(src, "b")); err != nil {
+		t.Fatal(err)
+	}
+	settle(t, src)
+	c1 := filepath.Join(base, "c1")
+	x1, err := copyLayerIndexed(ctx, src, c1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first copy one link short of the bound: the next copy links
+	// one name to it and finds it full for the other.
+	extra := linkToBound(t, filepath.Join(c1, "a"), filepath.Join(base, "links"))
+	if err := os.Remove(extra[len(extra)-1]); err != nil {
+		t.Fatal(err)
+	}
+	c2 := filepath.Join(base, "c2")
+	if _, err := copyLayerIndexed(ctx, src, c2, x1); err != nil {
+		t.Fatalf("a copy with a file at the link bound: %v", err)
+	}
+	sameContent(t, src, c2)
+	first, a, b := inode(t, filepath.Join(c1, "a")), inode(t, filepath.Join(c2, "a")), inode(t, filepath.Join(c2, "b"))
+	if a == b || (a != first && b != first) {
+		t.Fatalf("want one name linked to the first copy (inode %d) and the other copied anew: inodes %d and %d", first, a, b)
 	}
 }

@@ -174,9 +174,10 @@ func osBase(image string, fn func(base string) error) error {
 
 // layerLink is one linkLayers walk.
 type layerLink struct {
-	ctx  context.Context
-	base string // the OS tree below ("": none known)
-	root string // the layer made
+	ctx    context.Context
+	base   string     // the OS tree below ("": none known)
+	root   string     // the layer made
+	copies *layerCopy // the files it could not link, copied
 }
 
 // dir makes the directory to, the merge of srcs (directories of the same
@@ -291,13 +292,17 @@ func (l *layerLink) inBase(to string) bool {
 	return !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR)
 }
 
-// link makes to a hard link to the non-directory from, or a copy of it.
+// link makes to a hard link to the non-directory from, or a copy of it
+// (one copy for the names of one file: a file at the link count's bound
+// with thousands of names is copied once, not once a name).
 func (l *layerLink) link(from, to string, depth int) error {
 	if err := unix.Link(from, to); err == nil {
 		return nil
 	}
-	c := layerCopy{ctx: l.ctx, links: map[[2]uint64]string{}}
-	return c.copy(from, to, depth)
+	if l.copies == nil {
+		l.copies = &layerCopy{ctx: l.ctx, links: map[[2]uint64]string{}}
+	}
+	return l.copies.copy(from, to, depth)
 }
 
 // isWhiteout reports whether the layer entry p (st) is a whiteout: an

@@ -1,6 +1,7 @@
 package ns
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -330,5 +331,40 @@ func TestStackSeedWithoutStacking(t *testing.T) {
 	sameTree(t, "the seed's own layer, copied", filepath.Join(seed, upperDir), upper)
 	if ents, err := os.ReadDir(lower); err != nil || len(ents) != 0 {
 		t.Errorf("the stacked layer of a seed that stacks none: %v, %v (want empty)", ents, err)
+	}
+}
+
+// TestLinkLayersAtLinkBound: a layer file with as many names as the
+// file system allows cannot be linked once more; the fork's layer gets
+// one copy of it, linked under every name, not one copy a name (which a
+// sandbox could turn into thousands of copies of a large file).
+func TestLinkLayersAtLinkBound(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: trusted.* attributes")
+	}
+	base := t.TempDir()
+	layer := filepath.Join(base, "layer")
+	if err := os.MkdirAll(layer, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(layer, "f")
+	if err := os.WriteFile(f, bytes.Repeat([]byte("x"), 8192), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	names := linkToBound(t, f, filepath.Join(layer, "d"))
+	to := filepath.Join(base, "to")
+	if err := linkLayers(context.Background(), []string{layer}, "", to); err != nil {
+		t.Fatal(err)
+	}
+	inodes := map[uint64]bool{}
+	for _, n := range append(names, f) {
+		p := filepath.Join(to, strings.TrimPrefix(n, layer))
+		inodes[inode(t, p)] = true
+	}
+	if len(inodes) > 2 {
+		t.Fatalf("%d names of one file at the link bound became %d files", len(names)+1, len(inodes))
+	}
+	if b, err := os.ReadFile(filepath.Join(to, "d", "0")); err != nil || len(b) != 8192 {
+		t.Fatalf("a name of the copy: %d bytes, %v", len(b), err)
 	}
 }
