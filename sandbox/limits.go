@@ -123,8 +123,9 @@ type Usage struct {
 type Limiter interface {
 	SetLimits(l Limits) error
 	Usage() (Usage, error)
-	// LayerBytes returns the disk space its OS layer takes, counting at
-	// most max bytes (a walk stops there).
+	// LayerBytes returns the disk space its OS layer takes (an entry
+	// counting one block at least), counting at most max bytes (a walk
+	// stops there).
 	LayerBytes(max int64) (int64, error)
 }
 

@@ -516,6 +516,39 @@ func TestLayerBound(t *testing.T) {
 	t.Logf("64 MiB into a 16 MiB OS layer: frozen (%s); thawed and cleaned, it runs", why)
 }
 
+// TestLayerBoundEmptyFiles: empty files and symlinks take no block of
+// the host's disk but an inode each; a sandbox making thousands of them
+// passes its OS layer's bound as a sandbox writing bytes does, so that no
+// bound in bytes leaves the host's inodes to it.
+func TestLayerBoundEmptyFiles(t *testing.T) {
+	e := newEnv(t, 0)
+	lim := sandbox.Limits{Pids: 64}
+	lim.LayerBytes = 4 << 20
+	e.create("inodes", lim)
+	done := make(chan string, 1)
+	go func() {
+		out, _ := e.sh("inodes", "mkdir /var/tmp/many && cd /var/tmp/many && for i in $(seq 1500); do : > f$i; ln -s f$i l$i; done; echo made")
+		done <- out
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for e.m.Frozen("inodes") == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("not frozen 30 s after making 3,000 empty files and symlinks in a 4 MiB OS layer")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	e.waitAudit("inodes", "layer-full", time.Second)
+	if err := e.m.Thaw(context.Background(), "inodes"); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	u, err := e.m.Usage("inodes")
+	if err != nil || u.LayerBytes <= 4<<20 {
+		t.Fatalf("usage: %+v %v, want the OS layer past 4 MiB", u, err)
+	}
+	t.Logf("3,000 empty entries in a 4 MiB OS layer: frozen at %d bytes counted", u.LayerBytes)
+}
+
 // TestDevicePassthrough: a device given is usable inside at the same
 // path and allowed by the sandbox's device cgroup, which allows nothing
 // else beyond the base set; a host device not given is absent.

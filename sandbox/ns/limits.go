@@ -96,10 +96,11 @@ func (in *instance) OOMKills() (uint64, error) {
 	return g.OOMKills()
 }
 
-// LayerBytes sums the disk blocks of the sandbox's upper layer, stopping
-// once the sum passes max. The sandbox runs meanwhile; the walk never
-// follows a symlink it swaps in for a directory (walkLayerAt).
-func (in *instance) LayerBytes(max int64) (int64, error) {
+// LayerBytes sums the disk blocks of the sandbox's upper layer, each
+// entry counted as one block at least (minEntryBytes), stopping once the
+// sum passes bound. The sandbox runs meanwhile; the walk never follows a
+// symlink it swaps in for a directory (walkLayerAt).
+func (in *instance) LayerBytes(bound int64) (int64, error) {
 	upper := filepath.Join(in.dir, upperDir)
 	var n int64
 	var st unix.Stat_t
@@ -109,7 +110,7 @@ func (in *instance) LayerBytes(max int64) (int64, error) {
 	n = st.Blocks * 512 // the layer's own directory, as an empty layer's
 	stop := errors.New("over")
 	err := walkLayerAt(context.Background(), upper, func(_ int, _ string, st *unix.Stat_t) error {
-		if n += st.Blocks * 512; n > max {
+		if n += max(st.Blocks*512, minEntryBytes); n > bound {
 			return stop
 		}
 		return nil
@@ -119,3 +120,10 @@ func (in *instance) LayerBytes(max int64) (int64, error) {
 	}
 	return n, nil
 }
+
+// minEntryBytes is what an entry of the OS layer counts against its
+// bound at least: an empty file, a symlink or a device takes no block
+// but an inode of the host's file system, and a layer of millions of
+// them would use up the host's inodes within any bound in bytes. A
+// block a file is what a layer of small files counts anyway.
+const minEntryBytes = 4096
