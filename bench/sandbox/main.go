@@ -52,13 +52,34 @@ func main() {
 	md := flag.String("md", "", "also write the results as Markdown to this file")
 	save := flag.String("save", "", "also write the results as JSON to this file (bench/report --sandbox)")
 	dir := flag.String("dir", "/var/tmp", "directory for the state, the project and the agent binary")
-	only := flag.String("only", "", "run only these sections, comma-separated: create, breakdown, fs, exec, fork, alive (the goals need create and fork)")
+	only := flag.String("only", "", "run only these sections, comma-separated: create, breakdown, fs, exec, fork, bigfork, alive (the goals need create and fork)")
+	fanout := flag.String("fanout", "", "fork fan-outs to measure, comma-separated (default 1,10,100; 1,10 with -quick)")
+	forkReps := flag.Int("fork-reps", 0, "samples of each fork fan-out (0: the default for its size)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	uring := flag.Bool("fuse-uring", true, "serve project mounts over FUSE io_uring, as tine serve does (false: over /dev/fuse, to measure ADR 0181)")
 	flag.Parse()
 	o := options{reps: 30, execs: 300, fanouts: []int{1, 10, 100}, forkRep: map[int]int{1: 10, 10: 5, 100: 1}, alive: 100, dir: *dir}
 	if *quick {
 		o = options{reps: 8, execs: 50, fanouts: []int{1, 10}, forkRep: map[int]int{1: 3, 10: 2}, alive: 20, dir: *dir}
+	}
+	if *fanout != "" {
+		o.fanouts = nil
+		for _, f := range strings.Split(*fanout, ",") {
+			n, err := strconv.Atoi(f)
+			if err != nil || n < 1 {
+				fmt.Fprintf(os.Stderr, "bench/sandbox: -fanout: %q is not a number of forks (want e.g. 1,10,100)\n", f)
+				os.Exit(2)
+			}
+			o.fanouts = append(o.fanouts, n)
+			if o.forkRep[n] == 0 {
+				o.forkRep[n] = max(1, 10/n)
+			}
+		}
+	}
+	if *forkReps > 0 {
+		for _, n := range o.fanouts {
+			o.forkRep[n] = *forkReps
+		}
 	}
 	if *only != "" {
 		o.only = map[string]bool{}
@@ -281,7 +302,7 @@ func run(ctx context.Context, o options) (*report, error) {
 		return nil, err
 	}
 	defer b.cold.Close(ctx)
-	steps := []func(context.Context, *report) error{b.create, b.breakdown, b.fsPart, b.exec, b.fork, b.alive}
+	steps := []func(context.Context, *report) error{b.create, b.breakdown, b.fsPart, b.exec, b.fork, b.forkBig, b.alive}
 	for i, s := range steps {
 		if o.only != nil && !o.only[sections[i]] {
 			continue
@@ -295,7 +316,7 @@ func run(ctx context.Context, o options) (*report, error) {
 }
 
 // sections names the benchmark's parts, in the order they run (-only).
-var sections = []string{"create", "breakdown", "fs", "exec", "fork", "alive"}
+var sections = []string{"create", "breakdown", "fs", "exec", "fork", "bigfork", "alive"}
 
 func kernel() string {
 	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
@@ -541,7 +562,7 @@ func (b *bench) fork(ctx context.Context, rep *report) error {
 			rep.add(sec, "bwrap", fmt.Sprintf("%d bwrap true at once (no state to copy)", n), bw, "")
 		}
 	}
-	return b.forkBig(ctx, rep)
+	return nil
 }
 
 // forkBig: fork into 1 of a sandbox that wrote 64 MB in 2,000 files
