@@ -16,7 +16,8 @@ import (
 // FuzzCopyLayerIndexed: a layer a sandbox could write (files,
 // directories, symlinks, whiteouts, opaque directories), copied, changed
 // in ways r chooses (bytes rewritten with the times set back, modes,
-// owners, xattrs, truncates, removals, renames, hard links, new files)
+// owners, xattrs, truncates, sparse growth, removals, renames, hard
+// links, new files)
 // and copied again from the first copy's index, twice: every copy is its
 // source, whatever the earlier copies let it link.
 func FuzzCopyLayerIndexed(f *testing.F) {
@@ -104,8 +105,15 @@ func fuzzChange(t *testing.T, dir string, r *fuzzbytes.Reader) {
 		err = os.Lchown(p, int(st.Uid)+1, int(st.Gid))
 	case 3:
 		err = unix.Lsetxattr(p, "user.fuzz", []byte{r.Byte()}, 0)
-	case 4:
-		err = os.Truncate(p, int64(r.Byte()%4))
+	case 4: // cut, or grown past its end with a byte in the hole (sparse)
+		size := int64(r.Byte()%4) << (r.Byte() % 18)
+		if err = os.Truncate(p, size); err == nil && size > 8192 {
+			var f *os.File
+			if f, err = os.OpenFile(p, os.O_WRONLY, 0); err == nil {
+				_, err = f.WriteAt([]byte{r.Byte()}, size/2)
+				f.Close()
+			}
+		}
 	case 5:
 		err = os.Remove(p)
 	case 6: // another file renamed over it
