@@ -12,9 +12,10 @@ import (
 )
 
 // Copy gives dst, an empty file open for writing, src's bytes: a
-// reflink where the file system shares extents, else src's data ranges
-// alone (found with SEEK_DATA and SEEK_HOLE, copied in the kernel where
-// it can) with its holes left holes, then src's size. A file system that
+// reflink where the file system shares extents; else the whole file when
+// its blocks cover its size (no room for a hole), and src's data ranges
+// alone otherwise (found with SEEK_DATA and SEEK_HOLE), its holes left
+// holes, then src's size; copied in the kernel where it can. A file system that
 // cannot tell holes has its whole file copied. src may change while it
 // is copied (a running sandbox's file): Copy then stops at the end it
 // finds and gives dst the size src had at the start; the caller tells
@@ -29,6 +30,15 @@ func Copy(dst, src *os.File) error {
 		return err
 	}
 	size := st.Size
+	if st.Blocks*512 >= size {
+		// No room for a hole: one copy of the whole, the common case,
+		// without seeking for data.
+		n, err := copyRange(dfd, sfd, 0, size)
+		if err != nil || n == size {
+			return err
+		}
+		return unix.Ftruncate(dfd, size) // src shrank
+	}
 	for off := int64(0); off < size; {
 		data, err := unix.Seek(sfd, off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
