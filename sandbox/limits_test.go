@@ -493,13 +493,7 @@ func TestLayerBound(t *testing.T) {
 		out, _ := e.sh("layer", "head -c 67108864 /dev/zero > /var/tmp/fill && echo wrote")
 		done <- out
 	}()
-	deadline := time.Now().Add(20 * time.Second)
-	for e.m.Frozen("layer") == "" {
-		if time.Now().After(deadline) {
-			t.Fatal("not frozen 20 s after writing 64 MiB into a 16 MiB OS layer")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	e.waitFrozen("layer", 20*time.Second, "writing 64 MiB into a 16 MiB OS layer")
 	why := e.m.Frozen("layer")
 	if u, err := e.m.Usage("layer"); err != nil || u.LayerBytes <= 16<<20 {
 		t.Errorf("usage of the frozen sandbox: %+v %v, want its OS layer past 16 MiB", u, err)
@@ -516,6 +510,19 @@ func TestLayerBound(t *testing.T) {
 	t.Logf("64 MiB into a 16 MiB OS layer: frozen (%s); thawed and cleaned, it runs", why)
 }
 
+// waitFrozen waits until sandbox name is frozen, failing after within
+// (after what, the test's doing).
+func (e *env) waitFrozen(name string, within time.Duration, after string) {
+	e.t.Helper()
+	deadline := time.Now().Add(within)
+	for e.m.Frozen(name) == "" {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s not frozen %v after %s", name, within, after)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // TestLayerBoundEmptyFiles: empty files and symlinks take no block of
 // the host's disk but an inode each; a sandbox making thousands of them
 // passes its OS layer's bound as a sandbox writing bytes does, so that no
@@ -530,13 +537,7 @@ func TestLayerBoundEmptyFiles(t *testing.T) {
 		out, _ := e.sh("inodes", "mkdir /var/tmp/many && cd /var/tmp/many && for i in $(seq 1500); do : > f$i; ln -s f$i l$i; done; echo made")
 		done <- out
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for e.m.Frozen("inodes") == "" {
-		if time.Now().After(deadline) {
-			t.Fatal("not frozen 30 s after making 3,000 empty files and symlinks in a 4 MiB OS layer")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	e.waitFrozen("inodes", 30*time.Second, "making 3,000 empty files and symlinks in a 4 MiB OS layer")
 	e.waitAudit("inodes", "layer-full", time.Second)
 	if err := e.m.Thaw(context.Background(), "inodes"); err != nil {
 		t.Fatal(err)
