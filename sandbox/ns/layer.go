@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,14 +104,11 @@ func (c *layerCopy) copy(from, to string, depth int) error {
 		if err := unix.Mkdir(to, 0o700); err != nil {
 			return err
 		}
-		names, err := dirNames(from)
+		err := eachName(from, func(n string) error {
+			return c.copy(filepath.Join(from, n), filepath.Join(to, n), depth+1)
+		})
 		if err != nil {
 			return err
-		}
-		for _, n := range names {
-			if err := c.copy(filepath.Join(from, n), filepath.Join(to, n), depth+1); err != nil {
-				return err
-			}
 		}
 	case unix.S_IFREG:
 		rel := strings.TrimPrefix(to, c.root+"/")
@@ -146,14 +144,40 @@ func (c *layerCopy) copy(from, to string, depth int) error {
 	return copyAttrs(from, to, &st)
 }
 
-// dirNames returns the names in directory dir.
-func dirNames(dir string) ([]string, error) {
+// eachName calls fn with each name in directory dir, until fn returns
+// an error, which it returns (or the directory's read error).
+func eachName(dir string, fn func(name string) error) error {
 	d, err := os.Open(dir)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer d.Close()
-	return d.Readdirnames(-1)
+	return readNames(d, fn)
+}
+
+// dirBatch is how many names a directory walk reads at once: a sandbox
+// can put millions of names (of up to 255 bytes) in one directory of its
+// layer, which the daemon must never hold all at once.
+const dirBatch = 512
+
+// readNames calls fn with each name in the open directory d, read
+// dirBatch at a time, until fn returns an error, which it returns (or
+// the read's error).
+func readNames(d *os.File, fn func(name string) error) error {
+	for {
+		names, err := d.Readdirnames(dirBatch)
+		for _, n := range names {
+			if err := fn(n); err != nil {
+				return err
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
 }
 
 // walkLayerAt calls fn for each entry below the directory dir, with its
@@ -175,30 +199,26 @@ func walkLayerAt(ctx context.Context, dir string, fn func(dfd int, name string, 
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		names, err := d.Readdirnames(-1)
-		if err != nil {
-			return nil // changed under the walk
-		}
-		for _, n := range names {
+		var stop error // fn's error or the context's, which end the walk
+		readNames(d, func(n string) error {
 			var st unix.Stat_t
 			if unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
-				continue
+				return nil
 			}
-			if err := fn(fd, n, &st); err != nil {
-				return err
+			if stop = fn(fd, n, &st); stop != nil {
+				return stop
 			}
 			if st.Mode&unix.S_IFMT != unix.S_IFDIR || depth >= maxLayerDepth {
-				continue
+				return nil
 			}
 			cfd, err := unix.Openat(fd, n, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			if err != nil {
-				continue
+				return nil
 			}
-			if err := walk(cfd, depth+1); err != nil {
-				return err
-			}
-		}
-		return nil
+			stop = walk(cfd, depth+1)
+			return stop
+		})
+		return stop // a read that fails: the directory changed under the walk
 	}
 	return walk(fd, 0)
 }

@@ -7,9 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -195,5 +197,126 @@ func TestCopyStateAtomic(t *testing.T) {
 	want, got := manifest(t, filepath.Join(from, upperDir)), manifest(t, filepath.Join(to, upperDir))
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("copy differs from its source:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// bigDir makes n empty files with long names in the new directory dir,
+// those with i%stride == 0 only (stride 1: all), and returns their names.
+func bigDir(t *testing.T, dir string, n, stride int) []string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for i := 0; i < n; i += stride {
+		name := fmt.Sprintf("%0240d", i)
+		fd, err := unix.Open(filepath.Join(dir, name), unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unix.Close(fd)
+		names = append(names, name)
+	}
+	return names
+}
+
+// peakHeap runs fn and returns how far the heap grew above where it
+// started, sampled while fn runs.
+func peakHeap(fn func() error) (uint64, error) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base, peak := ms.HeapAlloc, ms.HeapAlloc
+	done := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, ms.HeapAlloc)
+			select {
+			case <-done:
+				return
+			case <-time.After(200 * time.Microsecond):
+			}
+		}
+	}()
+	err := fn()
+	close(done)
+	<-sampled
+	return peak - base, err
+}
+
+// TestLayerWalksBigDirectory: a layer directory of 60,000 names of 240
+// bytes (15 MB of names; a sandbox may make millions) is walked by the
+// bound's count, copied by a snapshot and stacked for a fork without
+// the daemon holding its names at once, and each walk sees every name,
+// across the batches the directory is read in.
+func TestLayerWalksBigDirectory(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: trusted.* attributes")
+	}
+	const n = 60000
+	// On a tmpfs: ext4 here takes 10 s and more to make and copy as many
+	// files in one directory.
+	base := filepath.Join(t.TempDir(), "fs")
+	if err := os.Mkdir(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", base, "tmpfs", 0, "size=64m,nr_inodes=400k"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(base, unix.MNT_DETACH)
+	upper, lower := filepath.Join(base, upperDir), filepath.Join(base, "lower")
+	names := bigDir(t, filepath.Join(upper, "big"), n, 1)
+	bigDir(t, filepath.Join(lower, "big"), n+3*dirBatch, 7) // half its names in the upper layer too
+	const most = 12 << 20 // the old walks: 29 MB
+	var largest uint64
+	in := &instance{dir: base}
+	var counted int64
+	grew, err := peakHeap(func() (err error) { counted, err = in.LayerBytes(1 << 40); return err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	largest = max(largest, grew)
+	if counted < n*minEntryBytes {
+		t.Fatalf("the bound's walk counted %d bytes for %d entries", counted, n)
+	}
+	if grew > most {
+		t.Fatalf("the bound's walk of %d names grew the heap by %d bytes", n, grew)
+	}
+	// The copy's index of the files (bounded on its own: TestIndexMemoryBounded)
+	// is left out: no file counts as settled.
+	clock := copyClock
+	copyClock = func() time.Time { return time.Unix(0, 0) }
+	defer func() { copyClock = clock }()
+	cp := filepath.Join(base, "copy")
+	if grew, err = peakHeap(func() error { return copyLayer(context.Background(), upper, cp) }); err != nil {
+		t.Fatal(err)
+	}
+	largest = max(largest, grew)
+	if grew > most {
+		t.Fatalf("the copy of %d names grew the heap by %d bytes", n, grew)
+	}
+	stacked := filepath.Join(base, "stacked")
+	if grew, err = peakHeap(func() error { return linkLayers(context.Background(), []string{upper, lower}, "", stacked) }); err != nil {
+		t.Fatal(err)
+	}
+	largest = max(largest, grew)
+	if grew > most {
+		t.Fatalf("stacking two layers of %d names grew the heap by %d bytes", n, grew)
+	}
+	t.Logf("%d names of 240 bytes: the heap grew by %d bytes at most in a walk", n, largest)
+	for what, want := range map[string]int{cp: len(names), stacked: n + 3*dirBatch/7 + 1} {
+		d, err := os.Open(filepath.Join(what, "big"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := d.Readdirnames(-1)
+		d.Close()
+		if err != nil || len(got) < want-1 || len(got) > want+1 {
+			t.Fatalf("%s holds %d names (%v), want %d", what, len(got), err, want)
+		}
 	}
 }

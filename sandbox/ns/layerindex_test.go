@@ -385,9 +385,9 @@ func TestPrecopyLayerSwapped(t *testing.T) {
 		if x == nil {
 			continue // the swap hid the file from the first walk
 		}
-		names, _ := dirNames(pre)
-		for _, n := range names {
-			p := filepath.Join(pre, n)
+		ents, _ := os.ReadDir(pre)
+		for _, ent := range ents {
+			p := filepath.Join(pre, ent.Name())
 			if b, _ := os.ReadFile(p); string(b) == string(secret) {
 				t.Fatalf("precopy %d copied the host's file through a symlink the sandbox made", i)
 			}

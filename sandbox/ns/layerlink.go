@@ -198,27 +198,25 @@ func (l *layerLink) dir(srcs []string, to string, hide bool, depth int) error {
 		return err
 	}
 	hide = hide || isOpaque(srcs[0])
-	var names []string
-	seen := map[string]bool{}
-	for _, s := range srcs {
-		ns, err := dirNames(s)
-		if err != nil {
-			return err
-		}
-		for _, n := range ns {
-			if !seen[n] {
-				seen[n] = true
-				names = append(names, n)
-			}
-		}
-	}
+	// Each name once: a lower layer's name that an upper one has was
+	// made from that one (the layers are never written), so the merge
+	// holds no set of names, whatever a directory's size.
 	whiteouts := false
-	for _, n := range names {
-		wo, err := l.entry(srcs, n, filepath.Join(to, n), hide, depth)
+	for i, s := range srcs {
+		err := eachName(s, func(n string) error {
+			for _, up := range srcs[:i] {
+				var ust unix.Stat_t
+				if unix.Lstat(filepath.Join(up, n), &ust) == nil {
+					return nil
+				}
+			}
+			wo, err := l.entry(srcs, n, filepath.Join(to, n), hide, depth)
+			whiteouts = whiteouts || wo
+			return err
+		})
 		if err != nil {
 			return err
 		}
-		whiteouts = whiteouts || wo
 	}
 	if err := copyAttrs(srcs[0], to, &st); err != nil {
 		return err
