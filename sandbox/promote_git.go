@@ -81,6 +81,11 @@ type GitPromoteResult struct {
 	Record string        `json:"record,omitempty"`
 }
 
+// maxGitBlob bounds a file a git promote stores: git hash-object reads
+// its input whole into memory, and a sandbox can make a file of a
+// terabyte that takes no disk (a sparse one).
+const maxGitBlob = 1 << 30
+
 // Bounds on what --keep-commits copies out of a sandbox's .git.
 const (
 	maxKeepBytes   = 1 << 30
@@ -426,6 +431,10 @@ func (m *Manager) gitTree(ctx context.Context, g *gitRepo, start string, base, t
 			mode = "120000"
 		case e.Type != cowfs.TypeFile:
 			res.Refused = append(res.Refused, cowfs.Refusal{Path: p, Reason: fmt.Sprintf("a %s: git holds only files and symlinks", e.Type)})
+			continue
+		case e.Size > maxGitBlob:
+			res.Refused = append(res.Refused, cowfs.Refusal{Path: p, Reason: fmt.Sprintf(
+				"a file of %d bytes: over the %d bytes a git promote stores (git reads a blob whole into memory); promote into the directory for it", e.Size, int64(maxGitBlob))})
 			continue
 		case e.Mode&0o111 != 0:
 			mode = "100755"

@@ -197,3 +197,29 @@ func TestPromoteGitHooks(t *testing.T) {
 	}
 	hostGit(t, p, "-c", "core.hooksPath=/dev/null", "fsck", "--strict")
 }
+
+// TestPromoteGitRefusesHugeFile: a sparse file of over 1 GiB (no disk in
+// the sandbox, a terabyte if it wanted) is refused by a git promote,
+// named with its size, and the rest of the change is committed; git is
+// never asked to read it whole into memory.
+func TestPromoteGitRefusesHugeFile(t *testing.T) {
+	e := newEnv(t, 0)
+	p := e.project
+	hostGit(t, p, "init", "-q", "-b", "main")
+	os.WriteFile(filepath.Join(p, "a.txt"), []byte("a\n"), 0o644)
+	hostGit(t, p, "add", "-A")
+	hostGit(t, p, "-c", "user.name=Host", "-c", "user.email=host@example.com", "commit", "-q", "-m", "first")
+	e.create("huge", sandbox.Limits{})
+	e.mustSh("huge", fmt.Sprintf("cd %s && truncate -s 1100M huge.bin && echo b > b.txt", p))
+	res, err := e.m.PromoteGit(context.Background(), "huge", sandbox.GitPromoteOptions{Branch: "b"})
+	if err != nil || !res.Applied {
+		t.Fatalf("promote: %v %+v", err, res)
+	}
+	if len(res.Refused) != 1 || res.Refused[0].Path != "huge.bin" || !strings.Contains(res.Refused[0].Reason, "1153433600 bytes") {
+		t.Fatalf("refused %+v, want huge.bin with its size", res.Refused)
+	}
+	tree := hostGit(t, p, "ls-tree", "-r", "--name-only", "b")
+	if !strings.Contains(tree, "b.txt") || strings.Contains(tree, "huge.bin") {
+		t.Fatalf("branch tree:\n%s", tree)
+	}
+}
