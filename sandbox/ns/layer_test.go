@@ -271,7 +271,8 @@ func TestLayerWalksBigDirectory(t *testing.T) {
 	upper, lower := filepath.Join(base, upperDir), filepath.Join(base, "lower")
 	names := bigDir(t, filepath.Join(upper, "big"), n, 1)
 	bigDir(t, filepath.Join(lower, "big"), n+3*dirBatch, 7) // half its names in the upper layer too
-	const most = 12 << 20 // the old walks: 29 MB
+	// The walks that read a directory whole grew it by 29 MB.
+	const most = 12 << 20
 	var largest uint64
 	in := &instance{dir: base}
 	var counted int64
