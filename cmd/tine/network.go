@@ -231,7 +231,7 @@ func (a *app) portsCommand() *cobra.Command {
 						url = e.URL
 						delete(byPort, e.Port)
 					}
-					fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\n", p.Proto, p.Address, p.Port, p.PID, url)
+					io.WriteString(w, portRow(p, url))
 				}
 				for _, e := range ex.Exposures {
 					if _, ok := byPort[e.Port]; ok {
@@ -361,4 +361,10 @@ func (l *logAuditor) Append(kind string, fields map[string]any) error {
 	defer l.mu.Unlock()
 	_, err = fmt.Fprintf(l.w, "tine serve: audit %s\n", b)
 	return err
+}
+
+// portRow is one line of tine ports. The protocol and address are the
+// agent's, which the sandbox may have forged: shown escaped where unsafe.
+func portRow(p proto.Port, url string) string {
+	return fmt.Sprintf("%s\t%s\t%d\t%d\t%s\n", shown(p.Proto), shown(p.Address), p.Port, p.PID, url)
 }

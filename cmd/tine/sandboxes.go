@@ -15,6 +15,7 @@ import (
 
 	"tine/api"
 	"tine/api/client"
+	"tine/guestagent/proto"
 	"tine/sandbox"
 )
 
@@ -358,15 +359,7 @@ func (a *app) psCommand() *cobra.Command {
 			}
 			return table(a.stdout, "PID\tPPID\tUSER\tSTATE\tRSS\tCOMMAND", func(w io.Writer) {
 				for _, p := range ps {
-					cmd := shownAll(p.Argv, " ")
-					if cmd == "" {
-						cmd = "[" + shown(p.Comm) + "]"
-					}
-					user := shown(p.User)
-					if user == "" {
-						user = fmt.Sprint(p.UID)
-					}
-					fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s\n", p.PID, p.PPID, user, p.State, humanBytes(int64(p.RSS)), cmd)
+					io.WriteString(w, psRow(p))
 				}
 			})
 		},
@@ -593,4 +586,18 @@ func (a *app) stopCommand() *cobra.Command {
 			})
 		},
 	}
+}
+
+// psRow is one line of tine ps. Every string in it is the agent's, which
+// the sandbox may have forged: each is shown escaped where unsafe.
+func psRow(p proto.Process) string {
+	cmd := shownAll(p.Argv, " ")
+	if cmd == "" {
+		cmd = "[" + shown(p.Comm) + "]"
+	}
+	user := shown(p.User)
+	if user == "" {
+		user = fmt.Sprint(p.UID)
+	}
+	return fmt.Sprintf("%d\t%d\t%s\t%s\t%s\t%s\n", p.PID, p.PPID, user, shown(p.State), humanBytes(int64(p.RSS)), cmd)
 }

@@ -1,6 +1,11 @@
 package main
 
-import "testing"
+import (
+	"strings"
+	"testing"
+
+	"tine/guestagent/proto"
+)
 
 // TestShown: names, lines and messages that would steer a terminal (an
 // escape sequence, a C1 control, a bidirectional override, a newline,
@@ -26,6 +31,21 @@ func TestShown(t *testing.T) {
 		}
 		if got := printable(c.in); got != c.msg {
 			t.Errorf("printable(%q) = %s, want %s", c.in, got, c.msg)
+		}
+	}
+}
+
+// TestAgentFieldsShown: the agent's answers come from inside the sandbox,
+// which may forge them: every string of a ps or ports line is shown
+// escaped where it would steer the terminal or forge a line.
+func TestAgentFieldsShown(t *testing.T) {
+	for _, row := range []string{
+		psRow(proto.Process{PID: 2, PPID: 1, User: "root\x1b[2J", State: "S\x1b]0;owned\x07", Argv: []string{"sh\r\nforged"}}),
+		psRow(proto.Process{PID: 3, PPID: 1, UID: 5, Comm: "kw\x1b[1m"}),
+		portRow(proto.Port{Proto: "tcp\x1b[2J", Address: "0.0.0.0\r\nforged line", Port: 80, PID: 2}, "-"),
+	} {
+		if strings.ContainsAny(strings.TrimSuffix(row, "\n"), "\x1b\x07\r\n") {
+			t.Errorf("row %q steers the terminal", row)
 		}
 	}
 }
