@@ -836,8 +836,7 @@ func (l *live) putConn(c *client.Client) {
 // them. A stopped sandbox is snapshotted as it is.
 func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) (*SnapshotInfo, error) {
 	if o.Name != "" {
-		m.ext.snapMu.Lock()
-		defer m.ext.snapMu.Unlock()
+		defer m.ext.labels.lock(name)()
 	}
 	s, save, err := m.snapshot(ctx, name, o)
 	if err != nil {
@@ -851,8 +850,8 @@ func (m *Manager) Snapshot(ctx context.Context, name string, o SnapshotOptions) 
 
 // snapshot takes the snapshot Snapshot describes and returns it with the
 // function that writes its metadata, without which it is removed (and
-// which removes it on failure). A labelled snapshot needs ext.snapMu held
-// from before this call until save returns.
+// which removes it on failure). A labelled snapshot needs the sandbox's
+// lock in ext.labels held from before this call until save returns.
 func (m *Manager) snapshot(ctx context.Context, name string, o SnapshotOptions) (*SnapshotInfo, func() error, error) {
 	info, err := m.Get(name)
 	if err != nil {

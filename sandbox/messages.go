@@ -180,25 +180,12 @@ func (m *Manager) mayMessage(from *Info, to string) bool {
 // the readers of an inbox when a message arrives.
 type messaging struct {
 	mu      sync.Mutex
-	locks   map[string]*sync.Mutex
+	inboxes nameLocks
 	changed map[string]chan struct{}
 }
 
 // lock locks sandbox name's inbox and returns its unlock.
-func (ms *messaging) lock(name string) func() {
-	ms.mu.Lock()
-	if ms.locks == nil {
-		ms.locks = map[string]*sync.Mutex{}
-	}
-	l := ms.locks[name]
-	if l == nil {
-		l = &sync.Mutex{}
-		ms.locks[name] = l
-	}
-	ms.mu.Unlock()
-	l.Lock()
-	return l.Unlock
-}
+func (ms *messaging) lock(name string) func() { return ms.inboxes.lock(name) }
 
 // wait returns a channel closed at the next message to name.
 func (ms *messaging) wait(name string) <-chan struct{} {

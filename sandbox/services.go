@@ -18,9 +18,9 @@ import (
 type extra struct {
 	mu   sync.Mutex
 	logs map[string]*logFile
-	// snapMu makes the check that a label is free and the write of the
-	// labelled snapshot one step.
-	snapMu sync.Mutex
+	// labels makes the check that a sandbox's snapshot label is free
+	// and the write of the labelled snapshot one step.
+	labels nameLocks
 	// recovered lists what Open found half-made and cleaned up.
 	recovered []string
 	// promoting holds "sandbox NAME" and "directory DIR" for each
