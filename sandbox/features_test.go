@@ -186,6 +186,22 @@ func TestSnapshotLabels(t *testing.T) {
 	if _, err := e.m.Snapshot(ctx, "l", sandbox.SnapshotOptions{Name: "first"}); !errors.Is(err, sandbox.ErrExists) {
 		t.Fatalf("second label 'first': %v", err)
 	}
+	// At once, one label: one snapshot takes it, the others are refused.
+	made := make(chan error, 4)
+	for range 4 {
+		go func() { _, err := e.m.Snapshot(ctx, "l", sandbox.SnapshotOptions{Name: "race"}); made <- err }()
+	}
+	took := 0
+	for range 4 {
+		if err := <-made; err == nil {
+			took++
+		} else if !errors.Is(err, sandbox.ErrExists) {
+			t.Fatal(err)
+		}
+	}
+	if took != 1 {
+		t.Fatalf("%d snapshots took label race at once", took)
+	}
 	for _, bad := range []string{"snap-1", "../x", "a b", strings.Repeat("x", 64)} {
 		if _, err := e.m.Snapshot(ctx, "l", sandbox.SnapshotOptions{Name: bad}); err == nil {
 			t.Fatalf("label %q accepted", bad)
@@ -200,7 +216,7 @@ func TestSnapshotLabels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(list) != 2 || list[0].ID != a.ID || list[1].ID != b.ID || list[0].Name != "first" {
+	if len(list) != 3 || list[0].ID != a.ID || list[2].ID != b.ID || list[0].Name != "first" || list[1].Name != "race" {
 		t.Fatalf("snapshots: %+v", list)
 	}
 	changes, err := e.m.Diff(ctx, "l", "first")
