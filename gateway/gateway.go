@@ -99,6 +99,7 @@ type Gateway struct {
 	secrets []Secret
 	conns   map[*conn]struct{}
 	denied  map[string]int
+	creds   map[credKey]*credUse
 	closed  bool
 }
 
@@ -201,6 +202,7 @@ func (g *Gateway) Close() error {
 	g.transport.CloseIdleConnections()
 	g.wg.Wait()
 	g.flushDenied()
+	g.flushCredentials()
 	return nil
 }
 
