@@ -255,7 +255,7 @@ func peakHeap(fn func() error) (uint64, error) {
 // across the batches the directory is read in.
 func TestLayerWalksBigDirectory(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: trusted.* attributes")
+		t.Skip("needs root: the test mounts a tmpfs")
 	}
 	const n = 60000
 	// On a tmpfs: ext4 here takes 10 s and more to make and copy as many
