@@ -172,6 +172,10 @@ func osBase(image string, fn func(base string) error) error {
 	return fn(fmt.Sprintf("/proc/self/fd/%d", fd))
 }
 
+// maxNameSet is the most names of a directory's upper layers a merge
+// keeps (about 1 MiB of names of 255 bytes).
+const maxNameSet = 4096
+
 // layerLink is one linkLayers walk.
 type layerLink struct {
 	ctx    context.Context
@@ -199,15 +203,34 @@ func (l *layerLink) dir(srcs []string, to string, hide bool, depth int) error {
 	}
 	hide = hide || isOpaque(srcs[0])
 	// Each name once: a lower layer's name that an upper one has was
-	// made from that one (the layers are never written), so the merge
-	// holds no set of names, whatever a directory's size.
+	// made from that one. The upper layers' names are kept while they
+	// are few (the fork's hot path); past maxNameSet, a lower name is
+	// looked up in them instead (the layers are never written), so the
+	// merge's memory is bounded whatever a directory's size.
+	seen := map[string]bool{}
+	many := false
+	above := func(upper []string, n string) bool {
+		if !many {
+			return seen[n]
+		}
+		for _, up := range upper {
+			var ust unix.Stat_t
+			if unix.Lstat(filepath.Join(up, n), &ust) == nil {
+				return true
+			}
+		}
+		return false
+	}
 	whiteouts := false
 	for i, s := range srcs {
 		err := eachName(s, func(n string) error {
-			for _, up := range srcs[:i] {
-				var ust unix.Stat_t
-				if unix.Lstat(filepath.Join(up, n), &ust) == nil {
-					return nil
+			if i > 0 && above(srcs[:i], n) {
+				return nil
+			}
+			if i < len(srcs)-1 && !many {
+				seen[n] = true
+				if many = len(seen) > maxNameSet; many {
+					clear(seen)
 				}
 			}
 			wo, err := l.entry(srcs, n, filepath.Join(to, n), hide, depth)
