@@ -91,7 +91,7 @@ func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, e
 	root := &node{b: b, in: b.root}
 	b.rootNode = root
 	b.mountDir = dir
-	srv, conn, id, err := mountFUSE(dir, root, b.backings, fuseOptions(fsName+"@"+f.tag, opts), !opts.NoURing)
+	srv, conn, id, err := mountFUSE(dir, root, b.backings, &b.gate, fuseOptions(fsName+"@"+f.tag, opts), !opts.NoURing)
 	if err != nil {
 		b.backings.forget()
 		return nil, err
@@ -138,8 +138,8 @@ func checkMountpoint(dir string) (string, error) {
 // made but the server then fails to start (dir swapped for a file
 // meanwhile, or the kernel refused the handshake), the mount is detached
 // again: a failed mount leaves nothing behind.
-func mountFUSE(dir string, root gofs.InodeEmbedder, bk *backings, fo *gofs.Options, ring bool) (*fuse.Server, *fuseuring.Conn, uint32, error) {
-	srv, conn, id, err := startFUSE(dir, root, bk, fo, ring)
+func mountFUSE(dir string, root gofs.InodeEmbedder, bk *backings, gate *putGate, fo *gofs.Options, ring bool) (*fuse.Server, *fuseuring.Conn, uint32, error) {
+	srv, conn, id, err := startFUSE(dir, root, bk, gate, fo, ring)
 	if err == nil {
 		cloexecDevice(srv) // cloexec.go
 		return srv, conn, id, nil
@@ -183,8 +183,8 @@ const initTimeout = 30 * time.Second
 // and the kernel offers it. The connection is nil when it is served over
 // /dev/fuse alone. id is the FUSE connection's number when the guard was
 // told of it (guard.go), 0 otherwise; it is set on error too.
-func startFUSE(dir string, root gofs.InodeEmbedder, bk *backings, fo *gofs.Options, ring bool) (srv *fuse.Server, conn *fuseuring.Conn, id uint32, err error) {
-	var raw fuse.RawFileSystem = rawFS{gofs.NewNodeFS(root, fo), bk}
+func startFUSE(dir string, root gofs.InodeEmbedder, bk *backings, gate *putGate, fo *gofs.Options, ring bool) (srv *fuse.Server, conn *fuseuring.Conn, id uint32, err error) {
+	var raw fuse.RawFileSystem = rawFS{gofs.NewNodeFS(root, fo), bk, gate}
 	mo := fo.MountOptions
 	var fs fuse.RawFileSystem = raw
 	var hook *fuseuring.InitHook
@@ -518,6 +518,9 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, sa *fuse.SetAttr
 	if !b.bound() {
 		return syscall.EROFS
 	}
+	if _, ok := sa.GetSize(); ok {
+		b.waitPut(n.cur())
+	}
 	in := n.cur()
 	if sa.Valid&fuse.FATTR_KILL_SUIDGID != 0 && sa.Valid&^(fuse.FATTR_KILL_SUIDGID|fuse.FATTR_FH|fuse.FATTR_LOCKOWNER) == 0 &&
 		killSUIDGID(in.mode) == in.mode {
@@ -593,7 +596,17 @@ var _ gofs.FileReleaser = (*handle)(nil)
 func (h *handle) Release(ctx context.Context) syscall.Errno {
 	b := h.n.b
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	put := b.release(h)
+	b.mu.Unlock()
+	if put != nil {
+		go b.putPages(h, put)
+	}
+	return 0
+}
+
+// release forgets handle h and returns the content to put in the kernel's
+// page cache, if any (pagestore.go). Caller holds b.mu.
+func (b *branch) release(h *handle) []byte {
 	h.in.opens--
 	if h.writer {
 		if b.writing[h.in]--; b.writing[h.in] <= 0 {
@@ -616,7 +629,10 @@ func (h *handle) Release(ctx context.Context) syscall.Errno {
 		b.dropOverlay(h.in.f)
 		delete(b.orphans, h.in)
 	}
-	return 0
+	if h.writer {
+		return b.pageStore(h)
+	}
+	return nil
 }
 
 // passthroughMin is the smallest file read through passthrough. A
@@ -638,6 +654,9 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 	if in.typ != TypeFile {
 		b.mu.Unlock()
 		return nil, 0, 0
+	}
+	if writable && b.waitPut(in) {
+		in = n.cur()
 	}
 	if writable && in.backedOpens > 0 {
 		// The kernel gives every open of an inode the backing file of its
@@ -1160,8 +1179,15 @@ func (n *node) listDir() ([]fuse.DirEntry, syscall.Errno) {
 	return list, 0
 }
 
+// readTestHook, when set (by tests), runs as a READ is served, with the
+// branch's name.
+var readTestHook atomic.Pointer[func(branch string)]
+
 func (n *node) Read(ctx context.Context, fh gofs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	b := n.b
+	if hook := readTestHook.Load(); hook != nil {
+		(*hook)(b.name)
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	in := n.cur()
@@ -1184,6 +1210,9 @@ func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 		in = h.in
 	}
 	w, err := b.write(in, data, off)
+	if w > 0 {
+		in.unstored = true
+	}
 	if err != nil && w == 0 {
 		return 0, toErrno(err)
 	}

@@ -83,7 +83,8 @@ func fuseOptions(fsName string, opts *MountOptions) *gofs.Options {
 			// on to stat the entries (the kernel's adaptive mode).
 			ExtraCapabilities: caps,
 			// A symlink's target never changes for an inode number.
-			EnableSymlinkCaching: true,
+			EnableSymlinkCaching:     true,
+			ExplicitDataCacheControl: true,
 		},
 	}
 }
