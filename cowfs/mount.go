@@ -515,11 +515,11 @@ func (n *node) Setattr(ctx context.Context, fh gofs.FileHandle, sa *fuse.SetAttr
 	b := n.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.bound() {
-		return syscall.EROFS
-	}
 	if _, ok := sa.GetSize(); ok {
 		b.waitPut(n.cur())
+	}
+	if !b.bound() {
+		return syscall.EROFS
 	}
 	in := n.cur()
 	if sa.Valid&fuse.FATTR_KILL_SUIDGID != 0 && sa.Valid&^(fuse.FATTR_KILL_SUIDGID|fuse.FATTR_FH|fuse.FATTR_LOCKOWNER) == 0 &&
