@@ -50,8 +50,7 @@ type inode struct {
 	cachedOpens int           // open non-passthrough handles
 	backedOpens int           // open handles the kernel serves with a backing file (passthrough and direct)
 	bk          *backing      // their backing file, while there are any
-	unstored    bool          // written through the mount since its content was last put in the kernel's page cache (pagestore.go)
-	putting     chan struct{} // closed when the put of its content in the kernel's page cache ends
+	putting     chan struct{} // while its content is put in the kernel's page cache: closed when that ends (pagestore.go)
 
 	// symlinks and device nodes
 	target string
@@ -106,7 +105,6 @@ type branch struct {
 	mountDir    string         // where the mount serving b is (serve)
 	writing     map[*inode]int // files open for writing: their handles (see flushMapped)
 	keepCache   bool           // plain opens and directory opens keep the kernel's caches (MountOptions.NoKeepCache)
-	gate        putGate        // puts in the kernel's page cache against opens that would wait for them (pagestore.go)
 
 	chunkCache    map[chunkstore.ID][]byte // small cache of decoded chunks
 	chunkOrder    []chunkstore.ID

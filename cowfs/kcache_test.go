@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -163,15 +164,18 @@ func TestPageCacheKeptAcrossOpens(t *testing.T) {
 	}
 }
 
-// TestWrittenPagesStored checks that a small file written through the
-// mount is read back from the kernel's page cache after its last close,
-// with no READ request, however its writes split its pages (ADR 0211),
-// and that the file reads right while it is rewritten concurrently.
-func TestWrittenPagesStored(t *testing.T) {
+// TestPagesPut checks that a small file's content is in the kernel's page
+// cache before its first read (ADR 0211): a file imported unchanged, and
+// one written through the mount however its writes split its pages, read
+// with no READ request; and that no put ever leaves an older version in
+// the cache while the file is rewritten.
+func TestPagesPut(t *testing.T) {
 	needFUSE(t)
 	f := openTestFS(t)
 	ctx := context.Background()
-	snap, err := f.Import(ctx, t.TempDir(), "")
+	src := t.TempDir()
+	writeTree(t, src, map[string]string{"imported": strings.Repeat("imported\n", 1000), "d/deeper": "deeper"})
+	snap, err := f.Import(ctx, src, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,10 +196,35 @@ func TestWrittenPagesStored(t *testing.T) {
 	readTestHook.Store(&hook)
 	defer readTestHook.Store(nil)
 
+	for _, name := range []string{"imported", "d/deeper"} {
+		got, err := os.ReadFile(filepath.Join(m.Dir(), name))
+		if err != nil || len(got) == 0 {
+			t.Fatalf("%s: %d bytes, %v", name, len(got), err)
+		}
+	}
+	if n := reads.Load(); n != 0 {
+		t.Errorf("%d READ requests reading unchanged files for the first time, want none", n)
+	}
+
+	// Puts end after the RELEASE, which the kernel sends after close
+	// returns: count them.
+	var putsDone atomic.Int64
+	var delay atomic.Int64 // hold back every delay-th put
+	putHook := func(done bool) {
+		if done {
+			putsDone.Add(1)
+		} else if d := delay.Load(); d > 0 && putsDone.Load()%d == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	putTestHook.Store(&putHook)
+	defer putTestHook.Store(nil)
+
 	// Each file is written in pieces of these sizes: a partial last page,
 	// pages split between two writes, a write within one page.
 	files := map[string][]int{"one": {5}, "split": {3000, 3000, 3000}, "inner": {4096, 10, 20, 4000}, "full": {8192}}
 	want := map[string][]byte{}
+	putsDone.Store(0)
 	for name, pieces := range files {
 		fd, err := os.Create(filepath.Join(m.Dir(), name))
 		if err != nil {
@@ -214,41 +243,29 @@ func TestWrittenPagesStored(t *testing.T) {
 		}
 		want[name] = all
 	}
-	// The put follows the RELEASE, which the kernel sends after close
-	// returns.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		reads.Store(0)
-		for name, w := range want {
-			got, err := os.ReadFile(filepath.Join(m.Dir(), name))
-			if err != nil || !bytes.Equal(got, w) {
-				t.Fatalf("%s: read %d bytes (%v), want the %d written", name, len(got), err, len(w))
-			}
-		}
-		if reads.Load() == 0 {
-			break
-		}
+	for deadline := time.Now().Add(5 * time.Second); putsDone.Load() < int64(len(files)); {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d READ requests for files just written, want none", reads.Load())
+			t.Fatalf("%d puts of %d files written", putsDone.Load(), len(files))
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(time.Millisecond)
+	}
+	reads.Store(0)
+	for name, w := range want {
+		got, err := os.ReadFile(filepath.Join(m.Dir(), name))
+		if err != nil || !bytes.Equal(got, w) {
+			t.Fatalf("%s: read %d bytes (%v), want the %d written", name, len(got), err, len(w))
+		}
+	}
+	if n := reads.Load(); n != 0 {
+		t.Errorf("%d READ requests for files just written, want none", n)
 	}
 
-	// Rewritten again and again, shorter and longer: each version reads
-	// back whole, never with the bytes of the one before, whose put may
-	// still be on its way when the next open truncates the file.
-	// Some puts are held back, so that the next open comes first.
+	// Rewritten in place again and again, truncated or not, with some
+	// puts held back so that the next open comes first: each version
+	// reads back whole, never with bytes of one before it. A reader runs
+	// meanwhile, holding pages locked for its READs.
 	p := filepath.Join(m.Dir(), "again")
-	var puts atomic.Int64
-	slow := func() {
-		if puts.Add(1)%8 == 0 {
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	putTestHook.Store(&slow)
-	defer putTestHook.Store(nil)
-	// A reader meanwhile holds pages locked for its READs, which a put
-	// waits for: neither may hold the other up.
+	delay.Store(4)
 	stopReading := make(chan struct{})
 	defer close(stopReading)
 	go func() {
@@ -261,13 +278,20 @@ func TestWrittenPagesStored(t *testing.T) {
 			}
 		}
 	}()
-	version := func(i int) []byte { return bytes.Repeat([]byte{byte('a' + i%26)}, 1+(i*7919)%(3*4096)) }
 	for i := range 400 {
-		v := version(i)
-		if err := os.WriteFile(p, version(i+13), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, v, 0o644); err != nil {
+		v := bytes.Repeat([]byte{byte('a' + i%26)}, 1+(i*7919)%(3*4096))
+		if i%2 == 1 {
+			// The same length as the version before, written over it.
+			v = bytes.Repeat([]byte{byte('a' + i%26)}, 1+((i-1)*7919)%(3*4096))
+			fd, err := os.OpenFile(p, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := fd.Write(v); err != nil {
+				t.Fatal(err)
+			}
+			fd.Close()
+		} else if err := os.WriteFile(p, v, 0o644); err != nil {
 			t.Fatal(err)
 		}
 		if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, v) {

@@ -91,7 +91,7 @@ func (f *FS) serve(b *branch, dir, fsName string, opts *MountOptions) (*Mount, e
 	root := &node{b: b, in: b.root}
 	b.rootNode = root
 	b.mountDir = dir
-	srv, conn, id, err := mountFUSE(dir, root, b.backings, &b.gate, fuseOptions(fsName+"@"+f.tag, opts), !opts.NoURing)
+	srv, conn, id, err := mountFUSE(dir, root, b.backings, fuseOptions(fsName+"@"+f.tag, opts), !opts.NoURing)
 	if err != nil {
 		b.backings.forget()
 		return nil, err
@@ -138,8 +138,8 @@ func checkMountpoint(dir string) (string, error) {
 // made but the server then fails to start (dir swapped for a file
 // meanwhile, or the kernel refused the handshake), the mount is detached
 // again: a failed mount leaves nothing behind.
-func mountFUSE(dir string, root gofs.InodeEmbedder, bk *backings, gate *putGate, fo *gofs.Options, ring bool) (*fuse.Server, *fuseuring.Conn, uint32, error) {
-	srv, conn, id, err := startFUSE(dir, root, bk, gate, fo, ring)
+func mountFUSE(dir string, root gofs.InodeEmbedder, bk *backings, fo *gofs.Options, ring bool) (*fuse.Server, *fuseuring.Conn, uint32, error) {
+	srv, conn, id, err := startFUSE(dir, root, bk, fo, ring)
 	if err == nil {
 		cloexecDevice(srv) // cloexec.go
 		return srv, conn, id, nil
@@ -183,8 +183,8 @@ const initTimeout = 30 * time.Second
 // and the kernel offers it. The connection is nil when it is served over
 // /dev/fuse alone. id is the FUSE connection's number when the guard was
 // told of it (guard.go), 0 otherwise; it is set on error too.
-func startFUSE(dir string, root gofs.InodeEmbedder, bk *backings, gate *putGate, fo *gofs.Options, ring bool) (srv *fuse.Server, conn *fuseuring.Conn, id uint32, err error) {
-	var raw fuse.RawFileSystem = rawFS{gofs.NewNodeFS(root, fo), bk, gate}
+func startFUSE(dir string, root gofs.InodeEmbedder, bk *backings, fo *gofs.Options, ring bool) (srv *fuse.Server, conn *fuseuring.Conn, id uint32, err error) {
+	var raw fuse.RawFileSystem = rawFS{gofs.NewNodeFS(root, fo), bk}
 	mo := fo.MountOptions
 	var fs fuse.RawFileSystem = raw
 	var hook *fuseuring.InitHook
@@ -363,8 +363,9 @@ func lockFile(path string) (*os.File, error) {
 // node is the FUSE face of an inode.
 type node struct {
 	gofs.Inode
-	b  *branch
-	in *inode
+	b     *branch
+	in    *inode
+	paged bool // the kernel's page cache holds the file's content, put there and unchanged since (pagestore.go)
 }
 
 var (
@@ -596,11 +597,10 @@ var _ gofs.FileReleaser = (*handle)(nil)
 func (h *handle) Release(ctx context.Context) syscall.Errno {
 	b := h.n.b
 	b.mu.Lock()
-	put := b.release(h)
-	b.mu.Unlock()
-	if put != nil {
-		go b.putPages(h, put)
+	if put := b.release(h); put != nil {
+		b.put(h.n, put)
 	}
+	b.mu.Unlock()
 	return 0
 }
 
@@ -629,8 +629,8 @@ func (b *branch) release(h *handle) []byte {
 		b.dropOverlay(h.in.f)
 		delete(b.orphans, h.in)
 	}
-	if h.writer {
-		return b.pageStore(h)
+	if h.writer && h.n.in == h.in {
+		return b.putStart(h.n)
 	}
 	return nil
 }
@@ -655,8 +655,14 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		b.mu.Unlock()
 		return nil, 0, 0
 	}
-	if writable && b.waitPut(in) {
+	if b.waitPut(in) {
 		in = n.cur()
+	}
+	if !writable {
+		if data := b.putStart(n); data != nil {
+			b.put(n, data)
+			in = n.cur()
+		}
 	}
 	if writable && in.backedOpens > 0 {
 		// The kernel gives every open of an inode the backing file of its
@@ -1211,7 +1217,7 @@ func (n *node) Write(ctx context.Context, fh gofs.FileHandle, data []byte, off i
 	}
 	w, err := b.write(in, data, off)
 	if w > 0 {
-		in.unstored = true
+		n.paged = false
 	}
 	if err != nil && w == 0 {
 		return 0, toErrno(err)
@@ -1244,6 +1250,7 @@ func (n *node) Allocate(ctx context.Context, fh gofs.FileHandle, off, size uint6
 		return syscall.EFBIG
 	}
 	end := int64(off + size)
+	n.paged = false // the kernel drops a punched range's pages
 	switch mode {
 	case 0:
 		if end > in.size {

@@ -63,7 +63,7 @@ func TestMountFailuresLeaveNothing(t *testing.T) {
 
 	// The mount syscall succeeds but the server cannot start (the
 	// mount point turned out to be a file): the mount is taken down.
-	if _, _, _, err := mountFUSE(file, &node{b: f.newBranch()}, f.newBackings(), &putGate{}, fuseOptions("tine:test", &MountOptions{}), true); err == nil {
+	if _, _, _, err := mountFUSE(file, &node{b: f.newBranch()}, f.newBackings(), fuseOptions("tine:test", &MountOptions{}), true); err == nil {
 		t.Error("mountFUSE on a regular file succeeded")
 	}
 	noMountAt(t, file)

@@ -18,19 +18,10 @@ import "github.com/hanwen/go-fuse/v2/fuse"
 //     that flag, answered before the write. (OPEN's flag needs atomic
 //     O_TRUNC, which cowfs does not negotiate: the kernel truncates with a
 //     SETATTR.)
-//
-// It is also the gate of the io_uring loops (pagestore.go).
 type rawFS struct {
 	fuse.RawFileSystem
-	bk   *backings
-	gate *putGate
+	bk *backings
 }
-
-// Admit implements fuseuring.Gate.
-func (r rawFS) Admit(opcode uint32, op []byte) bool { return r.gate.admit(opcode, op) }
-
-// Done implements fuseuring.Gate.
-func (r rawFS) Done(opcode uint32, op []byte) { r.gate.done(opcode, op) }
 
 func (r rawFS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	st := r.RawFileSystem.Open(cancel, in, out)

@@ -125,7 +125,6 @@ func Attach(srv *fuse.Server, fs fuse.RawFileSystem, opts *fuse.MountOptions) (*
 	}
 	c := &Conn{fd: fd, payload: payloadSize(opts), ended: make(chan struct{})}
 	c.ps = fuse.NewProtocolServer(fs, opts)
-	c.gate, _ = fs.(Gate)
 	if err := c.init(settings); err != nil {
 		disable(fd)
 		return nil, err

@@ -42,7 +42,6 @@ const (
 type Conn struct {
 	fd      int // our own descriptor of the connection
 	ps      *fuse.ProtocolServer
-	gate    Gate // nil unless the file system is one
 	payload int
 
 	mu    sync.Mutex
@@ -104,38 +103,14 @@ func (e *entry) submit(cmd uint32, commit uint64) error {
 func (e *entry) serve() {
 	h := e.hdr
 	opcode := binary.LittleEndian.Uint32(h[4:])
-	onLoop, op := true, []byte(nil)
-	if e.c.gate != nil {
-		op = e.hdr[opInOff : opInOff+opInSize]
-		onLoop = e.c.gate.Admit(opcode, op)
-	}
-	if runAsync(opcode) || !onLoop {
+	if runAsync(opcode) {
 		go func() {
 			commit := e.handle()
-			if onLoop && e.c.gate != nil {
-				e.c.gate.Done(opcode, op)
-			}
 			e.l.post(func() { e.commit(commit) })
 		}()
 		return
 	}
-	commit := e.handle()
-	if e.c.gate != nil {
-		e.c.gate.Done(opcode, op)
-	}
-	e.commit(commit)
-}
-
-// Gate is implemented by a file system some of whose requests may wait
-// for work that itself needs the loops to go on (such as a notification
-// the kernel completes only once a READ is answered). Before serving a
-// request a loop calls Admit with its opcode and its operation header
-// (fuse_open_in, fuse_setattr_in, ...): a request admitted with false is
-// served on a goroutine of its own; one admitted with true is served as
-// usual and Done is called with the same arguments once it is answered.
-type Gate interface {
-	Admit(opcode uint32, op []byte) bool
-	Done(opcode uint32, op []byte)
+	e.commit(e.handle())
 }
 
 // handle runs the request through go-fuse and writes the answer into
