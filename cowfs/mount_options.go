@@ -83,7 +83,10 @@ func fuseOptions(fsName string, opts *MountOptions) *gofs.Options {
 			// on to stat the entries (the kernel's adaptive mode).
 			ExtraCapabilities: caps,
 			// A symlink's target never changes for an inode number.
-			EnableSymlinkCaching:     true,
+			EnableSymlinkCaching: true,
+			// The server drops what it changes behind the kernel (ADR
+			// 0160); the kernel's own guess, from a new mtime, dropped the
+			// pages of every file just written (ADR 0211).
 			ExplicitDataCacheControl: true,
 		},
 	}
