@@ -221,8 +221,10 @@ func TestPagesPut(t *testing.T) {
 	defer putTestHook.Store(nil)
 
 	// Each file is written in pieces of these sizes: a partial last page,
-	// pages split between two writes, a write within one page.
-	files := map[string][]int{"one": {5}, "split": {3000, 3000, 3000}, "inner": {4096, 10, 20, 4000}, "full": {8192}}
+	// pages split between two writes, a write within one page, and a file
+	// too big for passthrough not yet committed.
+	files := map[string][]int{"one": {5}, "split": {3000, 3000, 3000}, "inner": {4096, 10, 20, 4000}, "full": {8192},
+		"big": {100000, 100000, 3}}
 	want := map[string][]byte{}
 	putsDone.Store(0)
 	for name, pieces := range files {

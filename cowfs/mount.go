@@ -630,7 +630,7 @@ func (b *branch) release(h *handle) []byte {
 		delete(b.orphans, h.in)
 	}
 	if h.writer && h.n.in == h.in {
-		return b.putStart(h.n)
+		return b.putStart(h.n, releasePutMax)
 	}
 	return nil
 }
@@ -659,7 +659,7 @@ func (n *node) Open(ctx context.Context, flags uint32) (gofs.FileHandle, uint32,
 		in = n.cur()
 	}
 	if !writable {
-		if data := b.putStart(n); data != nil {
+		if data := b.putStart(n, openPutMax); data != nil {
 			b.put(n, data)
 			in = n.cur()
 		}

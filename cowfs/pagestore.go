@@ -11,7 +11,7 @@ import "sync/atomic"
 // is one too. A READ the server answers also makes the kernel forget the
 // file's atime, so the next stat of the file is a GETATTR.
 //
-// So the server puts the whole content of a file under pageStoreMax in the
+// So the server puts the whole content of a small file in the
 // kernel's page cache (FUSE_NOTIFY_STORE) when its last writer closes it,
 // as a native file system leaves written data there, and at the first open
 // for reading of a file whose content it has not put. Mounts ask for
@@ -30,17 +30,23 @@ import "sync/atomic"
 // then hold a page of the file while waiting for the server, and the put
 // never carries older bytes than the file has.
 
-// pageStoreMax bounds the files whose content is put: the smaller ones,
-// read through the page cache rather than passthrough (passthroughMin).
-const pageStoreMax = passthroughMin
+// Bounds of the files whose content is put. At the first open for
+// reading: the files read through the page cache rather than passthrough
+// (passthroughMin). At the release of a writer: bigger ones too, whose
+// pages the kernel holds already, out of date where writes split them;
+// they are read through the page cache until a commit.
+const (
+	openPutMax    = passthroughMin
+	releasePutMax = 1 << 20
+)
 
 // putStart returns the content of n's file to put in the kernel's page
-// cache, or nil when it is not to be put. The file is marked as being put
-// until putEnd. Caller holds b.mu.
-func (b *branch) putStart(n *node) []byte {
+// cache, or nil when it is not to be put (or is bigger than max). The file
+// is marked as being put until put ends. Caller holds b.mu.
+func (b *branch) putStart(n *node, max int64) []byte {
 	in := n.in
 	if n.paged || !b.keepCache || in.typ != TypeFile || in.opens > 0 || in.putting != nil ||
-		in.size == 0 || in.size >= pageStoreMax || in.nlink == 0 {
+		in.size == 0 || in.size >= max || in.nlink == 0 {
 		return nil
 	}
 	data := make([]byte, in.size)
