@@ -2,7 +2,7 @@ package cowfs
 
 import "sync/atomic"
 
-// A small file's content put in the kernel's page cache (ADR 0211).
+// A file's content put in the kernel's page cache (ADR 0211).
 //
 // The kernel's write-through path marks a page of a file up to date only
 // when one write covers all of it: the last page of nearly every file, and
@@ -11,10 +11,10 @@ import "sync/atomic"
 // is one too. A READ the server answers also makes the kernel forget the
 // file's atime, so the next stat of the file is a GETATTR.
 //
-// So the server puts the whole content of a small file in the
-// kernel's page cache (FUSE_NOTIFY_STORE) when its last writer closes it,
-// as a native file system leaves written data there, and at the first open
-// for reading of a file whose content it has not put. Mounts ask for
+// So the server puts the whole content of a file in the kernel's page
+// cache (FUSE_NOTIFY_STORE) when its last writer closes it, as a native
+// file system leaves written data there, and at the first open for
+// reading of a small file whose content it has not put. Mounts ask for
 // explicit data cache control: otherwise the kernel drops a file's pages
 // whenever it sees a new mtime, which after a write is at the next stat or
 // read.
