@@ -172,21 +172,7 @@ func TestPageCacheKeptAcrossOpens(t *testing.T) {
 func TestPagesPut(t *testing.T) {
 	needFUSE(t)
 	f := openTestFS(t)
-	ctx := context.Background()
-	src := t.TempDir()
-	writeTree(t, src, map[string]string{"imported": strings.Repeat("imported\n", 1000), "d/deeper": "deeper"})
-	snap, err := f.Import(ctx, src, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Branch(ctx, snap, "pages"); err != nil {
-		t.Fatal(err)
-	}
-	m, err := f.Mount(ctx, "pages", t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Unmount()
+	m, _ := mountNew(t, f, "pages", map[string]string{"imported": strings.Repeat("imported\n", 1000), "d/deeper": "deeper"})
 	var reads atomic.Int64
 	hook := func(branch string) {
 		if branch == "pages" {
