@@ -14,16 +14,24 @@ import (
 // its pid 1, and goes back to the host's after each bind (bind.go says
 // what a bind does). See docs/adr/0185.
 //
-// The thread is one, locked for good: a goroutine that ends locked ends
-// its thread, except the main thread, which the runtime parks forever,
-// still in whatever namespace it was in (it would keep a sandbox's mounts,
-// the project's FUSE mount among them, alive after the sandbox is gone).
+// The threads are a few, each locked for good: a goroutine that ends
+// locked ends its thread, except the main thread, which the runtime parks
+// forever, still in whatever namespace it was in (it would keep a
+// sandbox's mounts, the project's FUSE mount among them, alive after the
+// sandbox is gone). More than one lets the binds of a fork's sandboxes
+// overlap: each waits on the kernel's mount lock and the disk for part
+// of its time (docs/adr/0212).
 
-// binder is the thread that binds.
+// binderThreads is how many threads bind at once.
+var binderThreads = min(4, max(2, runtime.NumCPU()))
+
+// binder is the threads that bind.
 type binder struct {
-	once sync.Once
-	err  error // why the thread could not start
-	reqs chan bindReq
+	once   sync.Once
+	err    error // why the threads could not start
+	reqs   chan bindReq
+	mu     sync.Mutex
+	broken error // set once a thread could not go back: every bind fails
 }
 
 type bindReq struct {
@@ -46,8 +54,12 @@ func inNamespaces(pidfd int, ids *idMap, fn func() error) error {
 	b.once.Do(func() {
 		b.reqs = make(chan bindReq)
 		ready := make(chan error)
-		go b.loop(ready)
-		b.err = <-ready
+		for range binderThreads {
+			go b.loop(ready)
+		}
+		for range binderThreads {
+			b.err = errors.Join(b.err, <-ready)
+		}
 	})
 	if b.err != nil {
 		return b.err
@@ -57,10 +69,11 @@ func inNamespaces(pidfd int, ids *idMap, fn func() error) error {
 	return <-r.done
 }
 
-// loop is the binder's thread: it keeps descriptors of its own namespaces
-// to go back to, and a file system context of its own (setns into a
-// mount namespace wants one, and changes the root and working directory).
-// Once it cannot go back, it answers every request with why.
+// loop is one of the binder's threads: it keeps descriptors of its own
+// namespaces to go back to, and a file system context of its own (setns
+// into a mount namespace wants one, and changes the root and working
+// directory). Once one thread cannot go back, every thread answers every
+// request with why.
 func (b *binder) loop(ready chan<- error) {
 	runtime.LockOSThread() // never unlocked
 	var ns [2]int
@@ -78,15 +91,20 @@ func (b *binder) loop(ready chan<- error) {
 	uid, _ := unix.SetfsuidRetUid(-1)
 	gid, _ := unix.SetfsgidRetGid(-1)
 	ready <- nil
-	var broken error
 	for r := range b.reqs {
+		b.mu.Lock()
+		broken := b.broken
+		b.mu.Unlock()
 		if broken != nil {
 			r.done <- broken
 			continue
 		}
 		err := enter(r)
 		if back := goBack(ns, uid, gid); back != nil {
-			broken = fmt.Errorf("bind sandboxes: the binding thread could not go back to the host's namespaces: %w", back)
+			broken = fmt.Errorf("bind sandboxes: a binding thread could not go back to the host's namespaces: %w", back)
+			b.mu.Lock()
+			b.broken = broken
+			b.mu.Unlock()
 			err = errors.Join(err, broken)
 		}
 		r.done <- err
