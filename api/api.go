@@ -112,10 +112,14 @@ type Change struct {
 	PathB64 string `json:"path_b64,omitempty"`
 	// Kind is added, deleted, modified, type-changed or mode-changed.
 	Kind string `json:"kind"`
-	// Size and Mode (07777 bits) are the new entry's, or for a deletion
-	// the old one's.
+	// Type (file, dir, symlink, fifo, char, block or socket), Size and
+	// Mode (07777 bits) are the new entry's, or for a deletion the old
+	// one's.
+	Type string `json:"type,omitempty"`
 	Size int64  `json:"size,omitempty"`
 	Mode uint32 `json:"mode,omitempty"`
+	// OldType is the old entry's type when Kind is type-changed.
+	OldType string `json:"old_type,omitempty"`
 }
 
 // ExecRequest starts a command: the body of POST /v1/sandboxes/{name}/exec

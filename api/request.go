@@ -300,7 +300,10 @@ func changesOf(cs []cowfs.Change) []Change {
 			e = c.Old
 		}
 		if e != nil {
-			ch.Size, ch.Mode = e.Size, e.Mode
+			ch.Type, ch.Size, ch.Mode = e.Type.String(), e.Size, e.Mode
+		}
+		if c.Kind == cowfs.TypeChanged && c.Old != nil {
+			ch.OldType = c.Old.Type.String()
 		}
 		out[i] = ch
 	}

@@ -315,16 +315,17 @@ func TestForkSnapshotRollbackDiff(t *testing.T) {
 	if out := e.sh("p", "cat "+e.project+"/state.txt "+e.project+"/src/main.txt"); out != "parent\nv1\n" {
 		t.Fatalf("after rollback: %q", out)
 	}
-	e.sh("p", "echo changed > "+e.project+"/src/main.txt; chmod 600 "+e.project+"/src/main.txt")
+	e.sh("p", "echo changed > "+e.project+"/src/main.txt; chmod 600 "+e.project+"/src/main.txt; "+
+		"ln -s main.txt "+e.project+"/src/link; mkfifo "+e.project+"/src/pipe")
 	changes, err := e.c.Diff(ctx, "p", "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got []string
 	for _, c := range changes {
-		got = append(got, fmt.Sprintf("%s %s %d %o", c.Kind, c.Path, c.Size, c.Mode))
+		got = append(got, fmt.Sprintf("%s %s %s %d %o", c.Kind, c.Type, c.Path, c.Size, c.Mode))
 	}
-	if want := "modified src/main.txt 8 600,added state.txt 7 644"; strings.Join(got, ",") != want {
+	if want := "added symlink src/link 8 777,modified file src/main.txt 8 600,added fifo src/pipe 0 644,added file state.txt 7 644"; strings.Join(got, ",") != want {
 		t.Fatalf("diff = %q, want %q", got, want)
 	}
 }

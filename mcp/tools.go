@@ -158,6 +158,7 @@ type DiffIn struct {
 type Change struct {
 	Path string `json:"path"`
 	Kind string `json:"kind" jsonschema:"added, deleted, modified, type-changed or mode-changed"`
+	Type string `json:"type,omitempty" jsonschema:"file, dir, symlink, fifo, char, block or socket: the new entry's, or the deleted one's"`
 	Size int64  `json:"size,omitempty"`
 }
 
@@ -217,7 +218,7 @@ type PortsOut struct {
 func changes(cs []api.Change) []Change {
 	out := make([]Change, 0, len(cs))
 	for _, c := range cs {
-		out = append(out, Change{Path: c.Path, Kind: c.Kind, Size: c.Size})
+		out = append(out, Change{Path: c.Path, Kind: c.Kind, Type: c.Type, Size: c.Size})
 	}
 	return out
 }
