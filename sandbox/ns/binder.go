@@ -19,8 +19,7 @@ import (
 // forever, still in whatever namespace it was in (it would keep a
 // sandbox's mounts, the project's FUSE mount among them, alive after the
 // sandbox is gone). More than one lets the binds of a fork's sandboxes
-// overlap: each waits on the kernel's mount lock and the disk for part
-// of its time (docs/adr/0212).
+// overlap instead of queueing on one thread (docs/adr/0212).
 
 // binderThreads is how many threads bind at once.
 var binderThreads = min(4, max(2, runtime.NumCPU()))
