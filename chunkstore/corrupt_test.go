@@ -58,7 +58,7 @@ func uncleanStore(t *testing.T, dir0 string, want map[string]ID) (string, map[st
 		want1[name] = want["snapshots/0"]
 	}
 	path := filepath.Join(dir, refLogName)
-	b, _ := os.ReadFile(path)
+	b := recordsOnly(t, path)
 	s.Close()
 	os.WriteFile(path, b, 0o644)
 	return dir, want1

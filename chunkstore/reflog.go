@@ -267,16 +267,19 @@ func decodeRefLog(name string, b []byte) *refLogScan {
 }
 
 // tornCopy reports whether tail is what a torn write of a copy of rec
-// leaves: a prefix of it, then zeros (a file grown but not written).
+// leaves: a prefix of it, then zeros (a file grown but not written, or
+// the zeros written ahead of the records, refLogAhead).
 func tornCopy(tail, rec []byte) bool {
-	if len(tail) > len(rec) {
-		return false // the copy is followed by bytes no write made
-	}
 	k := 0
-	for k < len(tail) && tail[k] == rec[k] {
+	for k < len(tail) && k < len(rec) && tail[k] == rec[k] {
 		k++
 	}
-	for _, c := range tail[k:] {
+	return allZero(tail[k:])
+}
+
+// allZero reports whether b holds zeros only.
+func allZero(b []byte) bool {
+	for _, c := range b {
 		if c != 0 {
 			return false
 		}
@@ -467,8 +470,8 @@ func (s *Store) loadRefLog() (bool, error) {
 	}
 	s.refLog = f
 	s.refLogSalt, s.refLogBase, s.refLogSeq, s.refLogFix = r.salt, r.base, r.seq, r.fix
-	s.refLogSize = r.good
-	s.refLogTorn = r.good < int64(len(b))
+	s.refLogSize, s.refLogEnd = r.good, int64(len(b))
+	s.refLogTorn = !allZero(b[min(r.good, int64(len(b))):])
 	s.refLogCompactAt = max(refLogMinCompact, 4*r.good)
 	if s.opts.AllowDamaged {
 		if r.version != refLogVersion && s.refLogErr == nil {
@@ -639,8 +642,16 @@ func (s *Store) refDirs(name string, d int) {
 	}
 }
 
+// refLogAhead is how many bytes of zeros a growing ref log is written
+// with past its new frame. A frame written over them changes neither the
+// file's size nor its blocks, so its fdatasync writes the data alone,
+// where one that grows the file also commits the file system's journal:
+// 270 µs against 500 µs on ext4 (docs/adr/0213). A reader takes the zeros
+// for a torn tail.
+const refLogAhead = 256 << 10
+
 // appendRefsLocked makes ops durable: one frame (the record and its copy)
-// appended to the log and one fdatasync.
+// written at the end of the log's records and one fdatasync.
 func (s *Store) appendRefsLocked(ops []refOp) error {
 	if s.refLogErr != nil {
 		return fmt.Errorf("chunkstore: ref log %s: %w", s.refLogPath(), s.refLogErr)
@@ -650,9 +661,13 @@ func (s *Store) appendRefsLocked(ops []refOp) error {
 		if err := s.refLog.Truncate(s.refLogSize); err != nil {
 			return fmt.Errorf("chunkstore: ref log %s: cut torn tail at %d: %w", s.refLogPath(), s.refLogSize, err)
 		}
-		s.refLogTorn = false
+		s.refLogTorn, s.refLogEnd = false, s.refLogSize
 	}
-	_, err := s.refLog.WriteAt(frame, s.refLogSize)
+	buf := frame
+	if end := s.refLogSize + int64(len(frame)); end > s.refLogEnd {
+		buf = append(buf, make([]byte, refLogAhead)...)
+	}
+	_, err := s.refLog.WriteAt(buf, s.refLogSize)
 	if err == nil {
 		err = fdatasync(s.refLog)
 	}
@@ -660,6 +675,7 @@ func (s *Store) appendRefsLocked(ops []refOp) error {
 		// The frame may be partly on disk: cut it off, so that no later
 		// frame follows it; if that fails too, refuse further updates.
 		if terr := s.refLog.Truncate(s.refLogSize); terr == nil {
+			s.refLogEnd = s.refLogSize
 			terr = fdatasync(s.refLog)
 			if terr != nil {
 				s.refLogErr = terr
@@ -669,6 +685,7 @@ func (s *Store) appendRefsLocked(ops []refOp) error {
 		}
 		return fmt.Errorf("chunkstore: append to ref log %s: %w", s.refLogPath(), err)
 	}
+	s.refLogEnd = max(s.refLogEnd, s.refLogSize+int64(len(buf)))
 	s.refLogSize += int64(len(frame))
 	s.refLogSeq++
 	s.refLogFix = nil
@@ -707,6 +724,7 @@ func (s *Store) rewriteRefLogLocked() error {
 		s.refLog.Close()
 	}
 	s.refLog, s.refLogSalt, s.refLogSize, s.refLogTorn, s.logObjects = f, salt, base, false, false
+	s.refLogEnd = base
 	s.refLogBase, s.refLogSeq, s.refLogFix = base, 1, nil
 	s.deferred = nil // the table holds them
 	if len(table) == 0 {

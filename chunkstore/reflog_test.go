@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -105,10 +106,7 @@ func refLogStore(t *testing.T) (dir string, three, four map[string]ID) {
 	// Keep the log as the updates left it (Close rewrites it), as a
 	// crash would.
 	path := filepath.Join(dir, refLogName)
-	unclean, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	unclean := recordsOnly(t, path)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +116,83 @@ func refLogStore(t *testing.T) (dir string, three, four map[string]ID) {
 	return dir, three, four
 }
 
+// recordsOnly returns the ref log at path up to the end of its records,
+// checking that only the zeros written ahead of them follow (refLogAhead).
+func recordsOnly(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := decodeRefLog(path, b)
+	if len(r.damage) != 0 || r.good > int64(len(b)) || !allZero(b[r.good:]) {
+		t.Fatalf("ref log %s: damage %v, records end at %d of %d bytes, followed by more than zeros", path, r.damage, r.good, len(b))
+	}
+	return b[:r.good]
+}
+
+// TestRefLogWrittenAhead: a growing log is written with zeros past its new
+// frame, so that the next frames land on written blocks and the file keeps
+// its size (an fdatasync of data only); a crash then leaves the zeros,
+// which Open takes for the end of the log, and the next update writes over
+// them without cutting the file.
+func TestRefLogWrittenAhead(t *testing.T) {
+	dir := t.TempDir()
+	s := openT(t, dir, nil)
+	x, _ := s.Put([]byte("x"))
+	// Close and reopen: x goes to an index file, so that the log holds
+	// ref records only and no checkpoint rewrites it below.
+	s.Close()
+	s = openT(t, dir, nil)
+	path := filepath.Join(dir, refLogName)
+	var size int64
+	for i := range 20 {
+		if err := s.UpdateRefs(RefUpdate{fmt.Sprintf("r%d", i), ID{}, x}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 1 {
+			size = st.Size()
+		} else if i > 1 && st.Size() != size {
+			t.Fatalf("update %d changed the log's size from %d to %d: every update grows the file", i, size, st.Size())
+		}
+	}
+	if recs := int64(len(recordsOnly(t, path))); size < recs+refLogAhead/2 {
+		t.Fatalf("log of %d bytes for %d bytes of records: nothing written ahead", size, recs)
+	}
+	// A crash: the log as it is, zeros and all, before Close rewrites it.
+	crashed, _ := os.ReadFile(path)
+	s.Close()
+	os.WriteFile(path, crashed, 0o644)
+	s, err := Open(dir, &Options{AllowDamaged: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := s.Verify(context.Background()); err != nil || !rep.OK() {
+		t.Fatalf("zeros written ahead reported as damage: %v %v", err, rep.Damaged)
+	}
+	s.Close()
+	os.WriteFile(path, crashed, 0o644)
+	s = openT(t, dir, nil)
+	if err := s.UpdateRefs(RefUpdate{"after", ID{}, x}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := os.Stat(path); st.Size() != size {
+		t.Fatalf("the first update after the crash cut the log from %d to %d bytes", size, st.Size())
+	}
+	crashed, _ = os.ReadFile(path)
+	s.Close()
+	os.WriteFile(path, crashed, 0o644)
+	s = openT(t, dir, nil)
+	defer s.Close()
+	if got, _ := s.ListRefs(""); len(got) != 21 || got["after"] != x || got["r19"] != x {
+		t.Fatalf("refs after two crashes: %v", got)
+	}
+}
+
 // TestRefLogTornTail: a crash while a frame is written leaves part of it
 // (or the file grown by zeros): Open keeps its record if the first copy is
 // whole and drops it otherwise, without reporting damage, and the next
@@ -125,10 +200,7 @@ func refLogStore(t *testing.T) (dir string, three, four map[string]ID) {
 func TestRefLogTornTail(t *testing.T) {
 	dir, three, four := refLogStore(t)
 	path := filepath.Join(dir, refLogName)
-	orig, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	orig := recordsOnly(t, path)
 	r := decodeRefLog(path, orig)
 	if len(r.damage) != 0 || r.good != int64(len(orig)) || len(r.recs) != 4 || r.seq != 4 {
 		t.Fatalf("decode: %d records, %d of %d bytes, damage %v", len(r.recs), r.good, len(orig), r.damage)
@@ -141,6 +213,9 @@ func TestRefLogTornTail(t *testing.T) {
 	}{
 		{"whole", orig, four},
 		{"zeros appended", append(bytes.Clone(orig), make([]byte, 100)...), four},
+		{"zeros written ahead", append(bytes.Clone(orig), make([]byte, refLogAhead)...), four},
+		{"copy cut, then zeros written ahead", append(bytes.Clone(orig[:len(orig)-3]), make([]byte, refLogAhead)...), four},
+		{"first copy cut, then zeros written ahead", append(bytes.Clone(orig[:len(orig)-last/2-3]), make([]byte, refLogAhead)...), three},
 		{"garbage appended", append(bytes.Clone(orig), "\x05\x00\x00\x00junkjunk"...), four},
 		{"copy cut in its body", orig[:len(orig)-3], four},
 		{"copy not begun", orig[:len(orig)-last/2], four},
@@ -173,7 +248,7 @@ func TestRefLogTornTail(t *testing.T) {
 			t.Fatalf("%s: update: %v", c.name, err)
 		}
 		b, _ := os.ReadFile(path)
-		if r := decodeRefLog(path, b); len(r.damage) != 0 || r.fix != nil || r.good != int64(len(b)) {
+		if r := decodeRefLog(path, b); len(r.damage) != 0 || r.fix != nil || r.good > int64(len(b)) || !allZero(b[r.good:]) {
 			t.Fatalf("%s: log after the update: damage %v, fix %d bytes, %d of %d bytes", c.name, r.damage, len(r.fix), r.good, len(b))
 		}
 		s.Close()

@@ -117,12 +117,13 @@ type Store struct {
 	refPrefixes     map[string]int // '/'-prefixes of ref names, with the number of refs below
 	refLog          *os.File       // the ref log, open for appends (nil until written)
 	refLogSize      int64          // length of its valid records
+	refLogEnd       int64          // length of the file: zeros follow refLogSize up to it (refLogAhead)
 	refLogBase      int64          // length its last rewrite wrote (headers and ref table)
 	refLogSeq       uint64         // sequence number of its next record
 	deferred        []refOp        // ref changes applied but not yet written (UpdateRefsDeferred)
 	refLogFix       []byte         // a record whose copy a crash tore: written again before the next frame
 	refLogSalt      uint32         // seeds its record checksums
-	refLogTorn      bool           // bytes of a torn record follow refLogSize
+	refLogTorn      bool           // bytes of a torn record follow refLogSize, not zeros only
 	refLogErr       error          // set when the log cannot take more records
 	refLogCompactAt int64          // size at which the next update rewrites the log
 
