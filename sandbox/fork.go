@@ -1,0 +1,118 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+
+	"tine/cowfs"
+)
+
+// Fork makes n new running sandboxes, NAME-1 .. NAME-n (or o.Names),
+// from one snapshot of sandbox name taken now. Each starts with the
+// parent's files at that instant and fresh processes (the agent); the
+// parent runs on. The forks are made in parallel; if one fails, those
+// made are removed. The snapshot's metadata is written while the forks
+// start: a crash before it is durable leaves forks whose snapshot is not
+// listed, with their files intact (their branches are made from its
+// file system snapshot, which is durable by then).
+func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info, error) {
+	done, err := m.ops.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	n := o.N
+	if n < 1 || (o.Names != nil && len(o.Names) != n) {
+		return nil, fmt.Errorf("fork sandbox %q: want N >= 1 and, if given, N names (N=%d, %d names)", name, n, len(o.Names))
+	}
+	names := o.Names
+	if names == nil {
+		for i := 1; i <= n; i++ {
+			names = append(names, fmt.Sprintf("%s-%d", name, i))
+		}
+	}
+	for _, c := range names {
+		if err := m.checkName(c); err != nil {
+			return nil, fmt.Errorf("fork sandbox %q: fork %q: %w", name, c, err)
+		}
+		if _, err := os.Lstat(m.dir(c)); err == nil {
+			return nil, fmt.Errorf("fork sandbox %q: a sandbox named %q %w; name the forks with --names", name, c, ErrExists)
+		}
+	}
+	s, save, err := m.snapshot(ctx, name, SnapshotOptions{})
+	if err != nil {
+		return nil, err
+	}
+	// The snapshot's metadata is written while the forks start, which
+	// are given it in memory; the fork fails, and its forks go, if that
+	// write does.
+	saved := make(chan error, 1)
+	go func() { saved <- save() }()
+	out, err := m.forkFrom(ctx, name, s, names)
+	if serr := <-saved; serr != nil {
+		for _, c := range out {
+			serr = errors.Join(serr, m.Remove(ctx, c.Name))
+		}
+		return nil, errors.Join(err, serr)
+	}
+	if err != nil {
+		// The forks are gone; so goes the snapshot taken for them.
+		return nil, errors.Join(err, m.RemoveSnapshot(s.ID))
+	}
+	m.audit(name, "fork", map[string]any{"snapshot": s.ID, "forks": names})
+	return out, nil
+}
+
+// forkFrom makes the forks names of sandbox name from its snapshot s;
+// if one fails, those made are removed.
+func (m *Manager) forkFrom(ctx context.Context, name string, s *SnapshotInfo, names []string) ([]*Info, error) {
+	n := len(names)
+	// Every fork's branch in one update, before the forks start; durable
+	// with the next durable update of the store (ADR 0190).
+	snap, err := m.fs.Resolve(ctx, s.FS)
+	if err != nil {
+		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
+	}
+	branches := make([]string, n)
+	for i, c := range names {
+		branches[i] = branchName(c)
+	}
+	if err := m.fs.BranchManyDeferred(ctx, snap, branches); err != nil {
+		if errors.Is(err, cowfs.ErrExists) {
+			err = fmt.Errorf("%w (a sandbox of that name exists or was not removed whole)", err)
+		}
+		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
+	}
+	out := make([]*Info, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, forkParallel)
+	for i := range names {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			out[i], errs[i] = m.create(ctx, CreateOptions{Name: names[i], Snapshot: s.ID, forkOf: s}, name)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		for i, c := range out {
+			if c != nil {
+				err = errors.Join(err, m.Remove(ctx, c.Name))
+			} else if derr := m.fs.DeleteBranch(ctx, branches[i]); derr != nil && !errors.Is(derr, cowfs.ErrNoBranch) {
+				err = errors.Join(err, derr)
+			}
+		}
+		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
+	}
+	return out, nil
+}
+
+// forkParallel is how many forks are made at once: each mostly waits on
+// the disk (fsync) and on the kernel.
+const forkParallel = 16
