@@ -109,8 +109,10 @@ the state root.`,
 	return c
 }
 
-// recordedBranch is --git-branch given without a name.
-const recordedBranch = "\x00recorded"
+// recordedBranch is --git-branch given without a name. The help shows it,
+// and git refuses it as a branch name (a colon), so no branch is taken for
+// it.
+const recordedBranch = ":recorded"
 
 // gitArgs settles --git-branch: "--git-branch NAME" arrives as a second
 // argument (the flag takes an optional value), "--git-branch=NAME" as the

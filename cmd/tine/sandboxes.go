@@ -461,8 +461,10 @@ func (a *app) statusCommand() *cobra.Command {
 			if gs := st.Git; gs != nil {
 				if gs.Unknown != "" {
 					fmt.Fprintf(w, "git        unknown: %s\n", gs.Unknown)
+				} else if gs.Head == gs.Base {
+					fmt.Fprintf(w, "git        the origin's HEAD is still %s, the commit the sandbox was made from\n", short(gs.Base))
 				} else {
-					fmt.Fprintf(w, "git        HEAD moved %d commit(s) since %s, %d path(s) changed %s\n", gs.Commits, short(gs.Base), gs.Changed, shownAll(gs.Examples, " "))
+					fmt.Fprintf(w, "git        the origin's HEAD moved %d commit(s) since %s, the commit the sandbox was made from; %d path(s) changed %s\n", gs.Commits, short(gs.Base), gs.Changed, shownAll(gs.Examples, " "))
 				}
 			}
 			return nil
