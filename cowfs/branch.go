@@ -80,6 +80,7 @@ type branch struct {
 	overlays      overlayFiles         // open overlay files, least recently used first
 	removals      overlayRemover       // overlay files being deleted off the request path
 	memUsed       int64                // bytes of fileData.mem held by this branch's files
+	held          int64                // bytes of names, inodes and xattrs made by the mount, less those removed (held.go)
 	memFiles      map[*fileData]*inode // the files holding them, with their inodes
 	memFlush      bool                 // a flush of them is under way (memflush.go)
 	memFlushAfter time.Time            // no flush starts before this (memFlushBackoff)
@@ -406,5 +407,6 @@ func (b *branch) resetLocked(snap chunkstore.ID) error {
 	if err := b.loadRoot(snap); err != nil {
 		return err
 	}
+	b.dropHeld()
 	return nil
 }

@@ -67,6 +67,11 @@ type Options struct {
 	// NoImportWatch makes every Import walk its tree, even one that did
 	// not change since its last import (see the import watch).
 	NoImportWatch bool
+	// HeldBytes bounds the server memory that the names, inodes and
+	// xattrs made through all mounts may take (held.go); zero means half
+	// of the host's memory, negative no bound. BranchHeldBytes bounds the
+	// same per mounted branch; zero means a quarter of the host's memory.
+	HeldBytes, BranchHeldBytes int64
 }
 
 // FS is tine's copy-on-write filesystem state under one root directory:
@@ -89,6 +94,9 @@ type FS struct {
 
 	memBytes, branchMemBytes int64        // budgets of in-memory file bytes
 	memUsed                  atomic.Int64 // in-memory file bytes of every branch
+
+	heldBytes, branchHeldBytes int64        // budgets of held bytes (held.go)
+	heldUsed                   atomic.Int64 // held bytes of every mounted branch
 
 	dirs dirCache // decoded directory objects
 
@@ -123,6 +131,7 @@ func Open(root string, opts *Options) (*FS, error) {
 	f.dirs.max = dirCacheBytes
 	f.memBytes = budget(opts.MemBytes, DefaultMemBytes)
 	f.branchMemBytes = budget(opts.BranchMemBytes, DefaultBranchMemBytes)
+	f.heldBytes, f.branchHeldBytes = heldBudgets(opts.HeldBytes, opts.BranchHeldBytes)
 	_, err = f.CleanStaleMounts()
 	if err == nil {
 		err = f.trimCache()

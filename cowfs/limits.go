@@ -160,7 +160,18 @@ func (b *branch) checkAdd(d *inode, name string, c *inode) error {
 	if err := roomFor(d, 1, cost); err != nil {
 		return err
 	}
-	return b.charge(cost)
+	held := nameCost(name)
+	if len(c.parents) == 0 { // its first name: the inode is new to the tree
+		held += c.inodeCost()
+	}
+	if err := b.hold(held); err != nil {
+		return err
+	}
+	if err := b.charge(cost); err != nil {
+		b.countHeld(-held)
+		return err
+	}
+	return nil
 }
 
 // setXattr sets (value non-nil) or removes xattr name of in within the
@@ -200,7 +211,11 @@ func (b *branch) setXattr(in *inode, name string, value []byte, flags uint32) er
 				return err
 			}
 		}
+		if err := b.hold(delta); err != nil {
+			return err
+		}
 		if err := b.charge(max(delta, 0)); err != nil {
+			b.countHeld(-delta)
 			return err
 		}
 		if in.xattrs == nil {
@@ -209,6 +224,7 @@ func (b *branch) setXattr(in *inode, name string, value []byte, flags uint32) er
 		in.xattrs[name] = append([]byte{}, value...)
 	} else {
 		delete(in.xattrs, name)
+		b.countHeld(delta)
 	}
 	in.xbytes += delta
 	for p, k := range in.parents {

@@ -305,6 +305,7 @@ func (b *branch) closeLocked() {
 		b.dropOverlay(in.f)
 	}
 	b.orphans = nil
+	b.dropHeld()
 	b.removals.drain()
 	// Overlay files the fsync log still needs stay for the next open.
 	b.pend = nil

@@ -206,6 +206,11 @@ func (b *branch) removeName(d *inode, name string) error {
 	if c.parents[d] <= 0 {
 		delete(c.parents, d)
 	}
+	held := -nameCost(name)
+	if len(c.parents) == 0 { // its last name: the inode leaves the tree
+		held -= c.inodeCost() + c.xbytes
+	}
+	b.countHeld(held)
 	t := nowNs()
 	d.mtime, d.ctime = t, t
 	d.dirty = true
@@ -367,6 +372,7 @@ func (n *node) Rename(ctx context.Context, name string, newParent gofs.InodeEmbe
 				return syscall.EIO
 			}
 		}
+		b.countHeld(int64(len(newName) - len(name)))
 		src.encBytes -= c.cost(name)
 		delete(src.children, name)
 		src.subdirs -= c.dirLinks()

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"tine/cowfs"
 	"tine/guestagent/proto"
 	"tine/sandbox"
 )
@@ -309,6 +310,27 @@ func TestMemoryHogModest(t *testing.T) {
 		t.Fatalf("after the hog: %q", out)
 	}
 	t.Log("512 MiB held with no memory limit: the host survived")
+}
+
+// TestNameFlood: a sandbox with no limits that makes files and xattrs in
+// its project without end is stopped with ENOSPC at the bound on what
+// the file system server holds in memory for its mount, before the host
+// runs short (the bound is a quarter of the host's memory by default;
+// 8 MiB here), and another sandbox goes on making files.
+func TestNameFlood(t *testing.T) {
+	e := newEnvFS(t, sandbox.Options{}, &cowfs.Options{BranchHeldBytes: 8 << 20})
+	e.create("flood", sandbox.Limits{})
+	e.create("calm", sandbox.Limits{})
+	script := `i=0; mkdir -p %[1]s/f; while touch %[1]s/f/$i 2>/dev/null; do i=$((i+1)); done; echo $i; touch %[1]s/f/x`
+	out, code := e.sh("flood", fmt.Sprintf(script, e.project))
+	n, _ := strconv.Atoi(strings.Fields(out + " x")[0])
+	if code == 0 || !strings.Contains(out, "No space left") || n < 3000 || n > 4000 {
+		t.Fatalf("files made until refused: exit %d: %q; want about 3,900 (8 MiB at about 2 KiB each), then ENOSPC", code, out)
+	}
+	e.mustSh("calm", fmt.Sprintf("for i in $(seq 100); do touch %s/calm$i; done", e.project))
+	// Removing files gives their room back.
+	e.mustSh("flood", fmt.Sprintf("rm -r %[1]s/f && mkdir %[1]s/g && touch %[1]s/g/a", e.project))
+	t.Logf("%d files made before ENOSPC under an 8 MiB bound; the other sandbox made 100", n)
 }
 
 // TestDiskFill: the project stops at its quota with ENOSPC, on a mount

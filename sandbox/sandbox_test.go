@@ -45,13 +45,19 @@ func newEnv(t testing.TB, pool int) *env {
 // here); with o.Warm it waits until the warm sandboxes are started.
 func newEnvWith(t testing.TB, o sandbox.Options) *env {
 	t.Helper()
+	return newEnvFS(t, o, nil)
+}
+
+// newEnvFS is newEnvWith with the file system's options.
+func newEnvFS(t testing.TB, o sandbox.Options, fo *cowfs.Options) *env {
+	t.Helper()
 	base := t.TempDir()
 	project := filepath.Join(base, "project")
 	if err := os.MkdirAll(filepath.Join(project, "src"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(project, "src", "main.txt"), []byte("v1\n"), 0o644)
-	fs, err := cowfs.Open(filepath.Join(base, "cowfs"), nil)
+	fs, err := cowfs.Open(filepath.Join(base, "cowfs"), fo)
 	if err != nil {
 		t.Fatal(err)
 	}

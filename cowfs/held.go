@@ -1,0 +1,72 @@
+package cowfs
+
+import (
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// What a mount holds in memory for the names, inodes and xattrs a sandbox
+// makes: a mounted branch keeps every inode it made or loaded until it is
+// unmounted, so without a bound a sandbox could grow the server without
+// limit (a million empty files, or 256 KiB of xattrs on each of many
+// files, cost it nothing in the sandbox's own memory limit). The held
+// count is what the branch's mount made, less what it removed; loading an
+// existing tree is never refused (docs/limits.md).
+const (
+	// inodeHeld is what one inode costs the server with its FUSE node:
+	// about 2 KiB, measured with 20,000 empty files.
+	inodeHeld = 2 << 10
+	// nameHeld is what one name costs beside its bytes (its map entry).
+	nameHeld = 64
+)
+
+// Default held budgets, as fractions of the host's memory.
+const (
+	defaultHeldShare       = 2 // all branches together: half of the memory
+	defaultBranchHeldShare = 4 // one branch: a quarter
+)
+
+// heldBudgets returns the budgets of held bytes: the options' values, or
+// shares of the host's memory where they are zero; negative means no
+// bound (0).
+func heldBudgets(all, branch int64) (int64, int64) {
+	var si unix.Sysinfo_t
+	mem := int64(1) << 34 // 16 GiB, should the kernel not say
+	if unix.Sysinfo(&si) == nil && si.Totalram > 0 {
+		mem = int64(si.Totalram) * int64(max(si.Unit, 1))
+	}
+	return budget(all, mem/defaultHeldShare), budget(branch, mem/defaultBranchHeldShare)
+}
+
+// hold counts n more held bytes against the branch's and the FS's held
+// budgets, refusing with ENOSPC when they do not fit. Caller holds b.mu.
+func (b *branch) hold(n int64) error {
+	if max := b.fs.branchHeldBytes; max > 0 && n > 0 && b.held+n > max {
+		return limitErr(syscall.ENOSPC, "branch %q: the names, inodes and xattrs made since it was mounted take %d bytes of the server's memory, at most %d", b.name, b.held, max)
+	}
+	if max := b.fs.heldBytes; max > 0 && n > 0 && b.fs.heldUsed.Load()+n > max {
+		return limitErr(syscall.ENOSPC, "branch %q: the names, inodes and xattrs made in all mounted branches take %d bytes of the server's memory, at most %d", b.name, b.fs.heldUsed.Load(), max)
+	}
+	b.countHeld(n)
+	return nil
+}
+
+// countHeld counts n held bytes (negative: given back) without a check,
+// for what is never refused: removals, and a rename's longer name.
+// Caller holds b.mu.
+func (b *branch) countHeld(n int64) {
+	b.held += n
+	b.fs.heldUsed.Add(n)
+}
+
+// dropHeld gives back every byte the branch holds, when its tree is let
+// go (unmount, rollback). Caller holds b.mu.
+func (b *branch) dropHeld() { b.countHeld(-b.held) }
+
+// nameCost is what a name costs held.
+func nameCost(name string) int64 { return nameHeld + int64(len(name)) }
+
+// inodeCost is what an inode costs held when it gets its first name: the
+// inode with its symlink target. Its xattrs are counted as they are set.
+func (in *inode) inodeCost() int64 { return inodeHeld + int64(len(in.target)) }
