@@ -18,6 +18,12 @@ import (
 // extent is a dirty byte range [off, end) of a file.
 type extent struct{ off, end int64 }
 
+// maxDirtyExtents bounds the written ranges a file keeps apart: 16 bytes
+// of the server's memory each, and a write among them moves the ones
+// after it. A write that leaves more stores the file's content, which
+// leaves it none (a hostile pattern: one byte written every other byte).
+const maxDirtyExtents = 1 << 15
+
 // fileData is a file's content while the branch is live: the committed
 // chunk list plus a sparse overlay file holding the bytes written since.
 type fileData struct {
@@ -243,6 +249,11 @@ func (b *branch) write(in *inode, p []byte, off int64) (int, error) {
 		in.mtime, in.ctime = t, t
 		if terr := b.touch(in); err == nil {
 			err = terr
+		}
+		if len(fd.dirty) > maxDirtyExtents {
+			// Stored, the file keeps no written ranges. A failure leaves
+			// it as it was; the next commit reports it.
+			b.commitFile(context.Background(), in)
 		}
 	}
 	if err != nil {

@@ -1,6 +1,7 @@
 package cowfs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -118,5 +119,48 @@ func TestHeldBound(t *testing.T) {
 		t.Errorf("after the rollback and the unmount %d bytes are held, want 0", got)
 	}
 	m1.Unmount()
+	verifyClean(t, f)
+}
+
+// TestDirtyExtentsBounded: a file written one byte in every two keeps at
+// most maxDirtyExtents written ranges in the server's memory (past them
+// its content is stored), and reads back as written, before and after a
+// remount.
+func TestDirtyExtentsBounded(t *testing.T) {
+	needFUSE(t)
+	f := openTestFS(t)
+	const size = 2 * (maxDirtyExtents + 1000)
+	base := bytes.Repeat([]byte{'a'}, size)
+	m, _ := mountNew(t, f, "main", map[string]string{"f": string(base)})
+	p := filepath.Join(m.Dir(), "f")
+	fh, err := os.OpenFile(p, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte{}, base...)
+	most := 0
+	for off := 0; off < size; off += 2 {
+		if _, err := fh.WriteAt([]byte{'b'}, int64(off)); err != nil {
+			t.Fatal(err)
+		}
+		want[off] = 'b'
+		m.b.mu.Lock()
+		most = max(most, len(m.b.root.children["f"].f.dirty))
+		m.b.mu.Unlock()
+	}
+	// Past the file's end too, leaving a hole.
+	if _, err := fh.WriteAt([]byte("end"), size+100); err != nil {
+		t.Fatal(err)
+	}
+	want = append(append(want, make([]byte, 100)...), "end"...)
+	if err := fh.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if most > maxDirtyExtents {
+		t.Errorf("the file kept %d written ranges, at most %d", most, maxDirtyExtents)
+	}
+	mustRead(t, p, want)
+	m = remount(t, f, m)
+	mustRead(t, filepath.Join(m.Dir(), "f"), want)
 	verifyClean(t, f)
 }
