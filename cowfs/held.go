@@ -1,6 +1,11 @@
 package cowfs
 
 import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -28,15 +33,54 @@ const (
 )
 
 // heldBudgets returns the budgets of held bytes: the options' values, or
-// shares of the host's memory where they are zero; negative means no
-// bound (0).
+// shares of the memory this process may use where they are zero;
+// negative means no bound (0).
 func heldBudgets(all, branch int64) (int64, int64) {
-	var si unix.Sysinfo_t
+	mem := memoryForProcess()
+	return budget(all, mem/defaultHeldShare), budget(branch, mem/defaultBranchHeldShare)
+}
+
+// memoryForProcess is the host's memory, or the memory limit of this
+// process's cgroup where that is lower (a daemon in a unit or a
+// container with a memory bound).
+func memoryForProcess() int64 {
 	mem := int64(1) << 34 // 16 GiB, should the kernel not say
+	var si unix.Sysinfo_t
 	if unix.Sysinfo(&si) == nil && si.Totalram > 0 {
 		mem = int64(si.Totalram) * int64(max(si.Unit, 1))
 	}
-	return budget(all, mem/defaultHeldShare), budget(branch, mem/defaultBranchHeldShare)
+	b, _ := os.ReadFile("/proc/self/cgroup")
+	return cgroupMemory(b, "/sys/fs/cgroup", mem)
+}
+
+// cgroupMemory returns mem, or the lowest memory limit of the cgroups
+// that cgroups (the text of /proc/self/cgroup) names under the cgroup
+// file system at sysfs, where one is lower.
+func cgroupMemory(cgroups []byte, sysfs string, mem int64) int64 {
+	for _, line := range strings.Split(string(cgroups), "\n") {
+		// "0::/path" (v2) or "N:memory:/path" (v1)
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 || strings.Contains(f[2], "..") {
+			continue
+		}
+		var p string
+		switch {
+		case f[0] == "0" && f[1] == "":
+			p = filepath.Join(sysfs, f[2], "memory.max")
+		case slices.Contains(strings.Split(f[1], ","), "memory"):
+			p = filepath.Join(sysfs, "memory", f[2], "memory.limit_in_bytes")
+		default:
+			continue
+		}
+		v, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		if n, err := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64); err == nil && n > 0 && n < mem {
+			mem = n // "max" (no bound) does not parse
+		}
+	}
+	return mem
 }
 
 // hold counts n more held bytes against the branch's and the FS's held

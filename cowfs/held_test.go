@@ -164,3 +164,41 @@ func TestDirtyExtentsBounded(t *testing.T) {
 	mustRead(t, filepath.Join(m.Dir(), "f"), want)
 	verifyClean(t, f)
 }
+
+// TestCgroupMemory: the held budgets follow a memory limit of the
+// process's cgroup (v1 or v2) below the host's memory, and ignore an
+// unbounded one ("max", or v1's huge number).
+func TestCgroupMemory(t *testing.T) {
+	sys := t.TempDir()
+	write := func(p, v string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(sys, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(sys, p), []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("svc/memory.max", "1073741824\n")
+	write("free/memory.max", "max\n")
+	write("memory/a/b/memory.limit_in_bytes", "536870912\n")
+	write("memory/big/memory.limit_in_bytes", "9223372036854771712\n")
+	const host = 8 << 30
+	for _, c := range []struct {
+		cgroups string
+		want    int64
+	}{
+		{"0::/svc\n", 1 << 30},
+		{"0::/free\n", host},
+		{"4:memory:/a/b\n0::/\n", 512 << 20},
+		{"4:cpu,memory:/a/b\n", 512 << 20},
+		{"4:memory:/big\n", host},
+		{"4:memory:/missing\n", host},
+		{"4:memory:/../a/b\n", host},
+		{"", host},
+	} {
+		if got := cgroupMemory([]byte(c.cgroups), sys, host); got != c.want {
+			t.Errorf("cgroups %q: %d, want %d", c.cgroups, got, c.want)
+		}
+	}
+}
