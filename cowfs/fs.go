@@ -68,8 +68,8 @@ type Options struct {
 	// not change since its last import (see the import watch).
 	NoImportWatch bool
 	// HeldBytes bounds the server memory that the names, inodes and
-	// xattrs made through all mounts may take (held.go); zero means half
-	// of the host's memory, negative no bound. BranchHeldBytes bounds the
+	// xattrs made through all mounts may take (held.go); zero means a
+	// third of the host's memory, negative no bound. BranchHeldBytes bounds the
 	// same per mounted branch; zero means a quarter of the host's memory.
 	HeldBytes, BranchHeldBytes int64
 }
