@@ -26,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -55,6 +56,17 @@ const (
 
 // ErrNoKVM is returned when L1 booted but /dev/kvm did not appear.
 var ErrNoKVM = errors.New("nested: /dev/kvm did not appear in L1")
+
+// ErrL1Stalled is returned when L1's kernel reported that a CPU made no
+// progress (a soft lockup or an RCU stall): the emulator stalled, and the
+// run was ended at once instead of waiting out its timeout.
+var ErrL1Stalled = errors.New("nested: L1's kernel reported a stalled CPU")
+
+// l1Stall reports whether a line of L1's console is its kernel reporting
+// a stalled CPU.
+func l1Stall(line string) bool {
+	return strings.Contains(line, "watchdog: BUG: soft lockup") || strings.Contains(line, "self-detected stall on CPU")
+}
 
 // ErrMissing is returned (wrapped) when a tool or file the harness needs is
 // not on the host; tests skip on it.
@@ -229,6 +241,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	var console strings.Builder
 	var mu sync.Mutex
+	var stalled atomic.Bool
 	scanDone := make(chan struct{})
 	go func() {
 		defer close(scanDone)
@@ -240,6 +253,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 			console.WriteString(line + "\n")
 			mu.Unlock()
 			logf("[%5.0fs] %s", time.Since(start).Seconds(), line)
+			if l1Stall(line) && !stalled.Swap(true) {
+				cancel() // ends QEMU
+			}
 		}
 		io.Copy(io.Discard, stdout)
 	}()
@@ -259,6 +275,8 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 		return res, fmt.Errorf("nested: script exited with status %d", code)
 	case strings.Contains(res.Console, markerNoKVM):
 		return res, ErrNoKVM
+	case stalled.Load():
+		return res, ErrL1Stalled
 	case ctx.Err() != nil:
 		return res, fmt.Errorf("nested: run did not finish within %v: %w", opts.Timeout, ctx.Err())
 	case waitErr != nil:
@@ -405,6 +423,12 @@ func RunTest(ctx context.Context, t testing.TB, opts Options) string {
 		opts.Log = t.Logf
 	}
 	res, err := Run(ctx, opts)
+	if errors.Is(err, ErrL1Stalled) {
+		// A stall of the emulator's CPU is not tine's; a second one is
+		// reported as a failure.
+		t.Logf("FLAKY in QEMU: %v; running the whole nested run once more", err)
+		res, err = Run(ctx, opts)
+	}
 	if err != nil {
 		t.Fatalf("%v\nscript output:\n%s", err, res.Output)
 	}

@@ -131,6 +131,22 @@ func l2Initramfs(t *testing.T, busybox string) []byte {
 	return gz
 }
 
+// TestL1Stall: the lines by which L1's kernel reports a stalled CPU (seen
+// when QEMU's emulated CPU stopped answering) end a nested run at once;
+// other kernel warnings do not.
+func TestL1Stall(t *testing.T) {
+	for line, want := range map[string]bool{
+		"[   48.725289] watchdog: BUG: soft lockup - CPU#1 stuck for 26s! [tine:103]":    true,
+		"[   42.361524] rcu: INFO: rcu_preempt self-detected stall on CPU":               true,
+		"[   18.000000] kvm [101]: vcpu0, guest rIP: 0xffffffff81073744 Unhandled WRMSR": false,
+		"TINE-L2: init reached on 6.1.0-57-cloud-amd64 with 1 CPUs":                      false,
+	} {
+		if got := l1Stall(line); got != want {
+			t.Errorf("l1Stall(%q) = %v, want %v", line, got, want)
+		}
+	}
+}
+
 // TestL2BootsToInit boots QEMU with emulated SVM (L1), loads kvm-amd in it,
 // and has tine's VMM boot Debian's kernel as L2 from inside, by both entry
 // paths and with two vCPUs, until L2's /init runs and sees its CPUs; the
