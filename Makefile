@@ -4,7 +4,7 @@ SHELL := /bin/bash
 
 GO ?= go
 FUZZTIME ?= 10s
-TEST_TIMEOUT ?= 20m
+TEST_TIMEOUT ?= 30m
 
 # Debian packages the tests, the demo and the benchmarks use.
 DEBS := fuse3 restic casync fuse-overlayfs btrfs-progs qemu-system-x86 \
