@@ -170,19 +170,12 @@ func TestDirtyExtentsBounded(t *testing.T) {
 // unbounded one ("max", or v1's huge number).
 func TestCgroupMemory(t *testing.T) {
 	sys := t.TempDir()
-	write := func(p, v string) {
-		t.Helper()
-		if err := os.MkdirAll(filepath.Dir(filepath.Join(sys, p)), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(sys, p), []byte(v), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("svc/memory.max", "1073741824\n")
-	write("free/memory.max", "max\n")
-	write("memory/a/b/memory.limit_in_bytes", "536870912\n")
-	write("memory/big/memory.limit_in_bytes", "9223372036854771712\n")
+	writeTree(t, sys, map[string]string{
+		"svc/memory.max":                   "1073741824\n",
+		"free/memory.max":                  "max\n",
+		"memory/a/b/memory.limit_in_bytes": "536870912\n",
+		"memory/big/memory.limit_in_bytes": "9223372036854771712\n",
+	})
 	const host = 8 << 30
 	for _, c := range []struct {
 		cgroups string
