@@ -1,6 +1,7 @@
 package virtio
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -180,18 +181,29 @@ func (c *serverConn) Export() ([]byte, error) {
 }
 
 // Close closes the connection and waits for the server process to end
-// (it ends on the hangup; after 5 s it is killed).
+// (it ends on the hangup; after serverExitWait it is killed). A process
+// the kill does not end within serverExitWait either (stuck in the
+// kernel, on the file system it serves) is left, with an error: Close
+// returns.
 func (c *serverConn) Close() error {
 	err := c.File.Close()
 	c.ctl.Close()
 	select {
 	case <-c.done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(serverExitWait):
 		c.cmd.Process.Kill()
-		<-c.done
+		select {
+		case <-c.done:
+		case <-time.After(serverExitWait):
+			err = errors.Join(err, fmt.Errorf("virtio-fs: the server process %d did not end %v after it was killed; left running", c.cmd.Process.Pid, serverExitWait))
+		}
 	}
 	return err
 }
+
+// serverExitWait is how long Close waits for the server process to end
+// after the hangup, then after the kill.
+var serverExitWait = 5 * time.Second
 
 // serveControl answers Export requests on the control socket fd until
 // it closes.
