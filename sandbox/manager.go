@@ -135,7 +135,7 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 		return nil, err
 	}
 	if w, ok := opts.Runtime.(Warmer); ok && opts.Warm > 0 {
-		c, err := w.Warm(ctx, WarmOptions{Dir: filepath.Join(root, "warm"), N: opts.Warm})
+		c, err := w.Warm(ctx, WarmOptions{Dir: filepath.Join(root, "warm"), N: opts.Warm, Layers: filepath.Join(root, "layers")})
 		if err != nil {
 			m.Close(ctx)
 			return nil, fmt.Errorf("sandbox manager: %w", err)
@@ -598,11 +598,23 @@ func (m *Manager) remove(ctx context.Context, name string, cause killCause) erro
 	if err := os.RemoveAll(m.dir(name)); err != nil {
 		errs = append(errs, err)
 	}
+	m.sweep()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("remove sandbox %q: %w", name, err)
 	}
 	m.audit(name, "remove", nil)
 	return nil
+}
+
+// sweep has the runtime remove what the sandboxes shared and no state
+// directory refers to any more (Sweeper); what it cannot remove is left
+// for the next sweep.
+func (m *Manager) sweep() {
+	if sw, ok := m.rt.(Sweeper); ok {
+		if err := sw.Sweep(); err != nil {
+			fmt.Fprintf(os.Stderr, "tine: %v\n", err)
+		}
+	}
 }
 
 // Get returns a sandbox's metadata.

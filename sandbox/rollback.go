@@ -130,7 +130,11 @@ func (m *Manager) finishRollback(ctx context.Context, info *Info, mark rollbackM
 	if err := m.dropRollbackFile(info.Name); err != nil {
 		return err
 	}
-	return os.RemoveAll(m.oldRtDir(info.Name))
+	if err := os.RemoveAll(m.oldRtDir(info.Name)); err != nil {
+		return err
+	}
+	m.sweep()
+	return nil
 }
 
 // dropRollbackFile removes rollback.json durably: one found again after

@@ -533,6 +533,120 @@ func testForkStacksLayers(t *testing.T, warm int) {
 	}
 }
 
+// TestForksShareLayer: the forks of one snapshot bound from warm
+// sandboxes stack one shared layer (ADR 0215), kept while a fork refers
+// to it, the snapshot removed included, and removed with the last
+// reference: a rollback's or a removal's.
+func TestForksShareLayer(t *testing.T) {
+	e := newEnvWith(t, sandbox.Options{Warm: 3})
+	ctx := context.Background()
+	e.create("a", sandbox.Limits{})
+	e.mustSh("a", "echo a > /etc/tine-a; rm /etc/os-release")
+	snap, err := e.m.Snapshot(ctx, "a", sandbox.SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitWarm(3)
+	kids := []string{"k1", "k2", "k3"}
+	if _, err := e.m.Fork(ctx, "a", sandbox.ForkOptions{N: 3, Names: kids}); err != nil {
+		t.Fatal(err)
+	}
+	layers := filepath.Join(e.root, "layers")
+	shared := func() []string {
+		t.Helper()
+		ents, err := os.ReadDir(layers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, d := range ents {
+			out = append(out, d.Name())
+		}
+		return out
+	}
+	if got := shared(); len(got) != 1 {
+		t.Fatalf("3 forks of one snapshot: shared layers %v, want one", got)
+	}
+	var target string
+	for _, k := range kids {
+		l, err := os.Readlink(filepath.Join(e.root, "sandboxes", k, "runtime", "lower"))
+		if err != nil {
+			t.Fatalf("fork %s's stacked layer is not the shared one: %v", k, err)
+		}
+		if target != "" && l != target {
+			t.Errorf("fork %s stacks %s, another %s", k, l, target)
+		}
+		target = l
+		if out := e.mustSh(k, "cat /etc/tine-a; test -e /etc/os-release && echo os-release; true"); out != "a\n" {
+			t.Errorf("fork %s sees %q, want the parent's files", k, out)
+		}
+	}
+	ref := filepath.Join(layers, shared()[0], "ref")
+	links := func() uint64 {
+		t.Helper()
+		st, err := os.Stat(ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Sys().(*syscall.Stat_t).Nlink
+	}
+	if n := links(); n != 4 {
+		t.Errorf("the shared layer's ref has %d links, want 4 (its own and 3 forks')", n)
+	}
+	e.mustSh("k1", "echo k1 > /etc/tine-a")
+	if out := e.mustSh("k2", "cat /etc/tine-a"); out != "a\n" {
+		t.Errorf("a fork's write showed in its sibling: %q", out)
+	}
+	// Removing the parent and its snapshots, then two of the forks,
+	// keeps the layer of the last one.
+	if err := e.m.Remove(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.RemoveSnapshot(snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kids[:2] {
+		if err := e.m.Remove(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := links(); n != 2 {
+		t.Errorf("with 2 forks removed the ref has %d links, want 2", n)
+	}
+	if out := e.mustSh("k3", "cat /etc/tine-a"); out != "a\n" {
+		t.Errorf("the last fork sees %q once its parent, its snapshot and its siblings are gone", out)
+	}
+	// A rollback to a snapshot of its own leaves it a stacked layer of
+	// its own: the shared one goes.
+	s3, err := e.m.Snapshot(ctx, "k3", sandbox.SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.m.Rollback(ctx, "k3", s3.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := shared(); len(got) != 0 {
+		t.Errorf("after the last fork rolled back, shared layers %v are left", got)
+	}
+	if out := e.mustSh("k3", "cat /etc/tine-a"); out != "a\n" {
+		t.Errorf("the rolled-back fork sees %q", out)
+	}
+	// Removal of the last fork of a snapshot removes its layer too.
+	e.waitWarm(1)
+	if _, err := e.m.Fork(ctx, "k3", sandbox.ForkOptions{N: 1, Names: []string{"k4"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := shared(); len(got) != 1 {
+		t.Fatalf("a fork of the rolled-back fork: shared layers %v, want one", got)
+	}
+	if err := e.m.Remove(ctx, "k4"); err != nil {
+		t.Fatal(err)
+	}
+	if got := shared(); len(got) != 0 {
+		t.Errorf("after its only fork was removed, shared layers %v are left", got)
+	}
+}
+
 // TestSnapshotsCopyWhatChanged: snapshots of a sandbox with a few MB in
 // its OS layer, taken one after another, each copying ahead of its
 // freeze and linking what the one before holds (ADR 0207), each hold the

@@ -21,4 +21,16 @@ type WarmOptions struct {
 	Dir string
 	// N is how many to keep.
 	N int
+	// Layers, if not empty, holds what the sandboxes made from one
+	// snapshot share (an ns fork's stacked OS layer, ADR 0215); it is on
+	// the same file system and kept across restarts.
+	Layers string
+}
+
+// A Sweeper is a Runtime that keeps, beside its sandboxes' state
+// directories, what several of them share. Sweep removes what no state
+// directory refers to any more; the Manager calls it after it removes
+// one.
+type Sweeper interface {
+	Sweep() error
 }

@@ -33,7 +33,7 @@ func (b *bench) breakdown(ctx context.Context, rep *report) error {
 		return err
 	}
 	wdir := filepath.Join(b.base, "bd")
-	w, err := rt.Warm(ctx, sandbox.WarmOptions{Dir: filepath.Join(wdir, "warm"), N: 1})
+	w, err := rt.Warm(ctx, sandbox.WarmOptions{Dir: filepath.Join(wdir, "warm"), N: 1, Layers: filepath.Join(wdir, "layers")})
 	if err != nil {
 		return err
 	}
@@ -155,7 +155,7 @@ func (b *bench) breakdown(ctx context.Context, rep *report) error {
 	rep.add(sec, "ns cold", "... + agent answered its handshake (root built, agent up)", coldAgent, "")
 	rep.add(sec, "ns warm", "Start: bind a warm instance (rename, cgroup rename, project)", warm, "")
 	rep.add(sec, "ns warm", "... + agent answered its handshake", warmAgent, "")
-	rep.add(sec, "ns warm fork", "Start with a seed: its layer stacked (hard links), root rebuilt over it, pivot", wfork, "")
+	rep.add(sec, "ns warm fork", "Start with a new seed: the layer its forks share made (hard links), root rebuilt over it, pivot", wfork, "")
 	rep.add(sec, "ns warm fork", "... + agent answered its handshake", wforkAgent, "")
 	rep.add(sec, "agent", "Exec true round trip", ex, "")
 	rep.add(sec, "metadata", "JSON write: temp file, fsync, rename, dir fsync", meta, "")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -109,10 +110,10 @@ func (b *bench) forkBig(ctx context.Context, rep *report) error {
 	// during a fork is how long the fork paused the parent's processes
 	// (the freeze of its snapshot).
 	ticking := run("start a ticker", "command -v python3 >/dev/null && { python3 -c '"+tickerPy+"' >/dev/null 2>&1 & }") == nil
-	// forks times forks into 1, each after the parent ran change: its
+	// forks times forks into n, each after the parent ran change: its
 	// snapshot copies what changed since the last one and links the rest
-	// (ADR 0207).
-	forks := func(change string) (s, pause []time.Duration, err error) {
+	// (ADR 0207), and its forks share one stacked layer (ADR 0215).
+	forks := func(change string, n int) (s, pause []time.Duration, err error) {
 		for i := 0; i < b.o.forkRep[1]; i++ {
 			if err := run("change the OS layer", change); err != nil {
 				return nil, nil, err
@@ -121,22 +122,33 @@ func (b *bench) forkBig(ctx context.Context, rep *report) error {
 			// changes a moment before a fork are.
 			time.Sleep(100 * time.Millisecond)
 			wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-			b.warmRT.WaitWarm(wctx, 1)
+			b.warmRT.WaitWarm(wctx, min(n, b.warmN))
 			cancel()
 			if ticking {
 				if err := run("reset the ticker", "touch /tmp/tine-gap-reset; sleep 0.02"); err != nil {
 					return nil, nil, err
 				}
 			}
-			kid := b.name("k")
+			kids := make([]string, n)
+			for j := range kids {
+				kids[j] = b.name("k")
+			}
 			t := time.Now()
-			if _, err := b.warm.Fork(ctx, parent, sandbox.ForkOptions{N: 1, Names: []string{kid}}); err != nil {
+			if _, err := b.warm.Fork(ctx, parent, sandbox.ForkOptions{N: n, Names: kids}); err != nil {
 				return nil, nil, err
 			}
-			err := first(ctx, b.warm, kid)
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for j, k := range kids {
+				wg.Add(1)
+				go func() { defer wg.Done(); errs[j] = first(ctx, b.warm, k) }()
+			}
+			wg.Wait()
 			s = append(s, time.Since(t))
-			b.warm.Remove(ctx, kid)
-			if err != nil {
+			for _, k := range kids {
+				b.warm.Remove(ctx, k)
+			}
+			if err := errors.Join(errs...); err != nil {
 				return nil, nil, err
 			}
 			if ticking {
@@ -150,11 +162,16 @@ func (b *bench) forkBig(ctx context.Context, rep *report) error {
 		}
 		return s, pause, nil
 	}
-	all, allPause, err := forks("find /opt/tine-bench -type f -exec touch {} +")
+	all, allPause, err := forks("find /opt/tine-bench -type f -exec touch {} +", 1)
 	if err != nil {
 		return err
 	}
-	some, somePause, err := forks("cd /opt/tine-bench/7 && for f in $(seq 20); do printf '%032768d' $RANDOM > $f; done")
+	const change20 = "cd /opt/tine-bench/7 && for f in $(seq 20); do printf '%032768d' $RANDOM > $f; done"
+	some, somePause, err := forks(change20, 1)
+	if err != nil {
+		return err
+	}
+	some10, _, err := forks(change20, 10)
 	if err != nil {
 		return err
 	}
@@ -176,6 +193,10 @@ func (b *bench) forkBig(ctx context.Context, rep *report) error {
 	rep.add("fork x1, big OS layer", "cp -a + syncfs", peer, cp, "")
 	rep.add("fork x1, big OS layer, 20 files changed", "tine", layer+", 20 of them rewritten since its last snapshot, answered `true`", some, "")
 	rep.add("fork x1, big OS layer, 20 files changed", "cp -a + syncfs", peer, cp, "")
+	rep.add("fork x10, big OS layer, 20 files changed", "tine", "Fork into 10 of that sandbox, 20 files rewritten since its last snapshot, all answered `true` (the forks share one stacked layer, ADR 0215)", some10, "")
+	if bw, err := timeCmd(ctx, max(1, b.o.forkRep[1]), "sh", "-c", "for i in $(seq 10); do bwrap --unshare-all --ro-bind / / true & done; wait"); err == nil {
+		rep.add("fork x10, big OS layer, 20 files changed", "bwrap", "10 bwrap true at once (no state to copy)", bw, "")
+	}
 	if ticking {
 		const what = "longest pause of a process in the parent ticking every 1 ms, during that fork"
 		rep.add("fork x1, big OS layer: parent's pause", "tine", what+" (every file changed)", allPause, "")

@@ -180,25 +180,7 @@ func sameTree(t *testing.T, what, want, got string) {
 func TestColdStartFromSeed(t *testing.T) {
 	for _, userns := range []bool{true, false} {
 		t.Run(map[bool]string{true: "userns", false: "no-userns"}[userns], func(t *testing.T) {
-			rt, err := New(buildAgent(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			rt.UseUserns(userns)
-			dir := t.TempDir()
-			proj := filepath.Join(dir, "proj")
-			seed := filepath.Join(dir, "seed")
-			for _, d := range []string{proj, filepath.Join(seed, upperDir, "etc")} {
-				if err := os.MkdirAll(d, 0o755); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := os.WriteFile(filepath.Join(seed, upperDir, "etc", "seeded"), []byte("S"), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			if err := unix.Mknod(filepath.Join(seed, upperDir, "etc", "os-release"), unix.S_IFCHR, 0); err != nil {
-				t.Fatal(err)
-			}
+			rt, dir, proj, seed := seedFixture(t, userns)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			spec := sandbox.Spec{ID: "nsseed", Hostname: "nsseed", Dir: filepath.Join(dir, "rt"),
@@ -231,6 +213,33 @@ func TestColdStartFromSeed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// seedFixture returns a runtime (in a user namespace or not), a
+// temporary directory dir, a project directory in it and a seed state in
+// it whose own layer holds /etc/seeded ("S") and deletes /etc/os-release.
+func seedFixture(t *testing.T, userns bool) (rt *Runtime, dir, proj, seed string) {
+	t.Helper()
+	rt, err := New(buildAgent(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.UseUserns(userns)
+	dir = t.TempDir()
+	proj = filepath.Join(dir, "proj")
+	seed = filepath.Join(dir, "seed")
+	for _, d := range []string{proj, filepath.Join(seed, upperDir, "etc")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(seed, upperDir, "etc", "seeded"), []byte("S"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mknod(filepath.Join(seed, upperDir, "etc", "os-release"), unix.S_IFCHR, 0); err != nil {
+		t.Fatal(err)
+	}
+	return rt, dir, proj, seed
 }
 
 // TestLinkLayersCopiesWhatCannotLink: an entry that cannot be linked

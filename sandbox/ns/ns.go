@@ -32,8 +32,9 @@ import (
 type Runtime struct {
 	agent string
 
-	mu   sync.Mutex
-	warm *warmPool
+	mu     sync.Mutex
+	warm   *warmPool
+	shared *sharedLayers // the layers forks share (shared.go), if kept
 
 	// The last copy of each sandbox's own layer (layerindex.go).
 	caps captures
@@ -391,7 +392,8 @@ func (r *Runtime) CopyState(ctx context.Context, from, to string) error {
 func (r *Runtime) CaptureState(ctx context.Context, from, to string) (func() error, error) {
 	lower := -1
 	if p := stacked(from, lowerDir); p != "" {
-		fd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		// Followed: a shared layer is a symlink (shared.go).
+		fd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return nil, fmt.Errorf("copy sandbox state to %s: %w", to, err)
 		}

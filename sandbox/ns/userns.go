@@ -265,8 +265,23 @@ func (m *idMap) overlay(dir, lower, empty, upper, work, image string) (int, erro
 	if lower == "" {
 		lowers = fmt.Sprintf("/proc/self/fd/%d", base)
 	} else {
+		layer := state + lower
+		if p := filepath.Join(dir, lower); isSymlink(p) {
+			// A layer shared with other sandboxes (shared.go), outside
+			// dir: mapped on its own.
+			real, err := filepath.EvalSymlinks(p)
+			if err != nil {
+				return -1, err
+			}
+			lfd, err := m.clone(real)
+			if err != nil {
+				return -1, err
+			}
+			defer unix.Close(lfd)
+			layer = fmt.Sprintf("/proc/self/fd/%d", lfd)
+		}
 		var lfd int
-		lowers, lfd, err = nsinit.StackedLower(state+lower, state+empty, fmt.Sprintf("/proc/self/fd/%d", base), m.asSandboxRoot)
+		lowers, lfd, err = nsinit.StackedLower(layer, state+empty, fmt.Sprintf("/proc/self/fd/%d", base), m.asSandboxRoot)
 		if err != nil {
 			return -1, fmt.Errorf("%w (of %s)", err, dir)
 		}

@@ -41,13 +41,14 @@ import (
 
 // warmPool keeps warm instances under one directory.
 type warmPool struct {
-	r     *Runtime
-	dir   string
-	n     int
-	ready chan *instance
-	wake  chan struct{}
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	r      *Runtime
+	dir    string
+	shared *sharedLayers // the layers its forks share, if kept
+	n      int
+	ready  chan *instance
+	wake   chan struct{}
+	stop   chan struct{}
+	wg     sync.WaitGroup
 
 	mu      sync.Mutex
 	lastErr error
@@ -74,8 +75,10 @@ func (r *Runtime) Warm(ctx context.Context, o sandbox.WarmOptions) (io.Closer, e
 	if o.N <= 0 || !cgroup.CanRename() || Rootless() {
 		return io.NopCloser(nil), nil
 	}
-	if strings.ContainsAny(o.Dir, ",:\\\n") || !filepath.IsAbs(o.Dir) {
-		return nil, fmt.Errorf("warm sandboxes: directory %q must be absolute and free of , : \\", o.Dir)
+	for _, d := range []string{o.Dir, o.Layers} {
+		if d != "" && (strings.ContainsAny(d, ",:\\\n") || !filepath.IsAbs(d)) {
+			return nil, fmt.Errorf("warm sandboxes: directory %q must be absolute and free of , : \\", d)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -91,7 +94,14 @@ func (r *Runtime) Warm(ctx context.Context, o sandbox.WarmOptions) (io.Closer, e
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("warm sandboxes: %w", err)
 	}
-	p := &warmPool{r: r, dir: o.Dir, n: o.N, ready: make(chan *instance, o.N),
+	if o.Layers != "" && r.shared == nil {
+		s, err := newSharedLayers(o.Layers)
+		if err != nil {
+			return nil, fmt.Errorf("warm sandboxes: %w", err)
+		}
+		r.shared = s
+	}
+	p := &warmPool{r: r, dir: o.Dir, shared: r.shared, n: o.N, ready: make(chan *instance, o.N),
 		wake: make(chan struct{}, 1), stop: make(chan struct{})}
 	r.warm = p
 	p.wg.Add(1)
@@ -324,7 +334,7 @@ func (r *Runtime) startWarm(ctx context.Context, spec sandbox.Spec) (sandbox.Ins
 	if in == nil {
 		return nil, nil
 	}
-	if err := in.bind(ctx, spec); err != nil {
+	if err := in.bind(ctx, spec, p.shared); err != nil {
 		in.unwarm()
 		in.Stop(context.Background())
 		os.RemoveAll(in.dir)
@@ -337,40 +347,12 @@ func (r *Runtime) startWarm(ctx context.Context, spec sandbox.Spec) (sandbox.Ins
 }
 
 // bind makes the warm instance sandbox spec (see warmPool).
-func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
+func (in *instance) bind(ctx context.Context, spec sandbox.Spec, shared *sharedLayers) error {
 	if err := os.Rename(in.dir, spec.Dir); err != nil {
 		return fmt.Errorf("move the warm sandbox's state: %w", err)
 	}
 	in.dir, in.sock = spec.Dir, filepath.Join(spec.Dir, runDir, nsinit.AgentSocket)
 	fork := spec.Seed != ""
-	if fork {
-		// A seed cannot go into the layer already mounted (overlayfs
-		// caches what it looked up): the bind builds a new root over an
-		// empty layer with the seed's stacked below it (docs/adr/0093,
-		// 0206). The stacked layer is whole and durable before it takes
-		// its name, as seedState's, so that a fork's OS layer survives a
-		// crash once the fork is made; the empty layer is made first, so
-		// that a stacked layer with its name has it beside it
-		// (finishForkLayer).
-		if err := os.Mkdir(filepath.Join(spec.Dir, forkUpper), 0o755); err != nil {
-			return err
-		}
-		if err := os.Mkdir(filepath.Join(spec.Dir, forkWork), 0o700); err != nil {
-			return err
-		}
-		tmp := filepath.Join(spec.Dir, ".tmp-"+forkLower)
-		if err := osBase("", func(base string) error {
-			return stackSeed(ctx, spec.Seed, base, tmp, filepath.Join(spec.Dir, forkUpper))
-		}); err != nil {
-			return err
-		}
-		if err := atomicfile.SyncFS(tmp); err != nil {
-			return err
-		}
-		if err := os.Rename(tmp, filepath.Join(spec.Dir, forkLower)); err != nil {
-			return err
-		}
-	}
 	if err := in.cg.(*cgroup.Group).Rename(spec.ID); err != nil {
 		return err
 	}
@@ -394,6 +376,13 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		return fmt.Errorf("clone the project mount %s: %w", spec.ProjectSource, err)
 	}
 	fds = append(fds, project)
+	// The fork's layers last: a shared one may be being made by another
+	// fork meanwhile.
+	if fork {
+		if err := stackFork(ctx, spec, shared); err != nil {
+			return err
+		}
+	}
 	overlay, api := -1, -1
 	if fork && in.ids != nil {
 		if overlay, err = in.ids.overlay(spec.Dir, forkLower, emptyDir, forkUpper, forkWork, ""); err != nil {
@@ -431,6 +420,40 @@ func (in *instance) bind(ctx context.Context, spec sandbox.Spec) error {
 		return swapForkLayer(spec.Dir)
 	}
 	return nil
+}
+
+// stackFork makes the layers of a fork's new root in its state directory
+// (forkUpper, forkWork, forkLower) from its seed. A seed cannot go into
+// the layer already mounted (overlayfs caches what it looked up): the
+// bind builds a new root over an empty layer with the seed's stacked
+// below it (docs/adr/0093, 0206): the layer shared by the forks of the
+// seed where there is one (0215), a layer of its own otherwise. The
+// stacked layer is whole and durable before it takes its name, as
+// seedState's, so that a fork's OS layer survives a crash once the fork
+// is made; the empty layer is made first, so that a stacked layer with
+// its name has it beside it (finishForkLayer).
+func stackFork(ctx context.Context, spec sandbox.Spec, shared *sharedLayers) error {
+	if err := os.Mkdir(filepath.Join(spec.Dir, forkUpper), 0o755); err != nil {
+		return err
+	}
+	if err := os.Mkdir(filepath.Join(spec.Dir, forkWork), 0o700); err != nil {
+		return err
+	}
+	if shared != nil && stackable() {
+		if ok, err := shared.use(ctx, spec.Seed, spec.Dir); ok || err != nil {
+			return err
+		}
+	}
+	tmp := filepath.Join(spec.Dir, ".tmp-"+forkLower)
+	if err := osBase("", func(base string) error {
+		return stackSeed(ctx, spec.Seed, base, tmp, filepath.Join(spec.Dir, forkUpper))
+	}); err != nil {
+		return err
+	}
+	if err := atomicfile.SyncFS(tmp); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(spec.Dir, forkLower))
 }
 
 // swapForkLayer gives a bound fork's layers the usual names (the overlay
@@ -472,7 +495,11 @@ func finishForkLayer(dir string) error {
 			return fmt.Errorf("fork layer: %w", err)
 		}
 	}
-	for _, n := range []string{forkUpper, forkWork, upperDir + ".warm", workDir + ".warm", ".tmp-" + forkLower, ".tmp-" + forkUpper} {
+	leftover := []string{forkUpper, forkWork, upperDir + ".warm", workDir + ".warm", ".tmp-" + forkLower, ".tmp-" + forkUpper}
+	if _, err := os.Lstat(filepath.Join(dir, lowerDir)); errors.Is(err, os.ErrNotExist) {
+		leftover = append(leftover, forkRef) // a shared layer's, linked before the bind was cut short
+	}
+	for _, n := range leftover {
 		if err := os.RemoveAll(filepath.Join(dir, n)); err != nil {
 			return fmt.Errorf("fork layer: %w", err)
 		}

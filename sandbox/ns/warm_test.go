@@ -261,9 +261,9 @@ func warmRuntime(t *testing.T, userns bool, limit time.Duration) (*Runtime, stri
 // not the warm root's, become the sandbox's. A bind cut before the
 // stacked layer had its name leaves the warm root's layer alone.
 func TestFinishForkLayer(t *testing.T) {
-	for _, cut := range []string{"before the stacked layer's name", "before the swap", "between its renames", "before the stacked layer's rename"} {
+	for _, cut := range []string{"before the stacked layer's name", "before the swap", "before the swap, shared", "between its renames", "before the stacked layer's rename"} {
 		t.Run(cut, func(t *testing.T) {
-			dir := t.TempDir()
+			dir := filepath.Join(t.TempDir(), "runtime")
 			mk := func(p, content string) {
 				t.Helper()
 				if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, p)), 0o700); err != nil {
@@ -279,11 +279,20 @@ func TestFinishForkLayer(t *testing.T) {
 				mk(filepath.Join(upperDir, "etc", "f"), "warm")
 				mk(filepath.Join(forkUpper, "etc", "f"), "fork")
 				mk(filepath.Join(".tmp-"+forkLower, "etc", "g"), "half")
+				mk(forkRef, "") // a shared layer's reference, made before its symlink
 				own, stacked = "warm", ""
 			case "before the swap":
 				mk(filepath.Join(upperDir, "etc", "warm"), "")
 				mk(filepath.Join(forkUpper, "etc", "f"), "fork")
 				mk(filepath.Join(forkLower, "etc", "g"), "stacked")
+			case "before the swap, shared":
+				mk(filepath.Join(upperDir, "etc", "warm"), "")
+				mk(filepath.Join(forkUpper, "etc", "f"), "fork")
+				mk(filepath.Join("..", "layers", "x", "layer", "etc", "g"), "stacked")
+				mk(forkRef, "")
+				if err := os.Symlink(filepath.Join("..", "layers", "x", "layer"), filepath.Join(dir, forkLower)); err != nil {
+					t.Fatal(err)
+				}
 			case "between its renames":
 				mk(filepath.Join(upperDir+".warm", "etc", "warm"), "")
 				mk(filepath.Join(forkUpper, "etc", "f"), "fork")
@@ -306,6 +315,12 @@ func TestFinishForkLayer(t *testing.T) {
 					if _, err := os.Lstat(filepath.Join(dir, n)); err == nil {
 						t.Errorf("%s left", n)
 					}
+				}
+				_, err = os.Lstat(filepath.Join(dir, forkRef))
+				if shared := strings.HasSuffix(cut, "shared"); shared && err != nil {
+					t.Errorf("the shared layer's reference: %v", err)
+				} else if stacked == "" && err == nil {
+					t.Error("the reference of a shared layer the bind did not get to stack is left")
 				}
 			}
 			if err := finishForkLayer(dir); err != nil {
