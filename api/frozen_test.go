@@ -23,24 +23,28 @@ func TestFrozenSandboxAnswersAtOnce(t *testing.T) {
 	if err := e.c.Freeze(ctx, "cold"); err != nil {
 		t.Fatal(err)
 	}
-	short, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	calls := map[string]func() error{
-		"ps":    func() error { _, err := e.c.Ps(short, "cold"); return err },
-		"ports": func() error { _, err := e.c.Ports(short, "cold"); return err },
-		"get file": func() error {
+	// Each refusal must come well before a wait for the agent would end
+	// (5 s, however loaded the machine); the stream gets longer.
+	calls := map[string]func(context.Context) error{
+		"ps":    func(short context.Context) error { _, err := e.c.Ps(short, "cold"); return err },
+		"ports": func(short context.Context) error { _, err := e.c.Ports(short, "cold"); return err },
+		"get file": func(short context.Context) error {
 			return e.c.GetFile(short, "cold", "/etc/hostname", io.Discard)
 		},
 	}
 	for what, call := range calls {
 		start := time.Now()
-		err := call()
+		short, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := call(short)
+		cancel()
 		var ae *client.Error
 		if !errors.As(err, &ae) || ae.Status != 409 || !strings.Contains(ae.Message, "frozen") || !strings.Contains(ae.Message, "tine thaw cold") {
 			t.Errorf("%s of a frozen sandbox after %v: %v, want 409 naming the freeze and tine thaw", what, time.Since(start), err)
 		}
 	}
-	ev, err := e.c.Events(short, "cold")
+	stream, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	ev, err := e.c.Events(stream, "cold")
 	if err != nil {
 		t.Fatalf("events of a frozen sandbox: %v", err)
 	}
@@ -54,7 +58,7 @@ func TestFrozenSandboxAnswersAtOnce(t *testing.T) {
 				t.Fatal("event stream ended before the thaw was seen")
 			}
 			thawed = ev.Type == sandbox.EventThawed
-		case <-short.Done():
+		case <-stream.Done():
 			t.Fatal("no thawed event on a stream opened while frozen")
 		}
 	}
