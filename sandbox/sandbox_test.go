@@ -533,12 +533,13 @@ func testForkStacksLayers(t *testing.T, warm int) {
 	}
 }
 
-// TestForksShareLayer: the forks of one snapshot bound from warm
-// sandboxes stack one shared layer (ADR 0215), kept while a fork refers
-// to it, the snapshot removed included, and removed with the last
-// reference: a rollback's or a removal's.
+// TestForksShareLayer: the forks of one snapshot, bound from warm
+// sandboxes or started cold once none is left, stack one shared layer
+// (ADR 0215), kept while a fork refers to it, the snapshot removed
+// included, and removed with the last reference: a rollback's or a
+// removal's.
 func TestForksShareLayer(t *testing.T) {
-	e := newEnvWith(t, sandbox.Options{Warm: 3})
+	e := newEnvWith(t, sandbox.Options{Warm: 2})
 	ctx := context.Background()
 	e.create("a", sandbox.Limits{})
 	e.mustSh("a", "echo a > /etc/tine-a; rm /etc/os-release")
@@ -546,7 +547,8 @@ func TestForksShareLayer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.waitWarm(3)
+	e.waitWarm(2)
+	bound := e.rt.WarmBound()
 	kids := []string{"k1", "k2", "k3"}
 	if _, err := e.m.Fork(ctx, "a", sandbox.ForkOptions{N: 3, Names: kids}); err != nil {
 		t.Fatal(err)
@@ -563,6 +565,9 @@ func TestForksShareLayer(t *testing.T) {
 			out = append(out, d.Name())
 		}
 		return out
+	}
+	if n := e.rt.WarmBound() - bound; n != 2 {
+		t.Errorf("%d of the 3 forks were bound from warm sandboxes, want 2 (and 1 started cold)", n)
 	}
 	if got := shared(); len(got) != 1 {
 		t.Fatalf("3 forks of one snapshot: shared layers %v, want one", got)

@@ -117,7 +117,7 @@ func (r *Runtime) Start(ctx context.Context, spec sandbox.Spec) (sandbox.Instanc
 			}
 		}
 		if spec.Seed != "" {
-			if err := seedState(ctx, spec.Seed, spec.Image, spec.Dir); err != nil {
+			if err := seedState(ctx, spec.Seed, spec.Image, spec.Dir, r.sharedLayers()); err != nil {
 				return nil, fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 			}
 		}
@@ -464,10 +464,36 @@ func preDir(to string) string {
 // image ("": the host's) that starts from the state seed of a snapshot:
 // seed's layers, which no one writes, stacked as its lower layer and an
 // empty layer of its own (or, in rootless mode, whose overlays take no
-// stacked layer, a copy).
-func seedState(ctx context.Context, seed, image, to string) error {
+// stacked layer, a copy). Over the host's OS tree, the stacked layer is
+// the one the sandboxes made from seed share, where shared is not nil
+// (ADR 0215).
+func seedState(ctx context.Context, seed, image, to string, shared *sharedLayers) error {
 	if Rootless() {
 		return (&Runtime{}).CopyState(ctx, seed, to)
+	}
+	if shared != nil && image == "" && stackable() {
+		// The layer is durable before it is named; a directory of two
+		// names is made durable with fsyncs, not a syncfs.
+		tmp := stateTmp(to)
+		if err := os.RemoveAll(tmp); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(tmp, 0o700); err != nil {
+			return err
+		}
+		ok, err := shared.use(ctx, seed, tmp, lowerDir)
+		if ok {
+			if err = atomicfile.SyncDir(tmp); err == nil {
+				err = os.Rename(tmp, to)
+			}
+			if err == nil {
+				return atomicfile.SyncDir(filepath.Dir(to))
+			}
+		}
+		os.RemoveAll(tmp)
+		if err != nil {
+			return fmt.Errorf("copy sandbox state to %s: %w", to, err)
+		}
 	}
 	finish, err := makeState(to, func(tmp string) error {
 		return osBase(image, func(base string) error {

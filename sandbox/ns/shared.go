@@ -58,13 +58,14 @@ func newSharedLayers(dir string) (*sharedLayers, error) {
 	return s, s.sweep()
 }
 
-// use makes the stacked layer of the state directory dir, forkLower, the
-// layer shared by the sandboxes made from the snapshot state seed (made
-// now if there is none), with its reference forkRef. It returns false,
+// use makes the stacked layer of the state directory dir, named as
+// (forkLower in a warm bind, lowerDir in a cold start), the layer shared
+// by the sandboxes made from the snapshot state seed (made now if there
+// is none), with its reference forkRef. It returns false,
 // and makes nothing, where seed's layers cannot be stacked whole
 // (linkLayers' bound on depth and path length): the caller stacks
 // them its own way.
-func (s *sharedLayers) use(ctx context.Context, seed, dir string) (bool, error) {
+func (s *sharedLayers) use(ctx context.Context, seed, dir, as string) (bool, error) {
 	s.mu.Lock()
 	l := s.bySeed[seed]
 	mine := l == nil
@@ -104,7 +105,7 @@ func (s *sharedLayers) use(ctx context.Context, seed, dir string) (bool, error) 
 	}
 	rel, err := filepath.Rel(dir, filepath.Join(at, "layer"))
 	if err == nil {
-		err = os.Symlink(rel, filepath.Join(dir, forkLower))
+		err = os.Symlink(rel, filepath.Join(dir, as))
 	}
 	if err != nil {
 		return false, fmt.Errorf("shared layer %s: %w", at, err)
@@ -209,12 +210,17 @@ func (s *sharedLayers) unused() ([]string, error) {
 	return out, errors.Join(errs...)
 }
 
+// sharedLayers returns the runtime's shared layers, nil when it keeps none.
+func (r *Runtime) sharedLayers() *sharedLayers {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.shared
+}
+
 // Sweep implements sandbox.Sweeper: it removes the shared layers no
 // state directory refers to any more.
 func (r *Runtime) Sweep() error {
-	r.mu.Lock()
-	s := r.shared
-	r.mu.Unlock()
+	s := r.sharedLayers()
 	if s == nil {
 		return nil
 	}

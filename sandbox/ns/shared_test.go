@@ -70,7 +70,7 @@ func TestSharedLayers(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ok, err := s.use(context.Background(), seed, dirs[i])
+			ok, err := s.use(context.Background(), seed, dirs[i], forkLower)
 			if err == nil && !ok {
 				err = fmt.Errorf("not shared")
 			}
@@ -131,7 +131,7 @@ func TestSharedLayers(t *testing.T) {
 	if err := os.MkdirAll(dirs[0], 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := s.use(context.Background(), seed, dirs[0]); !ok || err != nil {
+	if ok, err := s.use(context.Background(), seed, dirs[0], forkLower); !ok || err != nil {
 		t.Fatalf("a bind after the sweep: %v, %v", ok, err)
 	}
 	if got := names(); len(got) != 1 {

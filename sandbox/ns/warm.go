@@ -440,7 +440,7 @@ func stackFork(ctx context.Context, spec sandbox.Spec, shared *sharedLayers) err
 		return err
 	}
 	if shared != nil && stackable() {
-		if ok, err := shared.use(ctx, spec.Seed, spec.Dir); ok || err != nil {
+		if ok, err := shared.use(ctx, spec.Seed, spec.Dir, forkLower); ok || err != nil {
 			return err
 		}
 	}
