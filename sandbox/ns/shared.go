@@ -17,15 +17,15 @@ import (
 	"tine/internal/atomicfile"
 )
 
-// The sandboxes bound from warm ones that start from one snapshot share
-// one stacked layer (docs/adr/0215) instead of each linking its own: the
-// snapshot's two layers merged (linkLayers), made once, written out once.
-// It lives in the runtime's layers directory, as NAME/layer beside an
-// empty file NAME/ref; a sandbox's state directory holds forkRef, a hard
-// link to ref, and its stacked layer, lowerDir, is a symlink to
-// NAME/layer. A layer whose ref has no other link is no one's: Sweep
-// removes it. The hard link is made before the symlink, so that a crash
-// between them keeps a layer too long, never too short.
+// The sandboxes that start from one snapshot over the host's OS tree
+// share one stacked layer (docs/adr/0215) instead of each linking its
+// own: the snapshot's two layers merged (linkLayers), made once, written
+// out once. It lives in the runtime's layers directory, as NAME/layer
+// beside an empty file NAME/ref; a sandbox's state directory holds
+// forkRef, a hard link to ref, and its stacked layer, lowerDir, is a
+// symlink to NAME/layer. A layer whose ref has no other link is no
+// one's: Sweep removes it. The hard link is made before the symlink, so
+// that a crash between them keeps a layer too long, never too short.
 
 // forkRef is, in a state directory whose stacked layer is a shared one,
 // the hard link to its ref that keeps it.
@@ -45,7 +45,7 @@ type sharedLayer struct {
 	name  string
 	ready chan struct{}
 	err   error // set before ready is closed: why it could not be made
-	users int   // binds using it whose references are not made yet
+	users int   // starts using it whose references are not made yet
 }
 
 // newSharedLayers returns the layers directory dir, made if missing,
