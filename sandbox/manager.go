@@ -134,7 +134,9 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 		m.Close(ctx)
 		return nil, err
 	}
-	if w, ok := opts.Runtime.(Warmer); ok && opts.Warm > 0 {
+	// Called with no warm sandboxes too: the runtime keeps the layers
+	// that sandboxes share in the same call.
+	if w, ok := opts.Runtime.(Warmer); ok {
 		c, err := w.Warm(ctx, WarmOptions{Dir: filepath.Join(root, "warm"), N: opts.Warm, Layers: filepath.Join(root, "layers")})
 		if err != nil {
 			m.Close(ctx)

@@ -534,12 +534,18 @@ func testForkStacksLayers(t *testing.T, warm int) {
 }
 
 // TestForksShareLayer: the forks of one snapshot, bound from warm
-// sandboxes or started cold once none is left, stack one shared layer
-// (ADR 0215), kept while a fork refers to it, the snapshot removed
-// included, and removed with the last reference: a rollback's or a
-// removal's.
+// sandboxes or started cold once none is left (or with none kept),
+// stack one shared layer (ADR 0215), kept while a fork refers to it, the
+// snapshot removed included, and removed with the last reference: a
+// rollback's or a removal's.
 func TestForksShareLayer(t *testing.T) {
-	e := newEnvWith(t, sandbox.Options{Warm: 2})
+	for _, warm := range []int{0, 2} {
+		t.Run(fmt.Sprintf("warm=%d", warm), func(t *testing.T) { testForksShareLayer(t, warm) })
+	}
+}
+
+func testForksShareLayer(t *testing.T, warm int) {
+	e := newEnvWith(t, sandbox.Options{Warm: warm})
 	ctx := context.Background()
 	e.create("a", sandbox.Limits{})
 	e.mustSh("a", "echo a > /etc/tine-a; rm /etc/os-release")
@@ -547,7 +553,9 @@ func TestForksShareLayer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.waitWarm(2)
+	if warm > 0 {
+		e.waitWarm(warm)
+	}
 	bound := e.rt.WarmBound()
 	kids := []string{"k1", "k2", "k3"}
 	if _, err := e.m.Fork(ctx, "a", sandbox.ForkOptions{N: 3, Names: kids}); err != nil {
@@ -566,8 +574,8 @@ func TestForksShareLayer(t *testing.T) {
 		}
 		return out
 	}
-	if n := e.rt.WarmBound() - bound; n != 2 {
-		t.Errorf("%d of the 3 forks were bound from warm sandboxes, want 2 (and 1 started cold)", n)
+	if n := e.rt.WarmBound() - bound; n != warm {
+		t.Errorf("%d of the 3 forks were bound from warm sandboxes, want %d (the rest started cold)", n, warm)
 	}
 	if got := shared(); len(got) != 1 {
 		t.Fatalf("3 forks of one snapshot: shared layers %v, want one", got)
@@ -637,7 +645,9 @@ func TestForksShareLayer(t *testing.T) {
 		t.Errorf("the rolled-back fork sees %q", out)
 	}
 	// Removal of the last fork of a snapshot removes its layer too.
-	e.waitWarm(1)
+	if warm > 0 {
+		e.waitWarm(1)
+	}
 	if _, err := e.m.Fork(ctx, "k3", sandbox.ForkOptions{N: 1, Names: []string{"k4"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -22,8 +22,8 @@ type WarmOptions struct {
 	// N is how many to keep.
 	N int
 	// Layers, if not empty, holds what the sandboxes made from one
-	// snapshot share (an ns fork's stacked OS layer, ADR 0215); it is on
-	// the same file system and kept across restarts.
+	// snapshot share (an ns fork's stacked OS layer, ADR 0215), N 0
+	// included; it is on the same file system and kept across restarts.
 	Layers string
 }
 

@@ -210,6 +210,22 @@ func (s *sharedLayers) unused() ([]string, error) {
 	return out, errors.Join(errs...)
 }
 
+// keepLayers has the runtime keep shared layers in dir (once; a later
+// call changes nothing).
+func (r *Runtime) keepLayers(dir string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.shared != nil {
+		return nil
+	}
+	s, err := newSharedLayers(dir)
+	if err != nil {
+		return err
+	}
+	r.shared = s
+	return nil
+}
+
 // sharedLayers returns the runtime's shared layers, nil when it keeps none.
 func (r *Runtime) sharedLayers() *sharedLayers {
 	r.mu.Lock()

@@ -70,15 +70,21 @@ const refillMax = 250 * time.Millisecond
 // of the sandboxes they become. Closing the result ends those not taken.
 // On a host with cgroup v2 (whose groups cannot be renamed) and in rootless
 // mode it keeps none
-// and every Start is a cold one.
+// and every Start is a cold one. The shared layers in o.Layers are kept
+// whatever o.N, but in rootless mode, whose sandboxes copy their layers.
 func (r *Runtime) Warm(ctx context.Context, o sandbox.WarmOptions) (io.Closer, error) {
-	if o.N <= 0 || !cgroup.CanRename() || Rootless() {
-		return io.NopCloser(nil), nil
-	}
 	for _, d := range []string{o.Dir, o.Layers} {
 		if d != "" && (strings.ContainsAny(d, ",:\\\n") || !filepath.IsAbs(d)) {
 			return nil, fmt.Errorf("warm sandboxes: directory %q must be absolute and free of , : \\", d)
 		}
+	}
+	if o.Layers != "" && !Rootless() {
+		if err := r.keepLayers(o.Layers); err != nil {
+			return nil, fmt.Errorf("warm sandboxes: %w", err)
+		}
+	}
+	if o.N <= 0 || !cgroup.CanRename() || Rootless() {
+		return io.NopCloser(nil), nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -93,13 +99,6 @@ func (r *Runtime) Warm(ctx context.Context, o sandbox.WarmOptions) (io.Closer, e
 	cgroup.RemoveLeftovers(ctx, warmPrefix, leftoverAge)
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("warm sandboxes: %w", err)
-	}
-	if o.Layers != "" && r.shared == nil {
-		s, err := newSharedLayers(o.Layers)
-		if err != nil {
-			return nil, fmt.Errorf("warm sandboxes: %w", err)
-		}
-		r.shared = s
 	}
 	p := &warmPool{r: r, dir: o.Dir, shared: r.shared, n: o.N, ready: make(chan *instance, o.N),
 		wake: make(chan struct{}, 1), stop: make(chan struct{})}
