@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -195,7 +194,7 @@ func (s *sharedLayers) unused() ([]string, error) {
 			var st unix.Stat_t
 			if err := unix.Lstat(filepath.Join(s.dir, name, "ref"), &st); err == nil && st.Nlink > 1 {
 				continue
-			} else if err != nil && !errors.Is(err, syscall.ENOENT) {
+			} else if err != nil && !errors.Is(err, unix.ENOENT) {
 				errs = append(errs, err)
 				continue
 			}
