@@ -8,8 +8,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// dirHandle is an open directory: the listing taken at the first read,
-// served by position. The kernel keeps what it read in its directory
+// dirHandle is an open directory: "." and "..", then the listing taken
+// at the first read, served by position. The kernel keeps what it read in its directory
 // cache across opens (FOPEN_CACHE_DIR with FOPEN_KEEP_CACHE) and drops it
 // itself when the directory changes through the mount; a change behind
 // its back (rollback) is announced with a notify (ADR 0160).
@@ -42,8 +42,23 @@ func (d *dirHandle) fill(ctx context.Context) syscall.Errno {
 	if errno != 0 {
 		return errno
 	}
-	d.list, d.read = list, true
+	d.list, d.read = append(d.n.dots(), list...), true
 	return 0
+}
+
+// dots returns the "." and ".." entries a directory listing starts with,
+// as on a disk file system: the kernel passes them to getdents unchanged
+// and never looks them up. The root's ".." names the root itself.
+func (n *node) dots() []fuse.DirEntry {
+	self := n.StableAttr().Ino
+	parent := self
+	if _, p := n.Parent(); p != nil {
+		parent = p.StableAttr().Ino
+	}
+	return []fuse.DirEntry{
+		{Name: ".", Mode: fuse.S_IFDIR, Ino: self},
+		{Name: "..", Mode: fuse.S_IFDIR, Ino: parent},
+	}
 }
 
 // Readdirent returns the next entry, or nil at the end.
