@@ -150,15 +150,21 @@ func promoteResponse(res *sandbox.PromoteResult) *PromoteResponse {
 }
 
 // forkBranches expands a fork request's git branch template (nil when it
-// gives none).
-func (s *Server) forkBranches(ctx context.Context, name string, req ForkRequest, fo sandbox.ForkOptions) ([]string, error) {
+// gives none). It names the forks in fo, so that each branch goes to the
+// fork it was made for.
+func (s *Server) forkBranches(ctx context.Context, name string, req ForkRequest, fo *sandbox.ForkOptions) ([]string, error) {
 	if req.GitBranches == "" {
 		return nil, nil
 	}
-	b, err := s.m.GitBranchNames(ctx, name, req.GitBranches, sandbox.ForkNames(name, fo))
+	names, err := s.m.ForkNames(name, *fo)
+	if err != nil {
+		return nil, err
+	}
+	b, err := s.m.GitBranchNames(ctx, name, req.GitBranches, names)
 	if err != nil {
 		return nil, badRequest("%s", err)
 	}
+	fo.Names = names
 	return b, nil
 }
 

@@ -385,7 +385,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fo := sandbox.ForkOptions{N: req.N, Names: req.Names}
-	branches, err := s.forkBranches(r.Context(), name, req, fo)
+	branches, err := s.forkBranches(r.Context(), name, req, &fo)
 	if err != nil {
 		writeError(w, err)
 		return

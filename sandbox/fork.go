@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 
 	"tine/cowfs"
 )
 
-// Fork makes n new running sandboxes, NAME-1 .. NAME-n (or o.Names),
-// from one snapshot of sandbox name taken now. Each starts with the
+// Fork makes n new running sandboxes, named by ForkNames, from one
+// snapshot of sandbox name taken now. Each starts with the
 // parent's files at that instant and fresh processes (the agent); the
 // parent runs on. The forks are made in parallel; if one fails, those
 // made are removed. The snapshot's metadata is written while the forks
@@ -28,11 +31,9 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 	if n < 1 || (o.Names != nil && len(o.Names) != n) {
 		return nil, fmt.Errorf("fork sandbox %q: want N >= 1 and, if given, N names (N=%d, %d names)", name, n, len(o.Names))
 	}
-	names := o.Names
-	if names == nil {
-		for i := 1; i <= n; i++ {
-			names = append(names, fmt.Sprintf("%s-%d", name, i))
-		}
+	names, err := m.ForkNames(name, o)
+	if err != nil {
+		return nil, err
 	}
 	for _, c := range names {
 		if err := m.checkName(c); err != nil {
@@ -64,6 +65,32 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 	}
 	m.audit(name, "fork", map[string]any{"snapshot": s.ID, "forks": names})
 	return out, nil
+}
+
+// ForkNames are the names Fork gives the forks of sandbox name: o.Names,
+// or else NAME-k .. NAME-(k+N-1), numbered on after the highest NAME-j
+// that exists (k is 1 when none does), so that forking again never
+// collides with the forks of an earlier fork.
+func (m *Manager) ForkNames(name string, o ForkOptions) ([]string, error) {
+	if o.Names != nil {
+		return o.Names, nil
+	}
+	ents, err := os.ReadDir(filepath.Join(m.root, "sandboxes"))
+	if err != nil {
+		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
+	}
+	next := 1
+	for _, e := range ents {
+		tail, ok := strings.CutPrefix(e.Name(), name+"-")
+		if j, err := strconv.Atoi(tail); ok && err == nil && j >= next && tail == strconv.Itoa(j) {
+			next = j + 1
+		}
+	}
+	names := make([]string, 0, max(o.N, 0))
+	for i := range max(o.N, 0) {
+		names = append(names, fmt.Sprintf("%s-%d", name, next+i))
+	}
+	return names, nil
 }
 
 // forkFrom makes the forks names of sandbox name from its snapshot s;

@@ -31,7 +31,7 @@ func TestNamesCheckedUpFront(t *testing.T) {
 	}
 	e.create("p", sandbox.Limits{})
 	e.create("p-2", sandbox.Limits{})
-	for _, o := range []sandbox.ForkOptions{{N: 2}, {N: 1, Names: []string{long}}} {
+	for _, o := range []sandbox.ForkOptions{{N: 2, Names: []string{"p-1", "p-2"}}, {N: 1, Names: []string{long}}} {
 		_, err := e.m.Fork(ctx, "p", o)
 		if !errors.Is(err, sandbox.ErrExists) && !errors.Is(err, sandbox.ErrBadName) {
 			t.Fatalf("fork %+v: %v, want ErrExists or ErrBadName", o, err)

@@ -54,19 +54,6 @@ func (m *Manager) SetGitBranch(name, branch string) error {
 	return m.save(info)
 }
 
-// ForkNames are the names Fork gives n forks of sandbox name when o
-// names none.
-func ForkNames(name string, o ForkOptions) []string {
-	if o.Names != nil {
-		return o.Names
-	}
-	var names []string
-	for i := 1; i <= o.N; i++ {
-		names = append(names, fmt.Sprintf("%s-%d", name, i))
-	}
-	return names
-}
-
 // GitStaleness says how far a git origin's HEAD moved since the commit a
 // sandbox was made from.
 type GitStaleness struct {

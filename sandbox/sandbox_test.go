@@ -262,14 +262,15 @@ func forkDiverges(t *testing.T, e *env, warm bool) {
 // TestForkNameClashLeavesNothing: a fork whose names include an existing
 // sandbox fails before starting any, leaves no branch or sandbox of the
 // other names (they can be made afterwards) and leaves the existing one
-// running with its files.
+// running with its files. Forks named by default number on after the
+// highest fork that exists, so forking again never clashes.
 func TestForkNameClashLeavesNothing(t *testing.T) {
 	e := newEnv(t, 0)
 	ctx := context.Background()
 	e.create("p", sandbox.Limits{})
 	e.create("p-2", sandbox.Limits{})
 	e.mustSh("p-2", fmt.Sprintf("echo mine > %s/own.txt", e.project))
-	if _, err := e.m.Fork(ctx, "p", sandbox.ForkOptions{N: 3}); err == nil {
+	if _, err := e.m.Fork(ctx, "p", sandbox.ForkOptions{N: 3, Names: []string{"p-1", "p-2", "p-3"}}); err == nil {
 		t.Fatal("a fork into a name that exists succeeded")
 	} else if !strings.Contains(err.Error(), "p-2") {
 		t.Errorf("the error does not name the clash: %v", err)
@@ -288,6 +289,15 @@ func TestForkNameClashLeavesNothing(t *testing.T) {
 	}
 	if len(kids) != 2 {
 		t.Fatalf("%d forks", len(kids))
+	}
+	e.create("p-x", sandbox.Limits{})
+	e.create("p-07", sandbox.Limits{})
+	if got, err := e.m.ForkNames("p", sandbox.ForkOptions{N: 2}); err != nil || strings.Join(got, " ") != "p-4 p-5" {
+		t.Fatalf("default names after p-1, p-2, p-3, p-x and p-07: %v, %v; want p-4 p-5", got, err)
+	}
+	kids, err = e.m.Fork(ctx, "p", sandbox.ForkOptions{N: 1})
+	if err != nil || kids[0].Name != "p-4" {
+		t.Fatalf("a fork with default names after p-1..p-3: %v, want p-4", err)
 	}
 }
 

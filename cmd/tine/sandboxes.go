@@ -202,7 +202,7 @@ func (a *app) forkCommand() *cobra.Command {
 	}
 	c.Flags().StringVar(&req.GitBranches, "git-branches", "", "record a git branch per fork from this template ({i}: 1..N, {name}: the fork's name); `tine promote FORK --git-branch` with no name commits there")
 	c.Flags().IntVarP(&req.N, "n", "n", 1, "number of forks")
-	c.Flags().StringVar(&names, "names", "", "comma-separated names of the forks (default: SB-1 .. SB-N)")
+	c.Flags().StringVar(&names, "names", "", "comma-separated names of the forks (default: SB-1 .. SB-N, numbered on after the highest SB-K that exists)")
 	return c
 }
 
