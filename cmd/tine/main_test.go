@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 )
@@ -24,6 +25,22 @@ func TestUsageListsCommands(t *testing.T) {
 	for _, c := range []string{"create", "exec", "fork", "diff", "promote", "serve", "fs", "store", "vm"} {
 		if !strings.Contains(out.String(), "  "+c+" ") {
 			t.Errorf("usage does not list %s:\n%s", c, out.String())
+		}
+	}
+}
+
+// A --from that is not a directory is a usage error saying why: missing,
+// or a file; neither reaches a daemon.
+func TestCreateFromNotADirectory(t *testing.T) {
+	file := t.TempDir() + "/file"
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for from, why := range map[string]string{file: "not a directory", t.TempDir() + "/missing": "no such file or directory"} {
+		var out, errOut bytes.Buffer
+		code := run([]string{"create", "--root", t.TempDir(), "--from", from}, &out, &errOut)
+		if code != 2 || !strings.Contains(errOut.String(), from+": "+why) {
+			t.Errorf("create --from %s: exit %d, %q; want 2 and %q", from, code, errOut.String(), why)
 		}
 	}
 }

@@ -86,14 +86,19 @@ func (a *app) createCommand() *cobra.Command {
 			if from == "" {
 				from = "."
 			}
-			if st, err := os.Stat(from); err == nil && st.IsDir() {
+			st, serr := os.Stat(from)
+			if serr == nil && st.IsDir() {
 				abs, err := filepath.Abs(from)
 				if err != nil {
 					return err
 				}
 				req.From = abs
 			} else if strings.ContainsRune(from, '/') || from == "." {
-				return usageErr("--from %s: not a directory (give a directory or a snapshot id)", from)
+				why := "not a directory"
+				if pe := (*os.PathError)(nil); errors.As(serr, &pe) {
+					why = pe.Err.Error()
+				}
+				return usageErr("--from %s: %s (give a directory or a snapshot id)", from, why)
 			} else {
 				req.From = from
 			}
