@@ -522,7 +522,7 @@ func makeState(to string, fill func(tmp string) error) (func() error, error) {
 		return nil, fmt.Errorf("copy sandbox state to %s: %w", to, err)
 	}
 	return func() error {
-		err := atomicfile.SyncFS(tmp)
+		err := syncTree(context.Background(), tmp)
 		if err == nil {
 			err = os.Rename(tmp, to)
 		}

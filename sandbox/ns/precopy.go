@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"tine/internal/atomicfile"
-
 	"golang.org/x/sys/unix"
 )
 
@@ -41,7 +39,7 @@ func precopy(ctx context.Context, upper, pre string, refs ...*layerIndex) (*laye
 	if err != nil || bytes < precopyMin {
 		return nil, err
 	}
-	if err := atomicfile.SyncFS(upper); err != nil {
+	if err := syncTree(ctx, upper); err != nil {
 		return nil, err
 	}
 	if err := os.Mkdir(pre, 0o700); err != nil {

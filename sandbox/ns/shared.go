@@ -132,7 +132,7 @@ func (s *sharedLayers) make(ctx context.Context, seed, name string) error {
 		err = os.WriteFile(filepath.Join(tmp, "ref"), nil, 0o600)
 	}
 	if err == nil {
-		err = atomicfile.SyncFS(tmp)
+		err = syncTree(ctx, tmp)
 	}
 	if err == nil {
 		err = os.Rename(tmp, filepath.Join(s.dir, name))

@@ -142,10 +142,19 @@ func TestSharedLayers(t *testing.T) {
 // TestWarmForksShareLayer: forks bound from warm sandboxes, in a user
 // namespace and without, stack the one layer their seed's forks share:
 // each sees the seed's files and deletions, a change is its own, and so
-// it stays when it starts again, cold, over its state.
+// it stays when it starts again, cold, over its state. The last case
+// makes the layers durable with its fsync walk rather than syncfs, as on
+// a host with much dirty (syncTree).
 func TestWarmForksShareLayer(t *testing.T) {
-	for _, userns := range []bool{true, false} {
-		t.Run(map[bool]string{true: "userns", false: "no-userns"}[userns], func(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		userns, fsync bool
+	}{{"userns", true, false}, {"no-userns", false, false}, {"no-userns-fsync", false, true}} {
+		userns := c.userns
+		t.Run(c.name, func(t *testing.T) {
+			if c.fsync {
+				forceFsync(t)
+			}
 			rt, dir, proj, seed := seedFixture(t, userns)
 			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 			defer cancel()

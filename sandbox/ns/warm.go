@@ -449,7 +449,7 @@ func stackFork(ctx context.Context, spec sandbox.Spec, shared *sharedLayers) err
 	}); err != nil {
 		return err
 	}
-	if err := atomicfile.SyncFS(tmp); err != nil {
+	if err := syncTree(ctx, tmp); err != nil {
 		return err
 	}
 	return os.Rename(tmp, filepath.Join(spec.Dir, forkLower))

@@ -1,0 +1,141 @@
+package ns
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"tine/internal/atomicfile"
+
+	"golang.org/x/sys/unix"
+)
+
+// syncDirtyMax is the most dirty page cache, host-wide, at which
+// syncTree writes out a whole file system: below it a syncfs is one
+// call that waits on little, above it a syncfs waits for every other
+// writer's data too (2.3 GB dirty made a fork into 1 take 3.6 s).
+var syncDirtyMax int64 = 32 << 20
+
+// syncWorkers is how many fsyncs syncTree has in flight: a journaled
+// file system commits those that wait together at once.
+const syncWorkers = 16
+
+// syncTree makes the tree at root durable: every directory's entries
+// and every regular file's data and attributes, root's included (ADR
+// 0216). Where little is dirty on the host it writes out root's file
+// system (syncfs), as cheap as one fsync then; otherwise it fsyncs the
+// tree's directories and files, so that the sandbox's fork or snapshot
+// does not wait for what other sandboxes and the host wrote. The walk
+// follows no link and opens each directory below its parent, so a tree
+// a sandbox is changing meanwhile (its own layer) never leads it
+// elsewhere; a file gone or turned into something else under it is
+// skipped. A tree deeper than the walk goes is written out by syncfs.
+func syncTree(ctx context.Context, root string) error {
+	if dirty, ok := dirtyBytes(); !ok || dirty <= syncDirtyMax {
+		return atomicfile.SyncFS(root)
+	}
+	err := fsyncTree(ctx, root)
+	if errors.Is(err, errTooDeep) {
+		return atomicfile.SyncFS(root)
+	}
+	return err
+}
+
+// fsyncTree fsyncs every directory and regular file below and at root.
+func fsyncTree(ctx context.Context, root string) error {
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	jobs := make(chan *os.File, syncWorkers)
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	for range syncWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for f := range jobs {
+				err := f.Sync()
+				f.Close()
+				if err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	var walk func(fd, depth int) error
+	walk = func(fd, depth int) error {
+		d := os.NewFile(uintptr(fd), root)
+		defer func() { jobs <- d }() // the directory is synced, and closed, once its entries are listed
+		if depth > maxLayerDepth {
+			return errTooDeep
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		return readNames(d, func(n string) error {
+			var st unix.Stat_t
+			if unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
+				return nil
+			}
+			switch st.Mode & unix.S_IFMT {
+			case unix.S_IFDIR:
+				cfd, err := unix.Openat(fd, n, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				if err != nil {
+					return nil
+				}
+				return walk(cfd, depth+1)
+			case unix.S_IFREG:
+				ffd, err := unix.Openat(fd, n, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+				if err != nil {
+					return nil
+				}
+				if unix.Fstat(ffd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+					unix.Close(ffd) // swapped for something else meanwhile
+					return nil
+				}
+				jobs <- os.NewFile(uintptr(ffd), n)
+			}
+			return nil
+		})
+	}
+	err = walk(fd, 0)
+	close(jobs)
+	wg.Wait()
+	return errors.Join(append([]error{err}, errs...)...)
+}
+
+// dirtyBytes is the host's page cache waiting to be written (Dirty and
+// Writeback in /proc/meminfo), and whether it could be read.
+func dirtyBytes() (int64, bool) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	var sum int64
+	seen := 0
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		k, v, _ := strings.Cut(s.Text(), ":")
+		if k != "Dirty" && k != "Writeback" {
+			continue
+		}
+		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		sum += kb << 10
+		seen++
+	}
+	return sum, seen == 2
+}
