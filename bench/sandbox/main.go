@@ -39,6 +39,7 @@ type options struct {
 	fanouts []int
 	forkRep map[int]int
 	alive   int
+	dirty   int64 // bytes the dirtyfork section leaves dirty before each fork
 	dir     string
 	only    map[string]bool // sections to run; nil runs all
 }
@@ -49,15 +50,15 @@ func main() {
 	md := flag.String("md", "", "also write the results as Markdown to this file")
 	save := flag.String("save", "", "also write the results as JSON to this file (bench/report --sandbox)")
 	dir := flag.String("dir", "/var/tmp", "directory for the state, the project and the agent binary")
-	only := flag.String("only", "", "run only these sections, comma-separated: create, breakdown, fs, exec, fork, bigfork, alive (the goals need create and fork)")
+	only := flag.String("only", "", "run only these sections, comma-separated: create, breakdown, fs, exec, fork, bigfork, dirtyfork, alive (the goals need create and fork)")
 	fanout := flag.String("fanout", "", "fork fan-outs to measure, comma-separated (default 1,10,100; 1,10 with -quick)")
 	forkReps := flag.Int("fork-reps", 0, "samples of each fork fan-out (0: the default for its size)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	uring := flag.Bool("fuse-uring", true, "serve project mounts over FUSE io_uring, as tine serve does (false: over /dev/fuse, to measure ADR 0181)")
 	flag.Parse()
-	o := options{reps: 30, execs: 300, fanouts: []int{1, 10, 100}, forkRep: map[int]int{1: 10, 10: 5, 100: 1}, alive: 100, dir: *dir}
+	o := options{reps: 30, execs: 300, fanouts: []int{1, 10, 100}, forkRep: map[int]int{1: 10, 10: 5, 100: 1}, alive: 100, dirty: 1 << 30, dir: *dir}
 	if *quick {
-		o = options{reps: 8, execs: 50, fanouts: []int{1, 10}, forkRep: map[int]int{1: 3, 10: 2}, alive: 20, dir: *dir}
+		o = options{reps: 8, execs: 50, fanouts: []int{1, 10}, forkRep: map[int]int{1: 3, 10: 2}, alive: 20, dirty: 256 << 20, dir: *dir}
 	}
 	if *fanout != "" {
 		o.fanouts = nil
@@ -186,7 +187,7 @@ func run(ctx context.Context, o options) (*report, error) {
 		return nil, err
 	}
 	defer b.cold.Close(ctx)
-	steps := []func(context.Context, *report) error{b.create, b.breakdown, b.fsPart, b.exec, b.fork, b.forkBig, b.alive}
+	steps := []func(context.Context, *report) error{b.create, b.breakdown, b.fsPart, b.exec, b.fork, b.forkBig, b.forkDirty, b.alive}
 	for i, s := range steps {
 		if o.only != nil && !o.only[sections[i]] {
 			continue
@@ -200,7 +201,7 @@ func run(ctx context.Context, o options) (*report, error) {
 }
 
 // sections names the benchmark's parts, in the order they run (-only).
-var sections = []string{"create", "breakdown", "fs", "exec", "fork", "bigfork", "alive"}
+var sections = []string{"create", "breakdown", "fs", "exec", "fork", "bigfork", "dirtyfork", "alive"}
 
 func kernel() string {
 	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
