@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"tine/guestagent/proto"
 	"tine/sandbox"
 
 	"golang.org/x/sys/unix"
@@ -19,18 +18,11 @@ import (
 // bwrap true in the same dirty moment. A snapshot that wrote its state
 // out with syncfs waited for all of it (ADR 0216).
 func (b *bench) forkDirty(ctx context.Context, rep *report) error {
-	parent := b.name("d")
-	if _, err := b.warm.Create(ctx, sandbox.CreateOptions{Name: parent, Dir: b.project}); err != nil {
-		return err
-	}
-	defer b.warm.Remove(ctx, parent)
-	p, err := b.warm.Exec(ctx, parent, proto.ExecRequest{Argv: []string{"sh", "-c", "head -c 1000000 /dev/urandom > /root/blob; sleep 100000 & true"}})
+	parent, err := b.parent(ctx, "d", "head -c 1000000 /dev/urandom > /root/blob; sleep 100000 & true")
 	if err != nil {
 		return err
 	}
-	if _, err := p.Wait(ctx); err != nil {
-		return err
-	}
+	defer b.warm.Remove(ctx, parent)
 	fork := func() (time.Duration, error) {
 		wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 		b.warmRT.WaitWarm(wctx, 1)

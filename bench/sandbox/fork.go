@@ -17,22 +17,36 @@ import (
 	"tine/sandbox"
 )
 
+// parent creates a warm sandbox named after prefix and runs script in it,
+// which leaves its OS layer as the fork rows want it; the caller removes
+// it.
+func (b *bench) parent(ctx context.Context, prefix, script string) (string, error) {
+	name := b.name(prefix)
+	if _, err := b.warm.Create(ctx, sandbox.CreateOptions{Name: name, Dir: b.project}); err != nil {
+		return "", err
+	}
+	p, err := b.warm.Exec(ctx, name, proto.ExecRequest{Argv: []string{"sh", "-c", script}})
+	if err == nil {
+		var ex proto.Exit
+		if ex, err = p.Wait(ctx); err == nil && ex.Code != 0 {
+			err = fmt.Errorf("exit %d", ex.Code)
+		}
+	}
+	if err != nil {
+		b.warm.Remove(ctx, name)
+		return "", fmt.Errorf("prepare %s (%s): %w", name, script, err)
+	}
+	return name, nil
+}
+
 // fork: Fork of a running sandbox into N, until every fork has answered
 // its first command.
 func (b *bench) fork(ctx context.Context, rep *report) error {
-	parent := b.name("p")
-	if _, err := b.warm.Create(ctx, sandbox.CreateOptions{Name: parent, Dir: b.project}); err != nil {
-		return err
-	}
-	defer b.warm.Remove(ctx, parent)
-	p, err := b.warm.Exec(ctx, parent, proto.ExecRequest{Argv: []string{"sh", "-c",
-		"echo x > /etc/tine-bench; mkdir -p /root/.cache && head -c 1000000 /dev/urandom > /root/.cache/blob; sleep 100000 & true"}})
+	parent, err := b.parent(ctx, "p", "echo x > /etc/tine-bench; mkdir -p /root/.cache && head -c 1000000 /dev/urandom > /root/.cache/blob; sleep 100000 & true")
 	if err != nil {
 		return err
 	}
-	if _, err := p.Wait(ctx); err != nil {
-		return err
-	}
+	defer b.warm.Remove(ctx, parent)
 	for _, n := range b.o.fanouts {
 		sec := fmt.Sprintf("fork x%d", n)
 		var s []time.Duration
@@ -88,8 +102,8 @@ func (b *bench) fork(ctx context.Context, rep *report) error {
 // layer: the copy a snapshot made before, and, before ADR 0206, each of
 // its forks too.
 func (b *bench) forkBig(ctx context.Context, rep *report) error {
-	parent := b.name("big")
-	if _, err := b.warm.Create(ctx, sandbox.CreateOptions{Name: parent, Dir: b.project}); err != nil {
+	parent, err := b.parent(ctx, "big", "mkdir -p /opt/tine-bench && cd /opt/tine-bench && for d in $(seq 20); do mkdir $d; for f in $(seq 100); do printf '%032768d' $f > $d/$f; done; done; sleep 100000 & true")
+	if err != nil {
 		return err
 	}
 	defer b.warm.Remove(ctx, parent)
@@ -102,9 +116,6 @@ func (b *bench) forkBig(ctx context.Context, rep *report) error {
 			return fmt.Errorf("%s in %s: %v (exit %d)", what, parent, err, ex.Code)
 		}
 		return nil
-	}
-	if err := run("fill the OS layer", "mkdir -p /opt/tine-bench && cd /opt/tine-bench && for d in $(seq 20); do mkdir $d; for f in $(seq 100); do printf '%032768d' $f > $d/$f; done; done; sleep 100000 & true"); err != nil {
-		return err
 	}
 	// A process in the parent ticks every millisecond; its longest gap
 	// during a fork is how long the fork paused the parent's processes

@@ -26,8 +26,9 @@ const syncWorkers = 16
 
 // syncTree makes the tree at root durable: every directory's entries
 // and every regular file's data and attributes, root's included (ADR
-// 0216). Where little is dirty on the host it writes out root's file
-// system (syncfs), as cheap as one fsync then; otherwise it fsyncs the
+// 0216). Where little is dirty on the host besides what the tree may
+// hold itself, it writes out root's file system (syncfs), as cheap as
+// one fsync then; otherwise it fsyncs the
 // tree's directories and files, so that the sandbox's fork or snapshot
 // does not wait for what other sandboxes and the host wrote. The walk
 // follows no link and opens each directory below its parent, so a tree
@@ -35,7 +36,7 @@ const syncWorkers = 16
 // elsewhere; a file gone or turned into something else under it is
 // skipped. A tree deeper than the walk goes is written out by syncfs.
 func syncTree(ctx context.Context, root string) error {
-	if dirty, ok := dirtyBytes(); !ok || dirty <= syncDirtyMax {
+	if dirty, ok := dirtyBytes(); !ok || dirty <= syncDirtyMax || dirty-newBytes(ctx, root) <= syncDirtyMax {
 		return atomicfile.SyncFS(root)
 	}
 	err := fsyncTree(ctx, root)
@@ -112,6 +113,20 @@ func fsyncTree(ctx context.Context, root string) error {
 	close(jobs)
 	wg.Wait()
 	return errors.Join(append([]error{err}, errs...)...)
+}
+
+// newBytes is the most the tree at root can hold dirty: the bytes of its
+// regular files that have one name (a file linked from elsewhere was
+// written out where it came from), holes left out.
+func newBytes(ctx context.Context, root string) int64 {
+	var n int64
+	walkLayerAt(ctx, root, func(_ int, _ string, st *unix.Stat_t) error {
+		if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink == 1 {
+			n += min(st.Size, st.Blocks*512)
+		}
+		return nil
+	})
+	return n
 }
 
 // dirtyBytes is the host's page cache waiting to be written (Dirty and
