@@ -19,8 +19,8 @@ func forceFsync(t *testing.T) {
 	t.Cleanup(func() { syncDirtyMax = old })
 }
 
-// TestSyncTree: the fsync walk goes through directories, files, hard
-// links, symlinks, a FIFO (never opened, so never blocking) and a
+// TestSyncTree: a tree's new bytes are those of its files with one name;
+// the fsync walk goes through directories, files, hard links, symlinks, a FIFO (never opened, so never blocking) and a
 // socket, follows no symlink (one to a tree deeper than the walk goes
 // would fail it), and leaves the tree as it was; a tree too deep for it
 // is written out with syncfs instead.
@@ -50,6 +50,12 @@ func TestSyncTree(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := os.WriteFile(filepath.Join(tree, "own"), make([]byte, 8192), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if n := newBytes(ctx, tree); n != 8192 {
+		t.Fatalf("newBytes: %d, want 8192 (own; f has a second name)", n)
 	}
 	if err := fsyncTree(ctx, tree); err != nil {
 		t.Fatalf("fsync walk: %v", err)
