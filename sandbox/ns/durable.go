@@ -28,9 +28,9 @@ const syncWorkers = 16
 // and every regular file's data and attributes, root's included (ADR
 // 0216). Where little is dirty on the host besides what the tree may
 // hold itself, it writes out root's file system (syncfs), as cheap as
-// one fsync then; otherwise it fsyncs the
-// tree's directories and files, so that the sandbox's fork or snapshot
-// does not wait for what other sandboxes and the host wrote. The walk
+// one fsync then; otherwise it fsyncs the tree's directories and files,
+// so that the sandbox's fork or snapshot does not wait for what other
+// sandboxes and the host wrote. The walk
 // follows no link and opens each directory below its parent, so a tree
 // a sandbox is changing meanwhile (its own layer) never leads it
 // elsewhere; a file gone or turned into something else under it is
@@ -83,7 +83,8 @@ func fsyncTree(ctx context.Context, root string) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		return readNames(d, func(n string) error {
+		var stop error // the context's, or a deeper walk's errTooDeep, which end the walk
+		readNames(d, func(n string) error {
 			var st unix.Stat_t
 			if unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
 				return nil
@@ -94,7 +95,8 @@ func fsyncTree(ctx context.Context, root string) error {
 				if err != nil {
 					return nil
 				}
-				return walk(cfd, depth+1)
+				stop = walk(cfd, depth+1)
+				return stop
 			case unix.S_IFREG:
 				ffd, err := unix.Openat(fd, n, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 				if err != nil {
@@ -108,6 +110,7 @@ func fsyncTree(ctx context.Context, root string) error {
 			}
 			return nil
 		})
+		return stop // a read that fails: the directory went under the walk
 	}
 	err = walk(fd, 0)
 	close(jobs)

@@ -75,3 +75,40 @@ func TestSyncTree(t *testing.T) {
 		t.Fatalf("syncTree with its context cancelled: %v", err)
 	}
 }
+
+// TestSyncTreeOnAChangingTree: the walk over a tree that is changing
+// under it (a sandbox's own layer, synced before a pre-copy while the
+// sandbox runs: directories made, filled, removed and swapped for
+// symlinks) never fails for it.
+func TestSyncTreeOnAChangingTree(t *testing.T) {
+	forceFsync(t)
+	ctx := context.Background()
+	tree := t.TempDir()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			d := filepath.Join(tree, "d"+string(rune('a'+i%4)))
+			os.MkdirAll(filepath.Join(d, "x", "y"), 0o755)
+			os.WriteFile(filepath.Join(d, "x", "f"), []byte("f"), 0o644)
+			os.RemoveAll(d)
+			os.Symlink("/", d)
+			os.Remove(d)
+		}
+	}()
+	for range 200 {
+		if err := fsyncTree(ctx, tree); err != nil {
+			close(stop)
+			<-done
+			t.Fatalf("fsync walk of a changing tree: %v", err)
+		}
+	}
+	close(stop)
+	<-done
+}
