@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,18 +32,11 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 	if n < 1 || (o.Names != nil && len(o.Names) != n) {
 		return nil, fmt.Errorf("fork sandbox %q: want N >= 1 and, if given, N names (N=%d, %d names)", name, n, len(o.Names))
 	}
-	names, err := m.ForkNames(name, o)
+	names, err := m.reserveForkNames(name, o)
 	if err != nil {
 		return nil, err
 	}
-	for _, c := range names {
-		if err := m.checkName(c); err != nil {
-			return nil, fmt.Errorf("fork sandbox %q: fork %q: %w", name, c, err)
-		}
-		if _, err := os.Lstat(m.dir(c)); err == nil {
-			return nil, fmt.Errorf("fork sandbox %q: a sandbox named %q %w; name the forks with --names", name, c, ErrExists)
-		}
-	}
+	defer m.releaseForkNames(names)
 	s, save, err := m.snapshot(ctx, name, SnapshotOptions{})
 	if err != nil {
 		return nil, err
@@ -69,9 +63,17 @@ func (m *Manager) Fork(ctx context.Context, name string, o ForkOptions) ([]*Info
 
 // ForkNames are the names Fork gives the forks of sandbox name: o.Names,
 // or else NAME-k .. NAME-(k+N-1), numbered on after the highest NAME-j
-// that exists (k is 1 when none does), so that forking again never
-// collides with the forks of an earlier fork.
+// that exists or is being made by another fork (k is 1 when none is),
+// so that forking again never collides with the forks of an earlier or
+// a concurrent fork.
 func (m *Manager) ForkNames(name string, o ForkOptions) ([]string, error) {
+	m.forkMu.Lock()
+	defer m.forkMu.Unlock()
+	return m.forkNames(name, o)
+}
+
+// forkNames is ForkNames with forkMu held.
+func (m *Manager) forkNames(name string, o ForkOptions) ([]string, error) {
 	if o.Names != nil {
 		return o.Names, nil
 	}
@@ -79,9 +81,16 @@ func (m *Manager) ForkNames(name string, o ForkOptions) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
 	}
-	next := 1
+	taken := make([]string, 0, len(ents)+len(m.forking))
 	for _, e := range ents {
-		tail, ok := strings.CutPrefix(e.Name(), name+"-")
+		taken = append(taken, e.Name())
+	}
+	for c := range m.forking {
+		taken = append(taken, c)
+	}
+	next := 1
+	for _, c := range taken {
+		tail, ok := strings.CutPrefix(c, name+"-")
 		if j, err := strconv.Atoi(tail); ok && err == nil && j >= next && tail == strconv.Itoa(j) {
 			next = j + 1
 		}
@@ -91,6 +100,41 @@ func (m *Manager) ForkNames(name string, o ForkOptions) ([]string, error) {
 		names = append(names, fmt.Sprintf("%s-%d", name, next+i))
 	}
 	return names, nil
+}
+
+// reserveForkNames names the forks of sandbox name (ForkNames) and holds
+// the names until releaseForkNames: a name that is bad, taken by a
+// sandbox or held by a fork being made is refused, before anything is
+// made.
+func (m *Manager) reserveForkNames(name string, o ForkOptions) ([]string, error) {
+	m.forkMu.Lock()
+	defer m.forkMu.Unlock()
+	names, err := m.forkNames(name, o)
+	if err != nil {
+		return nil, err
+	}
+	for i, c := range names {
+		if err := m.checkName(c); err != nil {
+			return nil, fmt.Errorf("fork sandbox %q: fork %q: %w", name, c, err)
+		}
+		_, err := os.Lstat(m.dir(c))
+		if err == nil || m.forking[c] || slices.Contains(names[:i], c) {
+			return nil, fmt.Errorf("fork sandbox %q: a sandbox named %q %w; name the forks with --names", name, c, ErrExists)
+		}
+	}
+	for _, c := range names {
+		m.forking[c] = true
+	}
+	return names, nil
+}
+
+// releaseForkNames lets names go once their fork is made or failed.
+func (m *Manager) releaseForkNames(names []string) {
+	m.forkMu.Lock()
+	defer m.forkMu.Unlock()
+	for _, c := range names {
+		delete(m.forking, c)
+	}
 }
 
 // forkFrom makes the forks names of sandbox name from its snapshot s;

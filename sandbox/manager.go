@@ -60,6 +60,10 @@ type Manager struct {
 	// one (a removal racing a stop, the pid-1 watcher) waits for the
 	// first to end rather than going on with it half done.
 	stopping map[string]*live
+	// forking holds the names of the forks being made, so that two forks
+	// at once name theirs apart (fork.go); under forkMu.
+	forkMu  sync.Mutex
+	forking map[string]bool
 	ext      extra // services, logs, snapshot labels, recovery
 	net      networks
 	pol      policyState // audit logs, exec policy, approvals, deadlines (policy.go)
@@ -118,7 +122,7 @@ func Open(ctx context.Context, root string, fs *cowfs.FS, opts Options) (*Manage
 	}
 	sum := sha256.Sum256([]byte(root))
 	m := &Manager{root: root, fs: fs, rt: opts.Runtime, id: hex.EncodeToString(sum[:4]),
-		live: map[string]*live{}, stopping: map[string]*live{}}
+		live: map[string]*live{}, stopping: map[string]*live{}, forking: map[string]bool{}}
 	m.net.opts = opts.Network
 	if err := m.initRuntimes(opts); err != nil {
 		return nil, err

@@ -3,10 +3,12 @@ package sandbox_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -726,5 +728,44 @@ func TestSnapshotsCopyWhatChanged(t *testing.T) {
 		if got := e.mustSh(name, sums); got != want[i] {
 			t.Errorf("sandbox from snapshot %d reads\n%s\nwant\n%s", i, got, want[i])
 		}
+	}
+}
+
+// TestConcurrentForksNameApart: forks of one sandbox made at once with
+// default names each get names of their own (p-1 .. p-6 among them),
+// and a fork naming one fork twice is refused before anything is made.
+func TestConcurrentForksNameApart(t *testing.T) {
+	e := newEnv(t, 0)
+	ctx := context.Background()
+	e.create("p", sandbox.Limits{})
+	var wg sync.WaitGroup
+	got := make([][]*sandbox.Info, 3)
+	errs := make([]error, 3)
+	for i := range got {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = e.m.Fork(ctx, "p", sandbox.ForkOptions{N: 2})
+		}()
+	}
+	wg.Wait()
+	var names []string
+	for i := range got {
+		if errs[i] != nil {
+			t.Fatalf("fork %d of 3 at once: %v", i, errs[i])
+		}
+		for _, k := range got[i] {
+			names = append(names, k.Name)
+		}
+	}
+	sort.Strings(names)
+	if strings.Join(names, " ") != "p-1 p-2 p-3 p-4 p-5 p-6" {
+		t.Fatalf("three forks into 2 at once made %v", names)
+	}
+	if _, err := e.m.Fork(ctx, "p", sandbox.ForkOptions{N: 2, Names: []string{"q", "q"}}); !errors.Is(err, sandbox.ErrExists) {
+		t.Fatalf("a fork naming one fork twice: %v, want ErrExists", err)
+	}
+	if _, err := e.m.Get("q"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("the refused fork made q: %v", err)
 	}
 }
