@@ -64,9 +64,9 @@ type Manager struct {
 	// at once name theirs apart (fork.go); under forkMu.
 	forkMu  sync.Mutex
 	forking map[string]bool
-	ext      extra // services, logs, snapshot labels, recovery
-	net      networks
-	pol      policyState // audit logs, exec policy, approvals, deadlines (policy.go)
+	ext     extra // services, logs, snapshot labels, recovery
+	net     networks
+	pol     policyState // audit logs, exec policy, approvals, deadlines (policy.go)
 	// inside serves each sandbox's own API (inside.go).
 	inside InsideAPI
 	msg    messaging // inboxes (messages.go)
