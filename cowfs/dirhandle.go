@@ -9,10 +9,11 @@ import (
 )
 
 // dirHandle is an open directory: "." and "..", then the listing taken
-// at the first read, served by position. The kernel keeps what it read in its directory
-// cache across opens (FOPEN_CACHE_DIR with FOPEN_KEEP_CACHE) and drops it
-// itself when the directory changes through the mount; a change behind
-// its back (rollback) is announced with a notify (ADR 0160).
+// at the first read, served by position. The kernel keeps what it read
+// in its directory cache across opens (FOPEN_CACHE_DIR with
+// FOPEN_KEEP_CACHE) and drops it itself when the directory changes
+// through the mount; a change behind its back (rollback) is announced
+// with a notify (ADR 0160).
 type dirHandle struct {
 	n    *node
 	list []fuse.DirEntry

@@ -81,19 +81,18 @@ func (m *Manager) forkNames(name string, o ForkOptions) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fork sandbox %q: %w", name, err)
 	}
-	taken := make([]string, 0, len(ents)+len(m.forking))
-	for _, e := range ents {
-		taken = append(taken, e.Name())
-	}
-	for c := range m.forking {
-		taken = append(taken, c)
-	}
 	next := 1
-	for _, c := range taken {
+	taken := func(c string) {
 		tail, ok := strings.CutPrefix(c, name+"-")
 		if j, err := strconv.Atoi(tail); ok && err == nil && j >= next && tail == strconv.Itoa(j) {
 			next = j + 1
 		}
+	}
+	for _, e := range ents {
+		taken(e.Name())
+	}
+	for c := range m.forking {
+		taken(c)
 	}
 	names := make([]string, 0, max(o.N, 0))
 	for i := range max(o.N, 0) {

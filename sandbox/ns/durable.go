@@ -30,11 +30,11 @@ const syncWorkers = 16
 // hold itself, it writes out root's file system (syncfs), as cheap as
 // one fsync then; otherwise it fsyncs the tree's directories and files,
 // so that the sandbox's fork or snapshot does not wait for what other
-// sandboxes and the host wrote. The walk
-// follows no link and opens each directory below its parent, so a tree
-// a sandbox is changing meanwhile (its own layer) never leads it
-// elsewhere; a file gone or turned into something else under it is
-// skipped. A tree deeper than the walk goes is written out by syncfs.
+// sandboxes and the host wrote. The walk (walkLayerDepth) follows no
+// link and opens each directory below its parent, so a tree a sandbox is
+// changing meanwhile (its own layer) never leads it elsewhere; a file
+// gone or turned into something else under it is skipped. A tree deeper
+// than the walk goes is written out by syncfs.
 func syncTree(ctx context.Context, root string) error {
 	if dirty, ok := dirtyBytes(); !ok || dirty <= syncDirtyMax || dirty-newBytes(ctx, root) <= syncDirtyMax {
 		return atomicfile.SyncFS(root)
@@ -46,9 +46,11 @@ func syncTree(ctx context.Context, root string) error {
 	return err
 }
 
-// fsyncTree fsyncs every directory and regular file below and at root.
+// fsyncTree fsyncs every directory and regular file below and at root,
+// syncWorkers at a time. It fails with errTooDeep, having synced what it
+// reached, where the tree goes deeper than walkLayerDepth does.
 func fsyncTree(ctx context.Context, root string) error {
-	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	dir, err := os.OpenFile(root, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return err
 	}
@@ -73,46 +75,32 @@ func fsyncTree(ctx context.Context, root string) error {
 			}
 		}()
 	}
-	var walk func(fd, depth int) error
-	walk = func(fd, depth int) error {
-		d := os.NewFile(uintptr(fd), root)
-		defer func() { jobs <- d }() // the directory is synced, and closed, once its entries are listed
-		if depth > maxLayerDepth {
-			return errTooDeep
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		var stop error // the context's, or a deeper walk's errTooDeep, which end the walk
-		readNames(d, func(n string) error {
-			var st unix.Stat_t
-			if unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
-				return nil
+	jobs <- dir
+	err = walkLayerDepth(ctx, root, func(dfd int, name string, st *unix.Stat_t, depth int) error {
+		typ := st.Mode & unix.S_IFMT
+		flags := unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+		switch typ {
+		case unix.S_IFDIR:
+			if depth >= maxLayerDepth {
+				return errTooDeep
 			}
-			switch st.Mode & unix.S_IFMT {
-			case unix.S_IFDIR:
-				cfd, err := unix.Openat(fd, n, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-				if err != nil {
-					return nil
-				}
-				stop = walk(cfd, depth+1)
-				return stop
-			case unix.S_IFREG:
-				ffd, err := unix.Openat(fd, n, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
-				if err != nil {
-					return nil
-				}
-				if unix.Fstat(ffd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-					unix.Close(ffd) // swapped for something else meanwhile
-					return nil
-				}
-				jobs <- os.NewFile(uintptr(ffd), n)
-			}
+			flags |= unix.O_DIRECTORY
+		case unix.S_IFREG:
+			flags |= unix.O_NONBLOCK | unix.O_NOCTTY // never waits, even if swapped for a FIFO
+		default:
+			return nil // symlinks, devices, FIFOs and sockets: their directory's fsync holds their entry
+		}
+		fd, err := unix.Openat(dfd, name, flags, 0)
+		if err != nil {
+			return nil // gone under the walk
+		}
+		if unix.Fstat(fd, st) != nil || st.Mode&unix.S_IFMT != typ {
+			unix.Close(fd) // swapped for something else meanwhile
 			return nil
-		})
-		return stop // a read that fails: the directory went under the walk
-	}
-	err = walk(fd, 0)
+		}
+		jobs <- os.NewFile(uintptr(fd), name)
+		return nil
+	})
 	close(jobs)
 	wg.Wait()
 	return errors.Join(append([]error{err}, errs...)...)

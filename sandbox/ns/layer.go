@@ -186,8 +186,16 @@ func readNames(d *os.File, fn func(name string) error) error {
 // Each directory is opened below its parent without following a link,
 // so that a sandbox swapping a directory of its layer for a symlink
 // (it runs meanwhile) never leads the walk out of the layer; an entry
-// that changes under the walk is skipped.
+// that changes under the walk is skipped. It goes maxLayerDepth levels
+// down, no further.
 func walkLayerAt(ctx context.Context, dir string, fn func(dfd int, name string, st *unix.Stat_t) error) error {
+	return walkLayerDepth(ctx, dir, func(dfd int, name string, st *unix.Stat_t, _ int) error { return fn(dfd, name, st) })
+}
+
+// walkLayerDepth is walkLayerAt giving fn the depth of the entry's
+// directory too (dir's entries are at 0): a directory found at
+// maxLayerDepth or below is not walked.
+func walkLayerDepth(ctx context.Context, dir string, fn func(dfd int, name string, st *unix.Stat_t, depth int) error) error {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -205,7 +213,7 @@ func walkLayerAt(ctx context.Context, dir string, fn func(dfd int, name string, 
 			if unix.Fstatat(fd, n, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
 				return nil
 			}
-			if stop = fn(fd, n, &st); stop != nil {
+			if stop = fn(fd, n, &st, depth); stop != nil {
 				return stop
 			}
 			if st.Mode&unix.S_IFMT != unix.S_IFDIR || depth >= maxLayerDepth {
