@@ -223,6 +223,10 @@ func (s *Server) execWS(w http.ResponseWriter, r *http.Request) {
 // decodeInput decodes and checks one ExecInput message.
 func decodeInput(msg []byte) (ExecInput, error) {
 	var in ExecInput
+	if b, ok := BytesField(msg, "stdin"); ok {
+		in.Stdin = b
+		return in, nil
+	}
 	if err := decodeJSON(msg, &in); err != nil {
 		return in, err
 	}

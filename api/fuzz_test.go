@@ -1,6 +1,8 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -69,6 +71,54 @@ func FuzzExecInput(f *testing.F) {
 		}
 		if in.Signal != nil && (in.Signal.Signal < 1 || in.Signal.Signal > 64) {
 			t.Fatalf("signal %d passed", in.Signal.Signal)
+		}
+	})
+}
+
+// FuzzBytesField: BytesField's short way agrees with encoding/json on
+// any message it accepts, and accepts every output, stderr and stdin
+// message encoding/json writes, whatever the bytes.
+func FuzzBytesField(f *testing.F) {
+	for _, s := range []string{
+		`{"stdout":"aGkK"}`, `{"stderr":""}`, `{"stdin":"aGVsbG8K"}`, `{"stdout":"aGk\nK"}`,
+		`{"stdout":"aGk\u004b"}`, `{"stdout":"a\rGkK"}`, `{"stdout":"aGkK"} `, `{"stdout":"aGkK","exit":{}}`,
+		`{"stdout":"!!"}`, `{"stdout":"aGk="}`, `{"stdout":"aGk"}`, `{"stdout" :"aGkK"}`, ``,
+	} {
+		f.Add([]byte(s), []byte(s))
+	}
+	f.Fuzz(func(t *testing.T, msg, data []byte) {
+		for _, key := range []string{"stdout", "stderr", "stdin"} {
+			if b, ok := BytesField(msg, key); ok {
+				var m map[string][]byte
+				if err := json.Unmarshal(msg, &m); err != nil {
+					t.Fatalf("BytesField took %q as %s, encoding/json refuses it: %v", msg, key, err)
+				}
+				if len(m) != 1 || !bytes.Equal(m[key], b) {
+					t.Fatalf("BytesField read %q as %s=%q, encoding/json as %q", msg, key, b, m)
+				}
+			}
+		}
+		for _, v := range []any{ExecEvent{Stdout: data}, ExecEvent{Stderr: data}, ExecInput{Stdin: data}} {
+			msg, err := json.Marshal(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key := "stdout"
+			switch x := v.(type) {
+			case ExecEvent:
+				if x.Stderr != nil {
+					key = "stderr"
+				}
+			case ExecInput:
+				key = "stdin"
+			}
+			if len(data) == 0 {
+				continue // omitted: {}
+			}
+			b, ok := BytesField(msg, key)
+			if !ok || !bytes.Equal(b, data) {
+				t.Fatalf("BytesField(%q, %s) = %q, %v; want the %d bytes encoded", msg, key, b, ok, len(data))
+			}
 		}
 	})
 }

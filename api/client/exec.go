@@ -128,9 +128,18 @@ func (l *lineReader) event() (api.ExecEvent, error) {
 	return decodeEvent(line)
 }
 
-// decodeEvent decodes one ExecEvent message.
+// decodeEvent decodes one ExecEvent message; output, nearly all of a
+// busy stream, takes api.BytesField's short way.
 func decodeEvent(b []byte) (api.ExecEvent, error) {
 	var ev api.ExecEvent
+	if out, ok := api.BytesField(b, "stdout"); ok {
+		ev.Stdout = out
+		return ev, nil
+	}
+	if out, ok := api.BytesField(b, "stderr"); ok {
+		ev.Stderr = out
+		return ev, nil
+	}
 	if err := json.Unmarshal(b, &ev); err != nil {
 		return ev, fmt.Errorf("decode an exec event: %w", err)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/base64"
 	"fmt"
@@ -102,8 +103,7 @@ func fsDiff(ctx context.Context, f *cowfs.FS, o *fsOpts, pos []string, w io.Writ
 	if o.json {
 		return writeJSON(w, changesJSON(changes))
 	}
-	printChanges(w, changes)
-	return nil
+	return printChanges(w, changes)
 }
 
 // changesJSON turns changes into their --json form.
@@ -131,8 +131,9 @@ func quoted(p string) string {
 
 // printChanges lists changes one a line: a letter for the kind (Added,
 // Deleted, Modified, Type changed, Permissions/metadata) and the path.
-func printChanges(w io.Writer, changes []cowfs.Change) {
+func printChanges(out io.Writer, changes []cowfs.Change) error {
 	marks := map[cowfs.ChangeKind]string{cowfs.Added: "A", cowfs.Deleted: "D", cowfs.Modified: "M", cowfs.TypeChanged: "T", cowfs.ModeChanged: "P"}
+	w := bufio.NewWriter(out)
 	for _, c := range changes {
 		p := c.Path
 		if p == "" {
@@ -140,6 +141,7 @@ func printChanges(w io.Writer, changes []cowfs.Change) {
 		}
 		fmt.Fprintf(w, "%s %s\n", marks[c.Kind], quoted(p))
 	}
+	return w.Flush()
 }
 
 // printRefused writes what was left out, one a line.

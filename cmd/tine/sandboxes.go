@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -312,10 +313,11 @@ func (a *app) diffCommand() *cobra.Command {
 				}
 				return writeJSON(a.stdout, changes)
 			}
+			w := bufio.NewWriter(a.stdout) // one write per line made a big diff into a pipe slow
 			for _, ch := range changes {
-				fmt.Fprintf(a.stdout, "%s %s\n", changeLetter(ch.Kind), changePath(ch))
+				fmt.Fprintf(w, "%s %s\n", changeLetter(ch.Kind), changePath(ch))
 			}
-			return nil
+			return w.Flush()
 		},
 	}
 }
