@@ -457,10 +457,11 @@ func (a *app) statusCommand() *cobra.Command {
 			case st.Unknown != "":
 				fmt.Fprintf(w, "stale      unknown: %s\n", st.Unknown)
 			case st.Changed+st.Added+st.Removed == 0:
-				fmt.Fprintf(w, "stale      no: %s has not changed since the sandbox was made\n", s.From)
+				fmt.Fprintf(w, "stale      no: %s has not changed on the host since the sandbox was made\n", s.ProjectPath)
 			default:
-				fmt.Fprintf(w, "stale      yes: since the sandbox was made, %s has %d files changed, %d added, %d removed\n",
-					s.From, st.Changed, st.Added, st.Removed)
+				// Forks compare with the host too: their From is a snapshot.
+				fmt.Fprintf(w, "stale      yes: since the sandbox was made, %s on the host has %s changed, %d added, %d removed\n",
+					s.ProjectPath, files(st.Changed), st.Added, st.Removed)
 				for _, e := range st.Examples {
 					fmt.Fprintf(w, "             %s\n", shown(e))
 				}
@@ -609,4 +610,12 @@ func psRow(p proto.Process) string {
 		user = fmt.Sprint(p.UID)
 	}
 	return fmt.Sprintf("%d\t%d\t%s\t%s\t%s\t%s\n", p.PID, p.PPID, user, shown(p.State), humanBytes(int64(p.RSS)), cmd)
+}
+
+// files is "1 file" or "N files".
+func files(n int) string {
+	if n == 1 {
+		return "1 file"
+	}
+	return fmt.Sprintf("%d files", n)
 }
