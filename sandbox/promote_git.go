@@ -3,12 +3,14 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
 	"path"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"tine/cowfs"
 	"tine/merge"
@@ -42,7 +44,10 @@ type GitPromoteOptions struct {
 
 // GitChange is one path the commit changes against its parent.
 type GitChange struct {
-	Path string `json:"path"`
+	// Path is the path, invalid UTF-8 replaced; PathB64 holds its bytes
+	// in base64 when they are not UTF-8 (JSON cannot carry them).
+	Path    string `json:"path"`
+	PathB64 string `json:"path_b64,omitempty"`
 	// Status is A, M or D.
 	Status string `json:"status"`
 	// Mode is git's mode of the new entry (100644, 100755, 120000).
@@ -316,6 +321,9 @@ func (g *gitRepo) treeChanges(ctx context.Context, parent, tree string) ([]GitCh
 	out := []GitChange{}
 	for _, r := range rs {
 		c := GitChange{Path: r.path, Status: r.status}
+		if !utf8.ValidString(r.path) {
+			c.Path, c.PathB64 = strings.ToValidUTF8(r.path, "\uFFFD"), base64.StdEncoding.EncodeToString([]byte(r.path))
+		}
 		if r.status != "D" {
 			c.Mode = r.newMode
 		}

@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
@@ -221,5 +222,31 @@ func TestPromoteGitRefusesHugeFile(t *testing.T) {
 	tree := hostGit(t, p, "ls-tree", "-r", "--name-only", "b")
 	if !strings.Contains(tree, "b.txt") || strings.Contains(tree, "huge.bin") {
 		t.Fatalf("branch tree:\n%s", tree)
+	}
+}
+
+// TestPromoteGitNonUTF8Path: a file name that is not UTF-8 is committed
+// with its exact bytes, and the change names them in path_b64, since JSON
+// cannot carry them in path.
+func TestPromoteGitNonUTF8Path(t *testing.T) {
+	e := newEnv(t, 0)
+	p := e.project
+	hostGit(t, p, "init", "-q", "-b", "main")
+	os.WriteFile(filepath.Join(p, "a.txt"), []byte("a\n"), 0o644)
+	hostGit(t, p, "add", "-A")
+	hostGit(t, p, "-c", "user.name=Host", "-c", "user.email=host@example.com", "commit", "-q", "-m", "first")
+	e.create("odd", sandbox.Limits{})
+	e.mustSh("odd", fmt.Sprintf(`cd %s && echo x > "$(printf 'x\377y')"`, p))
+	res, err := e.m.PromoteGit(context.Background(), "odd", sandbox.GitPromoteOptions{Branch: "b"})
+	if err != nil || !res.Applied {
+		t.Fatalf("promote: %v %+v", err, res)
+	}
+	want := base64.StdEncoding.EncodeToString([]byte("x\xffy"))
+	if len(res.Changes) != 1 || res.Changes[0].PathB64 != want || res.Changes[0].Path != "x\uFFFDy" {
+		t.Fatalf("changes %+v, want one with path_b64 %s", res.Changes, want)
+	}
+	tree := hostGit(t, p, "-c", "core.quotepath=false", "ls-tree", "-r", "-z", "--name-only", "b")
+	if !strings.Contains(tree, "x\xffy\x00") {
+		t.Fatalf("branch tree %q lacks the exact name", tree)
 	}
 }

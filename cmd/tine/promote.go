@@ -151,7 +151,7 @@ func (a *app) printPromoteGit(res *api.PromoteResponse) {
 		fmt.Fprintf(w, "kept commit %s\n", short(k))
 	}
 	for _, ch := range g.Changes {
-		fmt.Fprintf(w, "%s %s %s\n", ch.Status, ch.Mode, shown(ch.Path))
+		fmt.Fprintf(w, "%s %s %s\n", ch.Status, ch.Mode, changePath(ch.Path, ch.PathB64))
 	}
 	for _, p := range g.Merged {
 		fmt.Fprintf(w, "merged line by line: %s\n", shown(p))
@@ -192,7 +192,7 @@ func (a *app) printPromote(res *api.PromoteResponse, req api.PromoteRequest) {
 		fmt.Fprintf(w, "the host changed %d path(s) since the sandbox's base (%s)\n", res.HostChanged, shownAll(res.HostExamples, ", "))
 	}
 	for _, ch := range res.Changes {
-		fmt.Fprintf(w, "%s %s\n", changeLetter(ch.Kind), changePath(ch))
+		fmt.Fprintf(w, "%s %s\n", changeLetter(ch.Kind), changePath(ch.Path, ch.PathB64))
 	}
 	for _, p := range res.Merged {
 		fmt.Fprintf(w, "merged line by line: %s\n", shown(p))

@@ -315,7 +315,7 @@ func (a *app) diffCommand() *cobra.Command {
 			}
 			w := bufio.NewWriter(a.stdout) // one write per line made a big diff into a pipe slow
 			for _, ch := range changes {
-				fmt.Fprintf(w, "%s %s\n", changeLetter(ch.Kind), changePath(ch))
+				fmt.Fprintf(w, "%s %s\n", changeLetter(ch.Kind), changePath(ch.Path, ch.PathB64))
 			}
 			return w.Flush()
 		},
@@ -338,13 +338,14 @@ func changeLetter(kind string) string {
 	return "T"
 }
 
-// changePath is a change's path for a terminal: quoted when it is not
-// plain printable text.
-func changePath(ch api.Change) string {
-	if ch.PathB64 != "" {
-		return "base64:" + ch.PathB64
+// changePath is a changed path for a terminal: base64 of its bytes
+// (b64, as the API gives them) when they are not UTF-8, else quoted when
+// it is not plain printable text.
+func changePath(path, b64 string) string {
+	if b64 != "" {
+		return "base64:" + b64
 	}
-	return shown(ch.Path)
+	return shown(path)
 }
 
 func (a *app) psCommand() *cobra.Command {
