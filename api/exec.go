@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,8 +29,6 @@ const exitWait = 10 * time.Second
 
 // outputChunk is the most output bytes one ExecEvent carries.
 const outputChunk = 32 << 10
-
-func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 
 // startExec validates req and starts it in the sandbox the path names;
 // the returned context ends when the command must die: the caller's end,

@@ -121,6 +121,33 @@ func jsonFields(t reflect.Type, into map[string]bool) {
 	}
 }
 
+// marshaledFields adds the top-level JSON names of v as its own
+// MarshalJSON writes them, for a value whose string fields all hold a byte
+// that is not UTF-8 (so that fields written only for such paths, like
+// path_b64, show).
+func marshaledFields(t *testing.T, v any, into map[string]bool) {
+	if _, ok := v.(json.Marshaler); !ok {
+		return
+	}
+	p := reflect.New(reflect.TypeOf(v))
+	for i := 0; i < p.Elem().NumField(); i++ {
+		if f := p.Elem().Field(i); f.Kind() == reflect.String && f.CanSet() {
+			f.SetString("\xff")
+		}
+	}
+	b, err := json.Marshal(p.Interface())
+	if err != nil {
+		t.Fatalf("marshal %T: %v", v, err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("%T marshals to %s, not an object: %v", v, b, err)
+	}
+	for k := range m {
+		into[k] = true
+	}
+}
+
 // TestOpenAPISchemas: each schema that names a Go type has exactly that
 // type's JSON fields, and every request and response type is documented.
 func TestOpenAPISchemas(t *testing.T) {
@@ -138,6 +165,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		}
 		want := map[string]bool{}
 		jsonFields(reflect.TypeOf(v), want)
+		marshaledFields(t, v, want)
 		var missing, extra []string
 		for f := range want {
 			if _, ok := s.Properties[f]; !ok {

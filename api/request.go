@@ -11,10 +11,10 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"tine/cowfs"
 	"tine/guestagent/proto"
+	"tine/internal/pathjson"
 	"tine/oci"
 	"tine/sandbox"
 )
@@ -290,11 +290,7 @@ func checkEnv(field string, env []string) error {
 func changesOf(cs []cowfs.Change) []Change {
 	out := make([]Change, len(cs))
 	for i, c := range cs {
-		ch := Change{Path: c.Path, Kind: c.Kind.String()}
-		if !utf8.ValidString(c.Path) {
-			ch.Path = strings.ToValidUTF8(c.Path, "\uFFFD")
-			ch.PathB64 = b64(c.Path)
-		}
+		ch := Change{Path: strings.ToValidUTF8(c.Path, "\uFFFD"), PathB64: pathjson.B64(c.Path), Kind: c.Kind.String()}
 		e := c.New
 		if e == nil {
 			e = c.Old

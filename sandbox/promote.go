@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"tine/cowfs"
+	"tine/internal/pathjson"
 	"tine/merge"
 )
 
@@ -39,6 +41,32 @@ type MergeConflict struct {
 	Theirs string `json:"theirs"`
 	// Hunks are the clashing line ranges of a text file, both sides given.
 	Hunks []merge.Conflict `json:"hunks,omitempty"`
+}
+
+// mergeConflictJSON is MergeConflict without its JSON methods.
+type mergeConflictJSON MergeConflict
+
+// MarshalJSON writes the path's exact bytes in path_b64 when they are not
+// UTF-8 (package pathjson).
+func (c MergeConflict) MarshalJSON() ([]byte, error) {
+	return json.Marshal(struct {
+		mergeConflictJSON
+		PathB64 string `json:"path_b64,omitempty"`
+	}{mergeConflictJSON(c), pathjson.B64(c.Path)})
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (c *MergeConflict) UnmarshalJSON(b []byte) error {
+	var j struct {
+		mergeConflictJSON
+		PathB64 string `json:"path_b64,omitempty"`
+	}
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	*c = MergeConflict(j.mergeConflictJSON)
+	c.Path = pathjson.Exact(c.Path, j.PathB64)
+	return nil
 }
 
 // PromoteResult says what a promotion found and did.

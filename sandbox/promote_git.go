@@ -3,16 +3,15 @@ package sandbox
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
 	"path"
 	"sort"
 	"strings"
-	"unicode/utf8"
 
 	"tine/cowfs"
+	"tine/internal/pathjson"
 	"tine/merge"
 )
 
@@ -320,10 +319,7 @@ func (g *gitRepo) treeChanges(ctx context.Context, parent, tree string) ([]GitCh
 	}
 	out := []GitChange{}
 	for _, r := range rs {
-		c := GitChange{Path: r.path, Status: r.status}
-		if !utf8.ValidString(r.path) {
-			c.Path, c.PathB64 = strings.ToValidUTF8(r.path, "\uFFFD"), base64.StdEncoding.EncodeToString([]byte(r.path))
-		}
+		c := GitChange{Path: strings.ToValidUTF8(r.path, "\uFFFD"), PathB64: pathjson.B64(r.path), Status: r.status}
 		if r.status != "D" {
 			c.Mode = r.newMode
 		}

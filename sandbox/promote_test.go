@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -88,5 +89,39 @@ func TestPromoteNoJournal(t *testing.T) {
 	}
 	if _, err := e.m.AbortPromote(ctx, "nj"); err == nil || !strings.Contains(err.Error(), "no journal") {
 		t.Fatalf("abort: %v", err)
+	}
+}
+
+// TestPromoteNonUTF8PathsInJSON: a clash and a refusal on file names that
+// are not UTF-8 name those files exactly through JSON (path_b64), so that
+// a client can act on them.
+func TestPromoteNonUTF8PathsInJSON(t *testing.T) {
+	e := newEnv(t, 0)
+	p := e.project
+	clash, setuid := "c\xffd.txt", "s\xfe"
+	os.WriteFile(filepath.Join(p, clash), []byte("a\nb\nc\n"), 0o644)
+	e.create("odd", sandbox.Limits{})
+	e.mustSh("odd", fmt.Sprintf(`cd %s && echo s > "$(printf 's\376')" && chmod 4755 "$(printf 's\376')" && sed -i s/^b$/sandbox/ "$(printf 'c\377d.txt')"`, p))
+	os.WriteFile(filepath.Join(p, clash), []byte("a\nhost\nc\n"), 0o644)
+	res, err := e.m.Promote(context.Background(), "odd", sandbox.PromoteOptions{PromoteOptions: cowfs.PromoteOptions{DryRun: true}, Partial: true})
+	if err != nil {
+		t.Fatalf("dry run: %v %+v", err, res)
+	}
+	b, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back struct {
+		Merge   []sandbox.MergeConflict `json:"merge_conflicts"`
+		Refused []cowfs.Refusal
+	}
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Merge) != 1 || back.Merge[0].Path != clash || len(back.Merge[0].Hunks) != 1 {
+		t.Fatalf("merge conflicts from %s", b)
+	}
+	if len(back.Refused) != 1 || back.Refused[0].Path != setuid {
+		t.Fatalf("refusals from %s", b)
 	}
 }

@@ -3,16 +3,15 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/base64"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
-	"unicode/utf8"
 
 	"github.com/spf13/pflag"
 
 	"tine/cowfs"
+	"tine/internal/pathjson"
 )
 
 func resolvePair(ctx context.Context, f *cowfs.FS, pos []string) (cowfs.SnapshotID, cowfs.SnapshotID, error) {
@@ -59,11 +58,7 @@ type pathJSON struct {
 }
 
 func jsonPath(p string) pathJSON {
-	j := pathJSON{Path: p}
-	if !utf8.ValidString(p) {
-		j.PathB64 = base64.StdEncoding.EncodeToString([]byte(p))
-	}
-	return j
+	return pathJSON{Path: p, PathB64: pathjson.B64(p)}
 }
 
 // changeJSON is the --json form of one change.
