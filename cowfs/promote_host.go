@@ -14,26 +14,46 @@ import (
 // tmpSeq numbers the temporary names a promotion writes under.
 var tmpSeq atomic.Uint64
 
-// hostDir performs file operations beneath a directory fd, opening one
-// name at a time and never following a symlink, so no path length limit
-// applies and nothing can lead outside the directory.
+// hostDir performs file operations beneath a directory fd, never
+// following a symlink and never leaving the directory, with no limit on
+// path length.
 type hostDir struct {
 	fd   int
 	name string
 }
 
-// openDir opens directory p ("" is the top) beneath h.
+// walkBytes bounds the names one openat2 resolves, below PATH_MAX.
+const walkBytes = 2048
+
+// openDir opens directory p ("" is the top) beneath h. The kernel
+// resolves the names, up to walkBytes of them per call, refusing any
+// symlink and anything outside h: one system call for most paths, where
+// one openat per name made a promotion of deep trees quadratic in system
+// calls (4,000 changes 2,500 levels deep took 51 s).
 func (h *hostDir) openDir(p string) (int, error) {
 	fd, err := unix.FcntlInt(uintptr(h.fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil || p == "" {
 		return fd, err
 	}
-	for _, part := range strings.Split(p, "/") {
-		if part == "" || part == "." || part == ".." {
+	how := &unix.OpenHow{Flags: unix.O_DIRECTORY | unix.O_RDONLY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS}
+	for rest := p; rest != ""; {
+		part := rest
+		if len(part) > walkBytes {
+			i := strings.LastIndexByte(part[:walkBytes], '/')
+			if i <= 0 {
+				i = strings.IndexByte(part, '/')
+			}
+			if i > 0 {
+				part = part[:i]
+			}
+		}
+		rest = strings.TrimPrefix(rest[len(part):], "/")
+		if err := checkNames(part); err != nil {
 			unix.Close(fd)
 			return -1, fmt.Errorf("promote: refusing path %q", p)
 		}
-		next, err := unix.Openat(fd, part, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		next, err := unix.Openat2(fd, part, how)
 		unix.Close(fd)
 		if err != nil {
 			return -1, fmt.Errorf("open %s: %w", path.Join(h.name, p), err)
@@ -41,6 +61,17 @@ func (h *hostDir) openDir(p string) (int, error) {
 		fd = next
 	}
 	return fd, nil
+}
+
+// checkNames refuses a slash-separated path with an empty, "." or ".."
+// name: every path a promotion writes names its entries plainly.
+func checkNames(p string) error {
+	for _, part := range strings.Split(p, "/") {
+		if part == "" || part == "." || part == ".." {
+			return errors.New("not a plain path")
+		}
+	}
+	return nil
 }
 
 // parent opens the directory holding p and returns it with p's last name.

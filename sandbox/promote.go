@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"path"
 	"path/filepath"
+	"tine/internal/pathset"
 
 	"time"
 
@@ -320,40 +320,55 @@ func (m *Manager) merge3(ctx context.Context, res *PromoteResult, base, ours, th
 			res.HostExamples = append(res.HostExamples, dO[i].Path)
 		}
 	}
+	// What each side removed or replaced, for the checks of the paths
+	// below.
+	var sandGone, hostGone, bad pathset.Set
+	anyBad := false
+	for i := range dT {
+		if k := dT[i].Kind; k == cowfs.Deleted || k == cowfs.TypeChanged {
+			sandGone.Add(dT[i].Path)
+		}
+	}
+	for i := range dO {
+		if h := dO[i].New; h == nil || h.Type != cowfs.TypeDir {
+			hostGone.Add(dO[i].Path)
+		}
+	}
 	sand := make(map[string]*cowfs.Change, len(dT))
 	for i := range dT {
 		sand[dT[i].Path] = &dT[i]
 	}
-	bad := map[string]bool{}
 	clash := func(p, reason, ours, theirs string, hunks []merge.Conflict) {
-		if !bad[p] {
-			bad[p] = true
+		if !bad.Has(p) {
+			bad.Add(p)
+			anyBad = true
 			res.Merge = append(res.Merge, MergeConflict{Path: p, Reason: reason, Ours: ours, Theirs: theirs, Hunks: hunks})
 		}
 	}
 	// The host changed something inside a directory the sandbox removed or
 	// replaced.
 	for _, h := range dO {
-		for a := parentOf(h.Path); a != ""; a = parentOf(a) {
-			if c := sand[a]; c != nil && (c.Kind == cowfs.Deleted || c.Kind == cowfs.TypeChanged) {
-				clash(a, fmt.Sprintf("the sandbox %s it; the host changed %q inside it", verb(c.Kind), h.Path), "changed inside", c.Kind.String(), nil)
-			}
-		}
+		sandGone.Above(h.Path, func(a string) bool {
+			c := sand[a]
+			clash(a, fmt.Sprintf("the sandbox %s it; the host changed %q inside it", verb(c.Kind), h.Path), "changed inside", c.Kind.String(), nil)
+			return true
+		})
 	}
 	var edits []cowfs.TreeEdit
 	for i := range dT {
 		c := &dT[i]
-		// The host removed or replaced a directory above it.
-		for a := parentOf(c.Path); a != ""; a = parentOf(a) {
-			if h := host[a]; h != nil && (h.New == nil || h.New.Type != cowfs.TypeDir) {
-				clash(c.Path, fmt.Sprintf("the host %s %q above it", verb(h.Kind), a), h.Kind.String()+" above", c.Kind.String(), nil)
-				break
-			}
+		// The host removed or replaced a directory above it (the lowest
+		// one is named).
+		var h *cowfs.Change
+		above := ""
+		hostGone.Above(c.Path, func(a string) bool { h, above = host[a], a; return true })
+		if h != nil {
+			clash(c.Path, fmt.Sprintf("the host %s %q above it", verb(h.Kind), above), h.Kind.String()+" above", c.Kind.String(), nil)
 		}
-		if bad[c.Path] {
+		if bad.Has(c.Path) {
 			continue
 		}
-		h := host[c.Path]
+		h = host[c.Path]
 		switch {
 		case h == nil:
 			edits = append(edits, editFor(c.Path, c.New))
@@ -378,13 +393,13 @@ func (m *Manager) merge3(ctx context.Context, res *PromoteResult, base, ours, th
 			clash(c.Path, fmt.Sprintf("%s on the host, %s in the sandbox", h.Kind, c.Kind), h.Kind.String(), c.Kind.String(), nil)
 		}
 	}
-	if len(bad) == 0 {
+	if !anyBad {
 		return edits, nil
 	}
 	// With Partial: leave out whatever is at or below a conflict.
 	kept := edits[:0]
 	for _, e := range edits {
-		if !under(e.Path, bad) {
+		if !bad.Within(e.Path) {
 			kept = append(kept, e)
 		}
 	}
@@ -454,23 +469,4 @@ func verb(k cowfs.ChangeKind) string {
 		return "replaced"
 	}
 	return k.String()
-}
-
-// parentOf is the directory holding slash-separated path p ("" at the
-// top).
-func parentOf(p string) string {
-	if d := path.Dir(p); d != "." {
-		return d
-	}
-	return ""
-}
-
-// under reports whether p or a directory above it is in set.
-func under(p string, set map[string]bool) bool {
-	for ; p != ""; p = parentOf(p) {
-		if set[p] {
-			return true
-		}
-	}
-	return false
 }

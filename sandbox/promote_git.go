@@ -9,6 +9,7 @@ import (
 	"path"
 	"sort"
 	"strings"
+	"tine/internal/pathset"
 
 	"tine/cowfs"
 	"tine/internal/pathjson"
@@ -395,6 +396,15 @@ func (m *Manager) gitTree(ctx context.Context, g *gitRepo, start string, base, t
 	}
 	// Entries under a directory the sandbox removed or replaced go from
 	// the index too.
+	var gone pathset.Set
+	for p := range set {
+		gone.Add(p)
+	}
+	for _, c := range changes {
+		if c.Old != nil && c.Old.Type == cowfs.TypeDir && (c.New == nil || c.New.Type != cowfs.TypeDir) {
+			gone.Add(c.Path)
+		}
+	}
 	listed, err := g.out(ctx, nil, "ls-files", "-z", "--cached")
 	if err != nil {
 		return "", err
@@ -408,14 +418,8 @@ func (m *Manager) gitTree(ctx context.Context, g *gitRepo, start string, base, t
 		if p == "" {
 			continue
 		}
-		if _, ok := set[p]; ok {
-			continue
-		}
-		for a := parentOf(p); a != ""; a = parentOf(a) {
-			if _, ok := set[a]; ok || m.goneDir(changes, a) {
-				fmt.Fprintf(&info, "0 %s\t%s\x00", zero, p)
-				break
-			}
+		if _, ok := set[p]; !ok && gone.HasAbove(p) {
+			fmt.Fprintf(&info, "0 %s\t%s\x00", zero, p)
 		}
 	}
 	sort.Strings(order)
@@ -457,19 +461,6 @@ func (m *Manager) gitTree(ctx context.Context, g *gitRepo, start string, base, t
 		return "", err
 	}
 	return g.line(ctx, nil, "write-tree")
-}
-
-// goneDir reports whether changes remove directory p or turn it into
-// something else.
-func (m *Manager) goneDir(changes []cowfs.Change, p string) bool {
-	i := sort.Search(len(changes), func(i int) bool { return changes[i].Path >= p })
-	for ; i < len(changes) && changes[i].Path == p; i++ {
-		c := changes[i]
-		if c.Old != nil && c.Old.Type == cowfs.TypeDir && (c.New == nil || c.New.Type != cowfs.TypeDir) {
-			return true
-		}
-	}
-	return false
 }
 
 // gitRefusedPath says why git must not be given path p ("" if it may).
@@ -522,13 +513,11 @@ func (m *Manager) gitRebase(ctx context.Context, g *gitRepo, base, theirs, onto 
 		return "", err
 	}
 	host := map[string]*rawEntry{}
-	hostDirs := map[string]bool{}
+	var hostAdded pathset.Set // what the host has now, of what it changed
 	for i := range dO {
 		host[dO[i].path] = &dO[i]
 		if dO[i].status != "D" {
-			for a := parentOf(dO[i].path); a != ""; a = parentOf(a) {
-				hostDirs[a] = true
-			}
+			hostAdded.Add(dO[i].path)
 		}
 	}
 	clash := func(p, why, ours, theirs string, h []merge.Conflict) {
@@ -542,15 +531,11 @@ func (m *Manager) gitRebase(ctx context.Context, g *gitRepo, base, theirs, onto 
 	for _, t := range dT {
 		h := host[t.path]
 		above := ""
-		for a := parentOf(t.path); a != ""; a = parentOf(a) {
-			if hh := host[a]; hh != nil && hh.status != "D" {
-				above = a
-			}
-		}
+		hostAdded.Above(t.path, func(a string) bool { above = a; return false })
 		switch {
 		case above != "":
 			clash(t.path, fmt.Sprintf("the host made %q a file above it", above), "added above", kind[t.status], nil)
-		case t.status != "D" && hostDirs[t.path]:
+		case t.status != "D" && hostAdded.HasBelow(t.path):
 			clash(t.path, "the host added files below it", "added below", kind[t.status], nil)
 		case h == nil:
 			fmt.Fprintf(&info, "%s %s\t%s\x00", t.newMode, t.newID, t.path)

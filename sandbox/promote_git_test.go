@@ -250,3 +250,31 @@ func TestPromoteGitNonUTF8Path(t *testing.T) {
 		t.Fatalf("branch tree %q lacks the exact name", tree)
 	}
 }
+
+// TestPromoteGitRemovedDirSortsAfterSibling: a directory the sandbox
+// removes leaves the branch whole, its tracked but ignored files too (the
+// diff leaves those out), even when a sibling's name sorts around it
+// ("a.c" after "a" but before "a/b" as bytes).
+func TestPromoteGitRemovedDirSortsAfterSibling(t *testing.T) {
+	e := newEnv(t, 0)
+	p := e.project
+	hostGit(t, p, "init", "-q", "-b", "main")
+	for _, f := range []string{"a/b", "a.c/f", "a.c/x.log", "z", ".gitignore"} {
+		os.MkdirAll(filepath.Join(p, filepath.Dir(f)), 0o755)
+		os.WriteFile(filepath.Join(p, f), []byte(f+"\n"), 0o644)
+	}
+	os.WriteFile(filepath.Join(p, ".gitignore"), []byte("*.log\n"), 0o644)
+	hostGit(t, p, "add", "-A")
+	hostGit(t, p, "add", "-f", "a.c/x.log")
+	hostGit(t, p, "-c", "user.name=Host", "-c", "user.email=host@example.com", "commit", "-q", "-m", "first")
+	e.create("rm", sandbox.Limits{})
+	e.mustSh("rm", fmt.Sprintf(`cd %s && echo new > a/b && rm -r a.c`, p))
+	res, err := e.m.PromoteGit(context.Background(), "rm", sandbox.GitPromoteOptions{Branch: "b"})
+	if err != nil || !res.Applied {
+		t.Fatalf("promote: %v %+v", err, res)
+	}
+	tree := hostGit(t, p, "ls-tree", "-r", "--name-only", "b")
+	if want := ".gitignore\na/b\nsrc/main.txt\nz"; tree != want {
+		t.Fatalf("branch tree %q, want %q", tree, want)
+	}
+}

@@ -73,7 +73,7 @@ func TestPromoteThreeWay(t *testing.T) {
 	// A directory the sandbox removes while the host added to it is a conflict.
 	e.mustSh("tw", fmt.Sprintf("rm -r %s/d", p))
 	os.WriteFile(filepath.Join(p, "d", "e", "host"), []byte("x"), 0o644)
-	if res, err = e.m.Promote(ctx, "tw", sandbox.PromoteOptions{}); !errors.Is(err, cowfs.ErrConflict) || len(res.Merge) != 2 || res.Merge[1].Path != "d" {
+	if res, err = e.m.Promote(ctx, "tw", sandbox.PromoteOptions{}); !errors.Is(err, cowfs.ErrConflict) || len(res.Merge) != 2 || res.Merge[0].Path != "d" || res.Merge[1].Path != "d/e" {
 		t.Fatalf("removed dir: %v %+v", err, res)
 	}
 }
