@@ -173,6 +173,9 @@ func group(use, short string) *cobra.Command {
 // usage error.
 func nArgs(names ...string) cobra.PositionalArgs {
 	return func(c *cobra.Command, args []string) error {
+		if len(names) == 0 && len(args) > 0 {
+			return usageErr("takes no arguments, got %q", args)
+		}
 		if len(args) != len(names) {
 			return usageErr("want %d arguments (%s), got %d", len(names), strings.Join(names, " "), len(args))
 		}

@@ -42,5 +42,22 @@ func TestCreateFromNotADirectory(t *testing.T) {
 		if code != 2 || !strings.Contains(errOut.String(), from+": "+why) {
 			t.Errorf("create --from %s: exit %d, %q; want 2 and %q", from, code, errOut.String(), why)
 		}
+		// The same, given as the argument.
+		out.Reset()
+		errOut.Reset()
+		code = run([]string{"create", "--root", t.TempDir(), from}, &out, &errOut)
+		if code != 2 || !strings.Contains(errOut.String(), from+": "+why) {
+			t.Errorf("create %s: exit %d, %q; want 2 and %q", from, code, errOut.String(), why)
+		}
+	}
+	// Given twice, differently: which one is meant is not guessed.
+	var out, errOut bytes.Buffer
+	if code := run([]string{"create", "--root", t.TempDir(), "--from", "/a", "/b"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "once") {
+		t.Errorf("create --from /a /b: exit %d, %q", code, errOut.String())
+	}
+	// A command with no arguments names what it was given.
+	errOut.Reset()
+	if code := run([]string{"ls", "--root", t.TempDir(), "x"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), `takes no arguments, got ["x"]`) {
+		t.Errorf("ls x: exit %d, %q", code, errOut.String())
 	}
 }

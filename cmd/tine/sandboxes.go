@@ -76,11 +76,20 @@ func (a *app) createCommand() *cobra.Command {
 	var pf createPolicyFlags
 	var vf vmFlags
 	c := &cobra.Command{
-		Use:   "create",
+		Use:   "create [DIR|SNAPSHOT]",
 		Short: "create and start a sandbox from a directory (default: the current one) or a snapshot",
-		Args:  nArgs(),
+		Args:  rangeArgs(0, 1, "the directory or snapshot to start from"),
 		RunE: func(c *cobra.Command, args []string) error {
 			ctx := c.Context()
+			if len(args) == 1 {
+				if sf.file != "" || sf.devcontainer != "" {
+					return usageErr("%q: the spec says where the sandbox starts; give no directory with -f or --devcontainer", args[0])
+				}
+				if from != "" && from != args[0] {
+					return usageErr("give the directory or snapshot once, as %q or as --from %q", args[0], from)
+				}
+				from = args[0]
+			}
 			if sf.file != "" || sf.devcontainer != "" {
 				return a.createFromSpec(c, sf, req.Name)
 			}
@@ -99,7 +108,7 @@ func (a *app) createCommand() *cobra.Command {
 				if pe := (*os.PathError)(nil); errors.As(serr, &pe) {
 					why = pe.Err.Error()
 				}
-				return usageErr("--from %s: %s (give a directory or a snapshot id)", from, why)
+				return usageErr("%s: %s (give a directory or a snapshot id)", from, why)
 			} else {
 				req.From = from
 			}
