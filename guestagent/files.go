@@ -149,7 +149,7 @@ func (a *Agent) get(c *conn, id uint32, req proto.GetRequest) {
 	f := os.NewFile(uintptr(fd), req.Path)
 	st, err := f.Stat()
 	if err == nil && !st.Mode().IsRegular() {
-		err = fmt.Errorf("%s is a %v, not a regular file", req.Path, st.Mode().Type())
+		err = fmt.Errorf("%s is %s, not a regular file", req.Path, typeName(st.Mode()))
 	}
 	if err != nil {
 		f.Close()
@@ -186,4 +186,21 @@ func (a *Agent) get(c *conn, id uint32, req proto.GetRequest) {
 			}
 		}
 	}()
+}
+
+// typeName names the type of a file that is not regular, for an error.
+func typeName(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a fifo"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeCharDevice != 0:
+		return "a character device"
+	case m&os.ModeDevice != 0:
+		return "a block device"
+	}
+	return "of type " + m.Type().String()
 }

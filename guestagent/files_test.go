@@ -74,8 +74,8 @@ func TestFilesStayInRoot(t *testing.T) {
 	}
 	// A FIFO is refused without blocking; so is a directory.
 	syscall.Mkfifo(filepath.Join(root, "fifo"), 0o644)
-	for _, p := range []string{"fifo", "/"} {
-		if _, err := c.GetFile(ctx, p, new(bytes.Buffer)); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+	for p, what := range map[string]string{"fifo": "is a fifo, not a regular file", "/": "is a directory, not a regular file"} {
+		if _, err := c.GetFile(ctx, p, new(bytes.Buffer)); err == nil || !strings.Contains(err.Error(), what) {
 			t.Errorf("get %s: %v", p, err)
 		}
 	}

@@ -27,7 +27,7 @@ func (a *app) sandboxCommands() []*cobra.Command {
 		a.createCommand(), a.execCommand(), a.shellCommand(), a.forkCommand(),
 		a.snapshotCommand(), a.rollbackCommand(), a.snapshotsCommand(), a.diffCommand(),
 		a.psCommand(), a.portsCommand(), a.logsCommand(), a.statusCommand(), a.lsCommand(),
-		a.rmCommand(), a.startCommand(), a.stopCommand(), a.promoteCommand(), a.imageCommand(),
+		a.rmCommand(), a.startCommand(), a.stopCommand(), a.promoteCommand(), a.imageCommand(), a.cpCommand(),
 	}, append(a.policyCommands(), a.messageCommands()...)...)
 }
 

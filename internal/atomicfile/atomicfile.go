@@ -6,6 +6,7 @@ package atomicfile
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -13,9 +14,18 @@ import (
 )
 
 // WriteFile replaces path with data, atomically and durably. The file is
-// made with mode perm (before the umask); a temporary file left by a
-// crash starts with ".tmp-" and holds nothing path depends on.
+// made with mode perm; a temporary file left by a crash starts with
+// ".tmp-" and holds nothing path depends on.
 func WriteFile(path string, data []byte, perm os.FileMode) error {
+	return Write(path, perm, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	})
+}
+
+// Write is WriteFile with the data written by fill, in as many writes as
+// it likes: path is replaced only once fill returns nil.
+func Write(path string, perm os.FileMode, fill func(io.Writer) error) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, ".tmp-*")
 	if err != nil {
@@ -23,7 +33,7 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 	}
 	err = f.Chmod(perm)
 	if err == nil {
-		_, err = f.Write(data)
+		err = fill(f)
 	}
 	if err == nil {
 		err = f.Sync()
