@@ -81,7 +81,7 @@ func TestToolsList(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"create", "list", "status", "exec", "fork", "snapshot", "rollback", "diff", "promote", "ps", "ports", "rm",
-		"expose", "freeze", "thaw", "network", "set_network", "limits", "update_limits"} {
+		"expose", "freeze", "thaw", "network", "set_network", "limits", "update_limits", "read_file", "write_file"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("no tool %s among %v", want, names)
 		}

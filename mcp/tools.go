@@ -251,6 +251,7 @@ func (t *tools) register(s *sdk.Server) {
 	sdk.AddTool(s, &sdk.Tool{Name: "rm", Description: "Stop and delete a sandbox and its snapshots.",
 		Annotations: &sdk.ToolAnnotations{DestructiveHint: &yes}}, t.rm)
 	t.registerMessages(s) // messages.go
+	t.registerFiles(s)    // files.go
 }
 
 func (t *tools) create(ctx context.Context, _ *sdk.CallToolRequest, in CreateIn) (*sdk.CallToolResult, SandboxOut, error) {
