@@ -24,9 +24,10 @@ func unsafeRune(r rune) bool {
 }
 
 // shown is name as it is safe to print: itself, or Go-quoted when it
-// holds an unsafe rune or is not valid UTF-8.
+// holds an unsafe rune, is not valid UTF-8 or begins with a double quote
+// (so that a name printed with quotes is always one that was quoted).
 func shown(name string) string {
-	if !utf8.ValidString(name) || strings.IndexFunc(name, unsafeRune) >= 0 {
+	if !utf8.ValidString(name) || strings.IndexFunc(name, unsafeRune) >= 0 || strings.HasPrefix(name, `"`) {
 		return strconv.Quote(name)
 	}
 	return name

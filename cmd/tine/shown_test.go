@@ -22,6 +22,7 @@ func TestShown(t *testing.T) {
 		{"two\nlines", `"two\nlines"`, `two\u000alines`, `two\u000alines`},
 		{"bad\xffbyte", `"bad\xffbyte"`, `bad\xffbyte`, `bad\xffbyte`},
 		{`back\slash`, `back\slash`, `back\slash`, `back\\slash`},
+		{`"two\nlines"`, `"\"two\\nlines\""`, `"two\nlines"`, `"two\\nlines"`},
 	} {
 		if got := shown(c.in); got != c.name {
 			t.Errorf("shown(%q) = %s, want %s", c.in, got, c.name)
