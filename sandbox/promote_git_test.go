@@ -199,6 +199,21 @@ func TestPromoteGitHooks(t *testing.T) {
 	hostGit(t, p, "-c", "core.hooksPath=/dev/null", "fsck", "--strict")
 }
 
+// hostRepo makes dir a git repository on branch main with files (path:
+// content) in its first commit, ignored ones too.
+func hostRepo(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	hostGit(t, dir, "init", "-q", "-b", "main")
+	for f, data := range files {
+		os.MkdirAll(filepath.Join(dir, filepath.Dir(f)), 0o755)
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hostGit(t, dir, "add", "-A", "-f")
+	hostGit(t, dir, "-c", "user.name=Host", "-c", "user.email=host@example.com", "commit", "-q", "-m", "first")
+}
+
 // TestPromoteGitRefusesHugeFile: a sparse file of over 1 GiB (no disk in
 // the sandbox, a terabyte if it wanted) is refused by a git promote,
 // named with its size, and the rest of the change is committed; git is
@@ -206,10 +221,7 @@ func TestPromoteGitHooks(t *testing.T) {
 func TestPromoteGitRefusesHugeFile(t *testing.T) {
 	e := newEnv(t, 0)
 	p := e.project
-	hostGit(t, p, "init", "-q", "-b", "main")
-	os.WriteFile(filepath.Join(p, "a.txt"), []byte("a\n"), 0o644)
-	hostGit(t, p, "add", "-A")
-	hostGit(t, p, "-c", "user.name=Host", "-c", "user.email=host@example.com", "commit", "-q", "-m", "first")
+	hostRepo(t, p, map[string]string{"a.txt": "a\n"})
 	e.create("huge", sandbox.Limits{})
 	e.mustSh("huge", fmt.Sprintf("cd %s && truncate -s 1100M huge.bin && echo b > b.txt", p))
 	res, err := e.m.PromoteGit(context.Background(), "huge", sandbox.GitPromoteOptions{Branch: "b"})
@@ -231,10 +243,7 @@ func TestPromoteGitRefusesHugeFile(t *testing.T) {
 func TestPromoteGitNonUTF8Path(t *testing.T) {
 	e := newEnv(t, 0)
 	p := e.project
-	hostGit(t, p, "init", "-q", "-b", "main")
-	os.WriteFile(filepath.Join(p, "a.txt"), []byte("a\n"), 0o644)
-	hostGit(t, p, "add", "-A")
-	hostGit(t, p, "-c", "user.name=Host", "-c", "user.email=host@example.com", "commit", "-q", "-m", "first")
+	hostRepo(t, p, map[string]string{"a.txt": "a\n"})
 	e.create("odd", sandbox.Limits{})
 	e.mustSh("odd", fmt.Sprintf(`cd %s && echo x > "$(printf 'x\377y')"`, p))
 	res, err := e.m.PromoteGit(context.Background(), "odd", sandbox.GitPromoteOptions{Branch: "b"})
@@ -258,15 +267,7 @@ func TestPromoteGitNonUTF8Path(t *testing.T) {
 func TestPromoteGitRemovedDirSortsAfterSibling(t *testing.T) {
 	e := newEnv(t, 0)
 	p := e.project
-	hostGit(t, p, "init", "-q", "-b", "main")
-	for _, f := range []string{"a/b", "a.c/f", "a.c/x.log", "z", ".gitignore"} {
-		os.MkdirAll(filepath.Join(p, filepath.Dir(f)), 0o755)
-		os.WriteFile(filepath.Join(p, f), []byte(f+"\n"), 0o644)
-	}
-	os.WriteFile(filepath.Join(p, ".gitignore"), []byte("*.log\n"), 0o644)
-	hostGit(t, p, "add", "-A")
-	hostGit(t, p, "add", "-f", "a.c/x.log")
-	hostGit(t, p, "-c", "user.name=Host", "-c", "user.email=host@example.com", "commit", "-q", "-m", "first")
+	hostRepo(t, p, map[string]string{"a/b": "b", "a.c/f": "f", "a.c/x.log": "tracked though ignored", "z": "z", ".gitignore": "*.log\n"})
 	e.create("rm", sandbox.Limits{})
 	e.mustSh("rm", fmt.Sprintf(`cd %s && echo new > a/b && rm -r a.c`, p))
 	res, err := e.m.PromoteGit(context.Background(), "rm", sandbox.GitPromoteOptions{Branch: "b"})
