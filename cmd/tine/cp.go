@@ -92,6 +92,12 @@ func (a *app) sandboxPath(c *cobra.Command, sb, p, base string) (string, error) 
 	if p == "" {
 		return "", usageErr("%s: no path after the colon; give SB:PATH", sb+":")
 	}
+	if strings.HasSuffix(p, "/") {
+		if base == "" || base == "-" {
+			return "", usageErr("%s:%s is a directory; name the file to write", sb, p)
+		}
+		p += base
+	}
 	if !path.IsAbs(p) {
 		cl, err := a.daemon(c.Context())
 		if err != nil {
@@ -101,13 +107,7 @@ func (a *app) sandboxPath(c *cobra.Command, sb, p, base string) (string, error) 
 		if err != nil {
 			return "", sbErr(sb, err)
 		}
-		p = path.Join(st.ProjectPath, p) + map[bool]string{true: "/"}[strings.HasSuffix(p, "/")]
-	}
-	if strings.HasSuffix(p, "/") {
-		if base == "" || base == "-" {
-			return "", usageErr("%s:%s is a directory; name the file to write", sb, p)
-		}
-		p += base
+		p = path.Join(st.ProjectPath, p)
 	}
 	return path.Clean(p), nil
 }
