@@ -419,26 +419,29 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	mode := uint64(0o644)
+	mode := uint32(0o644)
 	if m := q.Get("mode"); m != "" {
 		var err error
-		if _, err = fmt.Sscanf(m, "%o", &mode); err != nil || mode > 0o7777 || fmt.Sprintf("%o", mode) != trimZeros(m) {
-			writeError(w, badRequest("parameter \"mode\" %q: want octal permission bits such as 0644, at most 07777", m))
+		if mode, err = ParseMode(m); err != nil {
+			writeError(w, badRequest("parameter \"mode\" %q: %v", m, err))
 			return
 		}
 	}
-	if err := c.PutFile(r.Context(), p, fileMode(uint32(mode)), r.Body); err != nil {
+	if err := c.PutFile(r.Context(), p, fileMode(mode), r.Body); err != nil {
 		writeError(w, fileError(err))
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func trimZeros(s string) string {
-	for len(s) > 1 && s[0] == '0' {
-		s = s[1:]
+// ParseMode reads permission bits written in octal, such as 0644 or
+// 755, at most 07777.
+func ParseMode(s string) (uint32, error) {
+	m, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || m > 0o7777 {
+		return 0, errors.New("want octal permission bits such as 0644, at most 07777")
 	}
-	return s
+	return uint32(m), nil
 }
 
 // fileMode turns 07777 bits into a FileMode.

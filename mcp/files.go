@@ -7,15 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"path"
-	"strings"
+	"tine/api"
 	"unicode/utf8"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
-
-// maxReadBytes is the most bytes read_file returns; write_file takes as
-// much.
-const maxReadBytes = maxResourceBytes
 
 // ReadFileIn are read_file's arguments.
 type ReadFileIn struct {
@@ -69,6 +65,19 @@ func (t *tools) filePath(ctx context.Context, sb, p string) (string, error) {
 	return path.Join(st.ProjectPath, p), nil
 }
 
+// readSmall reads file p of sandbox sb, refusing one larger than
+// maxResourceBytes with the way to read it in parts.
+func (t *tools) readSmall(ctx context.Context, sb, p string) ([]byte, error) {
+	buf := &limitedBuffer{limit: maxResourceBytes}
+	if err := t.c.GetFile(ctx, sb, p, buf); err != nil {
+		if errors.Is(err, errTooLarge) {
+			return nil, fmt.Errorf("%s in sandbox %s is larger than %d bytes; read it in parts with the exec tool (head, tail, sed -n)", p, sb, maxResourceBytes)
+		}
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
 func (t *tools) readFile(ctx context.Context, _ *sdk.CallToolRequest, in ReadFileIn) (*sdk.CallToolResult, FileOut, error) {
 	if err := t.sc.check(ctx, in.Sandbox); err != nil {
 		return nil, FileOut{}, err
@@ -77,15 +86,12 @@ func (t *tools) readFile(ctx context.Context, _ *sdk.CallToolRequest, in ReadFil
 	if err != nil {
 		return nil, FileOut{}, err
 	}
-	buf := &limitedBuffer{limit: maxReadBytes}
-	if err := t.c.GetFile(ctx, in.Sandbox, p, buf); err != nil {
-		if errors.Is(err, errTooLarge) {
-			return nil, FileOut{}, fmt.Errorf("%s in sandbox %s is larger than %d bytes; read it in parts with the exec tool (head, tail, sed -n)", p, in.Sandbox, maxReadBytes)
-		}
+	b, err := t.readSmall(ctx, in.Sandbox, p)
+	if err != nil {
 		return nil, FileOut{}, err
 	}
-	out := FileOut{Path: p, Size: buf.Len()}
-	if b := buf.Bytes(); utf8.Valid(b) {
+	out := FileOut{Path: p, Size: len(b)}
+	if utf8.Valid(b) {
 		out.Text = string(b)
 	} else {
 		out.Base64 = base64.StdEncoding.EncodeToString(b)
@@ -107,16 +113,15 @@ func (t *tools) writeFile(ctx context.Context, _ *sdk.CallToolRequest, in WriteF
 			return nil, WriteFileOut{}, fmt.Errorf("base64: %v", err)
 		}
 	}
-	if len(data) > maxReadBytes {
-		return nil, WriteFileOut{}, fmt.Errorf("%d bytes is more than write_file takes (%d); write larger files with tine cp", len(data), maxReadBytes)
+	if len(data) > maxResourceBytes {
+		return nil, WriteFileOut{}, fmt.Errorf("%d bytes is more than write_file takes (%d); write larger files with tine cp", len(data), maxResourceBytes)
 	}
 	mode := uint32(0o644)
 	if in.Mode != "" {
-		var m uint32
-		if _, err := fmt.Sscanf(in.Mode, "%o", &m); err != nil || m > 0o7777 || strings.TrimLeft(in.Mode, "0") != strings.TrimLeft(fmt.Sprintf("%o", m), "0") {
-			return nil, WriteFileOut{}, fmt.Errorf("mode %q: want octal permission bits such as 0755", in.Mode)
+		var err error
+		if mode, err = api.ParseMode(in.Mode); err != nil {
+			return nil, WriteFileOut{}, fmt.Errorf("mode %q: %v", in.Mode, err)
 		}
-		mode = m
 	}
 	p, err := t.filePath(ctx, in.Sandbox, in.Path)
 	if err != nil {

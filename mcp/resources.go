@@ -105,18 +105,15 @@ func (t *tools) readResource(ctx context.Context, req *sdk.ReadResourceRequest) 
 		}
 		return &sdk.ReadResourceResult{Contents: []*sdk.ResourceContents{{URI: uri, MIMEType: "application/x-ndjson", Text: text}}}, nil
 	default:
-		buf := &limitedBuffer{limit: maxResourceBytes}
-		if err := t.c.GetFile(ctx, sb, path, buf); err != nil {
-			if errors.Is(err, errTooLarge) {
-				return nil, fmt.Errorf("%s in sandbox %s is larger than %d bytes; read it in parts with the exec tool (head, tail, sed -n)", path, sb, maxResourceBytes)
-			}
+		b, err := t.readSmall(ctx, sb, path)
+		if err != nil {
 			return nil, err
 		}
 		rc := &sdk.ResourceContents{URI: uri}
-		if utf8.Valid(buf.Bytes()) {
-			rc.MIMEType, rc.Text = "text/plain", buf.String()
+		if utf8.Valid(b) {
+			rc.MIMEType, rc.Text = "text/plain", string(b)
 		} else {
-			rc.MIMEType, rc.Blob = "application/octet-stream", buf.Bytes()
+			rc.MIMEType, rc.Blob = "application/octet-stream", b
 		}
 		return &sdk.ReadResourceResult{Contents: []*sdk.ResourceContents{rc}}, nil
 	}

@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"tine/internal/pathset"
 
 	"time"
 
 	"tine/cowfs"
 	"tine/internal/pathjson"
+	"tine/internal/pathset"
 	"tine/merge"
 )
 
@@ -313,23 +313,15 @@ func (m *Manager) merge3(ctx context.Context, res *PromoteResult, base, ours, th
 		return nil, err
 	}
 	res.HostChanged = len(dO)
+	// Each side's changes by path, and what each removed or replaced, for
+	// the checks of the paths below.
+	var sandGone, hostGone, bad pathset.Set
 	host := make(map[string]*cowfs.Change, len(dO))
 	for i := range dO {
 		host[dO[i].Path] = &dO[i]
 		if len(res.HostExamples) < staleExamples {
 			res.HostExamples = append(res.HostExamples, dO[i].Path)
 		}
-	}
-	// What each side removed or replaced, for the checks of the paths
-	// below.
-	var sandGone, hostGone, bad pathset.Set
-	anyBad := false
-	for i := range dT {
-		if k := dT[i].Kind; k == cowfs.Deleted || k == cowfs.TypeChanged {
-			sandGone.Add(dT[i].Path)
-		}
-	}
-	for i := range dO {
 		if h := dO[i].New; h == nil || h.Type != cowfs.TypeDir {
 			hostGone.Add(dO[i].Path)
 		}
@@ -337,11 +329,13 @@ func (m *Manager) merge3(ctx context.Context, res *PromoteResult, base, ours, th
 	sand := make(map[string]*cowfs.Change, len(dT))
 	for i := range dT {
 		sand[dT[i].Path] = &dT[i]
+		if k := dT[i].Kind; k == cowfs.Deleted || k == cowfs.TypeChanged {
+			sandGone.Add(dT[i].Path)
+		}
 	}
 	clash := func(p, reason, ours, theirs string, hunks []merge.Conflict) {
 		if !bad.Has(p) {
 			bad.Add(p)
-			anyBad = true
 			res.Merge = append(res.Merge, MergeConflict{Path: p, Reason: reason, Ours: ours, Theirs: theirs, Hunks: hunks})
 		}
 	}
@@ -393,7 +387,7 @@ func (m *Manager) merge3(ctx context.Context, res *PromoteResult, base, ours, th
 			clash(c.Path, fmt.Sprintf("%s on the host, %s in the sandbox", h.Kind, c.Kind), h.Kind.String(), c.Kind.String(), nil)
 		}
 	}
-	if !anyBad {
+	if bad.Empty() {
 		return edits, nil
 	}
 	// With Partial: leave out whatever is at or below a conflict.

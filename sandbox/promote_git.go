@@ -9,10 +9,10 @@ import (
 	"path"
 	"sort"
 	"strings"
-	"tine/internal/pathset"
 
 	"tine/cowfs"
 	"tine/internal/pathjson"
+	"tine/internal/pathset"
 	"tine/merge"
 )
 

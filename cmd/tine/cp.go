@@ -1,18 +1,20 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
+	"tine/api"
+	"tine/api/client"
 	"tine/internal/atomicfile"
 )
 
@@ -66,15 +68,15 @@ keeps its name. The file arrives whole or not at all, on either side.
 			case src.sb == "" && dst.sb == "":
 				return usageErr("neither %q nor %q names a sandbox; write one side as SB:PATH", args[0], args[1])
 			}
-			var perm uint64
+			var perm uint32
 			if mode != "" {
 				var err error
-				if perm, err = strconv.ParseUint(mode, 8, 32); err != nil || perm > 0o7777 {
-					return usageErr("--mode %q: want octal permission bits such as 0755", mode)
+				if perm, err = api.ParseMode(mode); err != nil {
+					return usageErr("--mode %q: %v", mode, err)
 				}
 			}
 			if dst.sb != "" {
-				return a.cpIn(c, src.path, dst, mode != "", uint32(perm))
+				return a.cpIn(c, src.path, dst, mode != "", perm)
 			}
 			if mode != "" {
 				return usageErr("--mode is for a copy into a sandbox; out of one, the file gets the host's default mode")
@@ -88,7 +90,7 @@ keeps its name. The file arrives whole or not at all, on either side.
 
 // sandboxPath is p made absolute in sandbox sb (relative to its project
 // directory), with base appended when p names a directory.
-func (a *app) sandboxPath(c *cobra.Command, sb, p, base string) (string, error) {
+func sandboxPath(ctx context.Context, cl *client.Client, sb, p, base string) (string, error) {
 	if p == "" {
 		return "", usageErr("%s: no path after the colon; give SB:PATH", sb+":")
 	}
@@ -99,11 +101,7 @@ func (a *app) sandboxPath(c *cobra.Command, sb, p, base string) (string, error) 
 		p += base
 	}
 	if !path.IsAbs(p) {
-		cl, err := a.daemon(c.Context())
-		if err != nil {
-			return "", err
-		}
-		st, err := cl.Get(c.Context(), sb)
+		st, err := cl.Get(ctx, sb)
 		if err != nil {
 			return "", sbErr(sb, err)
 		}
@@ -136,11 +134,11 @@ func (a *app) cpIn(c *cobra.Command, local string, dst cpEnd, setMode bool, perm
 		}
 		r = f
 	}
-	p, err := a.sandboxPath(c, dst.sb, dst.path, filepath.Base(local))
+	cl, err := a.daemon(c.Context())
 	if err != nil {
 		return err
 	}
-	cl, err := a.daemon(c.Context())
+	p, err := sandboxPath(c.Context(), cl, dst.sb, dst.path, filepath.Base(local))
 	if err != nil {
 		return err
 	}
@@ -154,11 +152,11 @@ func (a *app) cpIn(c *cobra.Command, local string, dst cpEnd, setMode bool, perm
 // cpOut copies src from its sandbox to host path local ("-": stdout).
 // A host file is written under a temporary name and renamed into place.
 func (a *app) cpOut(c *cobra.Command, src cpEnd, local string) error {
-	p, err := a.sandboxPath(c, src.sb, src.path, "")
+	cl, err := a.daemon(c.Context())
 	if err != nil {
 		return err
 	}
-	cl, err := a.daemon(c.Context())
+	p, err := sandboxPath(c.Context(), cl, src.sb, src.path, "")
 	if err != nil {
 		return err
 	}

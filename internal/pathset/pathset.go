@@ -35,6 +35,11 @@ func (s *Set) Add(p string) {
 	n.in = true
 }
 
+// Empty reports whether nothing was added.
+func (s *Set) Empty() bool {
+	return !s.root.in && len(s.root.kids) == 0
+}
+
 // Has reports whether p is in the set.
 func (s *Set) Has(p string) bool {
 	n := s.find(p)

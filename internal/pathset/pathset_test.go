@@ -10,6 +10,9 @@ import (
 
 func TestSet(t *testing.T) {
 	var s Set
+	if !s.Empty() {
+		t.Error("the zero Set is not empty")
+	}
 	for _, p := range []string{"a", "a/b/c", "x.y", "d/e"} {
 		s.Add(p)
 	}
@@ -45,6 +48,9 @@ func TestSet(t *testing.T) {
 		if got := above(c.p); !slices.Equal(got, c.above) {
 			t.Errorf("Above(%q) = %q, want %q", c.p, got, c.above)
 		}
+	}
+	if s.Empty() {
+		t.Error("a Set with members is empty")
 	}
 	var first []string
 	s.Above("a/b/c/d", func(a string) bool { first = append(first, a); return false })
