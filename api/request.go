@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -290,20 +291,46 @@ func checkEnv(field string, env []string) error {
 func changesOf(cs []cowfs.Change) []Change {
 	out := make([]Change, len(cs))
 	for i, c := range cs {
-		ch := Change{Path: strings.ToValidUTF8(c.Path, "\uFFFD"), PathB64: pathjson.B64(c.Path), Kind: c.Kind.String()}
-		e := c.New
-		if e == nil {
-			e = c.Old
-		}
-		if e != nil {
-			ch.Type, ch.Size, ch.Mode = e.Type.String(), e.Size, e.Mode
-		}
-		if c.Kind == cowfs.TypeChanged && c.Old != nil {
-			ch.OldType = c.Old.Type.String()
-		}
-		out[i] = ch
+		out[i] = changeOf(c)
 	}
 	return out
+}
+
+// changeOf turns one cowfs change into the API's.
+func changeOf(c cowfs.Change) Change {
+	ch := Change{Path: strings.ToValidUTF8(c.Path, "\uFFFD"), PathB64: pathjson.B64(c.Path), Kind: c.Kind.String()}
+	e := c.New
+	if e == nil {
+		e = c.Old
+	}
+	if e != nil {
+		ch.Type, ch.Size, ch.Mode = e.Type.String(), e.Size, e.Mode
+	}
+	if c.Kind == cowfs.TypeChanged && c.Old != nil {
+		ch.OldType = c.Old.Type.String()
+	}
+	return ch
+}
+
+// writeChanges writes changes as a JSON array of Change, one element at
+// a time: a diff of a million files is never held twice more as API
+// values and one encoded buffer.
+func writeChanges(w http.ResponseWriter, cs []cowfs.Change) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriterSize(w, 64<<10)
+	bw.WriteByte('[')
+	for i, c := range cs {
+		if i > 0 {
+			bw.WriteByte(',')
+		}
+		b, _ := json.Marshal(changeOf(c)) // a Change always encodes
+		if _, err := bw.Write(b); err != nil {
+			return // the client went away
+		}
+	}
+	bw.WriteString("]\n")
+	bw.Flush()
 }
 
 // statusOf maps an error to its API code and HTTP status.

@@ -479,7 +479,7 @@ func (s *Server) diff(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, changesOf(changes))
+	writeChanges(w, changes)
 }
 
 func (s *Server) ps(w http.ResponseWriter, r *http.Request) {
