@@ -135,7 +135,7 @@ func ioSection(ctx context.Context, e *env) (*section, error) {
 			fillRandom(buf, uint64(100+ti), uint64(i))
 			return nil
 		}, func(i int) error {
-			return writeFileSync(filepath.Join(v.write, fmt.Sprintf("seqw-%d.bin", i)), buf)
+			return writeFileSync(filepath.Join(v.write, fmt.Sprintf("seqw-%d.bin", i)), buf, 1<<20)
 		}, func(i int) error {
 			return os.Remove(filepath.Join(v.write, fmt.Sprintf("seqw-%d.bin", i)))
 		})
@@ -237,13 +237,15 @@ func writeRandomFile(path string, n int64, seed uint64) error {
 	return nil
 }
 
-func writeFileSync(path string, b []byte) error {
+// writeFileSync writes b to a new file at path in writes of piece bytes,
+// then fsyncs it.
+func writeFileSync(path string, b []byte, piece int) error {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 	if err != nil {
 		return fmt.Errorf("seq write %s: %w", path, err)
 	}
-	for off := 0; off < len(b) && err == nil; off += 1 << 20 {
-		_, err = f.Write(b[off:min(off+1<<20, len(b))])
+	for off := 0; off < len(b) && err == nil; off += piece {
+		_, err = f.Write(b[off:min(off+piece, len(b))])
 	}
 	if err == nil {
 		err = f.Sync()
