@@ -3,6 +3,7 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -316,7 +317,7 @@ func TestForkSnapshotRollbackDiff(t *testing.T) {
 		t.Fatalf("after rollback: %q", out)
 	}
 	e.sh("p", "echo changed > "+e.project+"/src/main.txt; chmod 600 "+e.project+"/src/main.txt; "+
-		"ln -s main.txt "+e.project+"/src/link; mkfifo "+e.project+"/src/pipe")
+		"ln -s main.txt "+e.project+"/src/link; mkfifo "+e.project+"/src/pipe; printf x > "+e.project+"/src/$(printf '\\377')")
 	changes, err := e.c.Diff(ctx, "p", "")
 	if err != nil {
 		t.Fatal(err)
@@ -325,8 +326,12 @@ func TestForkSnapshotRollbackDiff(t *testing.T) {
 	for _, c := range changes {
 		got = append(got, fmt.Sprintf("%s %s %s %d %o", c.Kind, c.Type, c.Path, c.Size, c.Mode))
 	}
-	if want := "added symlink src/link 8 777,modified file src/main.txt 8 600,added fifo src/pipe 0 644,added file state.txt 7 644"; strings.Join(got, ",") != want {
+	if want := "added symlink src/link 8 777,modified file src/main.txt 8 600,added fifo src/pipe 0 644,added file src/\uFFFD 1 644,added file state.txt 7 644"; strings.Join(got, ",") != want {
 		t.Fatalf("diff = %q, want %q", got, want)
+	}
+	// A name that is not UTF-8 comes back exactly in path_b64.
+	if raw, err := base64.StdEncoding.DecodeString(changes[3].PathB64); err != nil || string(raw) != "src/\xff" || changes[0].PathB64 != "" {
+		t.Errorf("path_b64 of src/\\xff: %q %v; of src/link: %q", raw, err, changes[0].PathB64)
 	}
 }
 

@@ -70,7 +70,7 @@ func agentSection(ctx context.Context, e *env) (*section, error) {
 			"create/stat/unlink: empty files, 500 per directory; go build: the module with its GOCACHE on the " +
 			"filesystem, every package changed; package install: go mod download of tine's own modules from a " +
 			"local file:// GOPROXY (no network) into a GOMODCACHE on the filesystem; rm -rf: the project and its " +
-			"module cache; seq write: 1 MiB writes then fsync; first read: after a fresh mount, caches dropped; " +
+			"module cache; seq write: 1 MiB writes then fsync, and again in 8 KiB writes; first read: after a fresh mount, caches dropped; " +
 			"cold read: caches dropped.",
 	}
 	goal15 := &goal{Text: "<= 1.5x ext4, < fuse-overlayfs", Peer: toolExt4, MaxRatio: 1.5, Faster: toolFuseOverlay}
