@@ -31,7 +31,7 @@ func FuzzRequestBody(f *testing.F) {
 		}
 		var fk ForkRequest
 		if decodeJSON(b, &fk) == nil && fk.validate() == nil {
-			if fk.N < 1 || fk.N > maxForks || len(fk.Names) > 0 && len(fk.Names) != fk.N {
+			if fk.N < 1 || fk.N > MaxForks || len(fk.Names) > 0 && len(fk.Names) != fk.N {
 				t.Fatalf("fork passed its checks: %+v", fk)
 			}
 		}

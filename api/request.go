@@ -24,9 +24,11 @@ import (
 // an interactive exec.
 const MaxRequestBytes = 1 << 20
 
+// MaxForks is the most forks one fork request makes.
+const MaxForks = 64
+
 // Bounds on what one request may ask for.
 const (
-	maxForks    = 64
 	maxArgs     = 4096
 	maxListLen  = 1024
 	maxItemLen  = 64 << 10
@@ -177,8 +179,8 @@ func (req *ForkRequest) validate() error {
 	if req.N == 0 {
 		req.N = 1
 	}
-	if req.N < 1 || req.N > maxForks {
-		return badRequest("field \"n\" is %d: want 1 to %d forks", req.N, maxForks)
+	if req.N < 1 || req.N > MaxForks {
+		return badRequest("field \"n\" is %d: want 1 to %d forks", req.N, MaxForks)
 	}
 	if len(req.Names) > 0 && len(req.Names) != req.N {
 		return badRequest("field \"names\" has %d names for %d forks: give one name per fork or none", len(req.Names), req.N)

@@ -191,6 +191,9 @@ func (a *app) forkCommand() *cobra.Command {
 			if req.N < 1 {
 				return usageErr("-n must be at least 1")
 			}
+			if req.N > api.MaxForks {
+				return usageErr("-n %d: one fork makes at most %d sandboxes; fork again for more", req.N, api.MaxForks)
+			}
 			if req.Names != nil && len(req.Names) != req.N {
 				return usageErr("--names gives %d names for -n %d", len(req.Names), req.N)
 			}
