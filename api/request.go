@@ -314,25 +314,45 @@ func changeOf(c cowfs.Change) Change {
 	return ch
 }
 
-// writeChanges writes changes as a JSON array of Change, one element at
-// a time: a diff of a million files is never held twice more as API
-// values and one encoded buffer.
-func writeChanges(w http.ResponseWriter, cs []cowfs.Change) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	bw := bufio.NewWriterSize(w, 64<<10)
-	bw.WriteByte('[')
-	for i, c := range cs {
-		if i > 0 {
-			bw.WriteByte(',')
-		}
-		b, _ := json.Marshal(changeOf(c)) // a Change always encodes
-		if _, err := bw.Write(b); err != nil {
-			return // the client went away
-		}
+// changeWriter writes a JSON array of Change, one element at a time, so
+// that a diff of a million files is never held as API values or as one
+// encoded buffer. The status (200) goes with the first element.
+type changeWriter struct {
+	w       http.ResponseWriter
+	bw      *bufio.Writer
+	started bool
+}
+
+func newChangeWriter(w http.ResponseWriter) *changeWriter {
+	return &changeWriter{w: w, bw: bufio.NewWriterSize(w, 64<<10)}
+}
+
+func (c *changeWriter) start() {
+	c.w.Header().Set("Content-Type", "application/json")
+	c.w.WriteHeader(http.StatusOK)
+	c.bw.WriteByte('[')
+	c.started = true
+}
+
+// write adds one change; its error (the client went away) ends the walk.
+func (c *changeWriter) write(ch cowfs.Change) error {
+	if !c.started {
+		c.start()
+	} else {
+		c.bw.WriteByte(',')
 	}
-	bw.WriteString("]\n")
-	bw.Flush()
+	b, _ := json.Marshal(changeOf(ch)) // a Change always encodes
+	_, err := c.bw.Write(b)
+	return err
+}
+
+// end closes the array (an empty one when nothing was written).
+func (c *changeWriter) end() {
+	if !c.started {
+		c.start()
+	}
+	c.bw.WriteString("]\n")
+	c.bw.Flush()
 }
 
 // statusOf maps an error to its API code and HTTP status.

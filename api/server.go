@@ -474,12 +474,20 @@ func (s *Server) diff(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	changes, err := s.m.Diff(r.Context(), name, r.URL.Query().Get("snapshot"))
+	// The changes go out as the walk finds them; the status is sent with
+	// the first, so an error before it (an unknown snapshot) is answered
+	// as one. An error after it cuts the response short: the client sees
+	// a broken array, never a complete-looking part of the diff.
+	cw := newChangeWriter(w)
+	err := s.m.DiffEach(r.Context(), name, r.URL.Query().Get("snapshot"), cw.write)
 	if err != nil {
-		writeError(w, err)
-		return
+		if !cw.started {
+			writeError(w, err)
+			return
+		}
+		panic(http.ErrAbortHandler)
 	}
-	writeChanges(w, changes)
+	cw.end()
 }
 
 func (s *Server) ps(w http.ResponseWriter, r *http.Request) {

@@ -329,6 +329,10 @@ func TestForkSnapshotRollbackDiff(t *testing.T) {
 	if want := "added symlink src/link 8 777,modified file src/main.txt 8 600,added fifo src/pipe 0 644,added file src/\uFFFD 1 644,added file state.txt 7 644"; strings.Join(got, ",") != want {
 		t.Fatalf("diff = %q, want %q", got, want)
 	}
+	// An unknown snapshot is an error answered before any change is sent.
+	if _, err := e.c.Diff(ctx, "p", "no-such-snapshot"); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("diff since an unknown snapshot: %v, want not found", err)
+	}
 	// A name that is not UTF-8 comes back exactly in path_b64.
 	if raw, err := base64.StdEncoding.DecodeString(changes[3].PathB64); err != nil || string(raw) != "src/\xff" || changes[0].PathB64 != "" {
 		t.Errorf("path_b64 of src/\\xff: %q %v; of src/link: %q", raw, err, changes[0].PathB64)

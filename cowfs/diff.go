@@ -52,7 +52,7 @@ func (f *FS) Diff(ctx context.Context, a, b SnapshotID) ([]Change, error) {
 type differ struct {
 	f     *FS
 	ctx   context.Context
-	out   []Change
+	emit  func(Change) error // given each change, in order; an error ends the walk
 	stack []dirPair
 	// skip, when set, leaves out a path and everything below it. isDir
 	// is the path's type in the new tree, or in the old one when deleted;
@@ -141,7 +141,7 @@ func (d *differ) pair(p string, a, b *Entry, parent *dirPair) error {
 		if a.ID == b.ID {
 			// Same contents: nothing below differs.
 			if kind != 0 {
-				d.out = append(d.out, Change{Path: p, Kind: kind, Old: a, New: b})
+				return d.emit(Change{Path: p, Kind: kind, Old: a, New: b})
 			}
 			return nil
 		}
@@ -151,7 +151,9 @@ func (d *differ) pair(p string, a, b *Entry, parent *dirPair) error {
 		kind = ModeChanged
 	}
 	if kind != 0 {
-		d.out = append(d.out, Change{Path: p, Kind: kind, Old: a, New: b})
+		if err := d.emit(Change{Path: p, Kind: kind, Old: a, New: b}); err != nil {
+			return err
+		}
 	}
 	// The contents of a directory that appeared or vanished are listed
 	// too, so that a consumer can apply the change path by path.

@@ -156,6 +156,20 @@ func TestDiffKinds(t *testing.T) {
 	if ch, err := f.Diff(ctx, a, a); err != nil || len(ch) != 0 {
 		t.Errorf("diff of a snapshot with itself = %v, %v", ch, err)
 	}
+	// DiffEach hands out the same changes in the same order, and stops
+	// at the first error its function returns.
+	stop := errors.New("stop")
+	got = got[:0]
+	err = f.DiffEach(ctx, a, b, DiffOptions{GitInternals: true}, func(c Change) error {
+		got = append(got, c.Kind.String()+" "+c.Path)
+		if len(got) == 4 {
+			return stop
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) || !slices.Equal(got, want[:4]) {
+		t.Errorf("DiffEach stopped at the fourth change: %v, %q", err, got)
+	}
 }
 
 // TestDiffDeep diffs trees 4096 directories deep with the goroutine stack

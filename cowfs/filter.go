@@ -34,15 +34,31 @@ const maxIgnoreFile = 1 << 20
 // (see docs/export.md). A path is judged by its type in the new snapshot,
 // or in the old one when it was deleted.
 func (f *FS) DiffWith(ctx context.Context, a, b SnapshotID, opts DiffOptions) ([]Change, error) {
-	ea, err := f.rootEntry(a)
+	var out []Change
+	err := f.DiffEach(ctx, a, b, opts, func(c Change) error {
+		out = append(out, c)
+		return nil
+	})
 	if err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+// DiffEach is DiffWith handing each change to fn as the walk finds it,
+// in the same order, instead of collecting them: its memory follows the
+// depth of the trees, not the size of the change. An error from fn ends
+// the walk and is returned.
+func (f *FS) DiffEach(ctx context.Context, a, b SnapshotID, opts DiffOptions, fn func(Change) error) error {
+	ea, err := f.rootEntry(a)
+	if err != nil {
+		return err
 	}
 	eb, err := f.rootEntry(b)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	d := &differ{f: f, ctx: ctx}
+	d := &differ{f: f, ctx: ctx, emit: fn}
 	var buf []bool
 	if !opts.GitInternals || opts.GitIgnore {
 		d.skip = func(dir *dirPair, p string, isDir bool, b *Entry) (bool, error) {
@@ -60,10 +76,7 @@ func (f *FS) DiffWith(ctx context.Context, a, b SnapshotID, opts DiffOptions) ([
 	if opts.GitIgnore {
 		d.enter = func(_, dir *dirPair) error { return f.readIgnore(dir) }
 	}
-	if err := d.run(&ea, &eb); err != nil {
-		return nil, err
-	}
-	return d.out, nil
+	return d.run(&ea, &eb)
 }
 
 // isGitDir reports whether directory e is laid out as a git repository's

@@ -706,27 +706,42 @@ func (m *Manager) checkName(name string) error {
 // Diff lists the project's changes since snapshot snap of the sandbox (its
 // id or its label), or since its origin when snap is "".
 func (m *Manager) Diff(ctx context.Context, name, snap string) ([]cowfs.Change, error) {
-	info, err := m.Get(name)
+	var out []cowfs.Change
+	err := m.DiffEach(ctx, name, snap, func(c cowfs.Change) error {
+		out = append(out, c)
+		return nil
+	})
 	if err != nil {
 		return nil, err
+	}
+	return out, nil
+}
+
+// DiffEach is Diff handing each change to fn as it is found, in the same
+// order (cowfs.FS.DiffEach). Errors about the sandbox or the snapshot
+// come before fn is first called.
+func (m *Manager) DiffEach(ctx context.Context, name, snap string, fn func(cowfs.Change) error) error {
+	info, err := m.Get(name)
+	if err != nil {
+		return err
 	}
 	from := info.Origin
 	if snap != "" {
 		s, err := m.findSnapshot(name, snap)
 		if err != nil {
-			return nil, fmt.Errorf("diff sandbox %q: %w", name, err)
+			return fmt.Errorf("diff sandbox %q: %w", name, err)
 		}
 		from = s.FS
 	}
 	origin, err := m.fs.Resolve(ctx, from)
 	if err != nil {
-		return nil, fmt.Errorf("diff sandbox %q: %w", name, err)
+		return fmt.Errorf("diff sandbox %q: %w", name, err)
 	}
 	head, err := m.fs.Head(ctx, info.Branch)
 	if err != nil {
-		return nil, fmt.Errorf("diff sandbox %q: %w", name, err)
+		return fmt.Errorf("diff sandbox %q: %w", name, err)
 	}
-	return m.fs.Diff(ctx, origin, head)
+	return m.fs.DiffEach(ctx, origin, head, cowfs.DiffOptions{GitInternals: true}, fn)
 }
 
 // writeJSON writes v to path atomically: a temporary file, fsync, rename,
