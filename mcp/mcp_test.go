@@ -172,8 +172,14 @@ func TestForkTestPromote(t *testing.T) {
 	}
 	var diff mcp.DiffOut
 	call(t, cs, tool("diff", map[string]any{"sandbox": winner}), &diff)
-	if len(diff.Changes) != 1 || diff.Changes[0].Path != "main.txt" || diff.Changes[0].Kind != "modified" {
+	if len(diff.Changes) != 1 || diff.Changes[0].Path != "main.txt" || diff.Changes[0].Kind != "modified" || diff.Total != 1 || diff.Truncated {
 		t.Fatalf("diff: %+v", diff)
+	}
+	// A limit lists the first changes and says how many there are.
+	call(t, cs, tool("exec", map[string]any{"sandbox": "try-a", "command": "touch x y"}), &ex)
+	call(t, cs, tool("diff", map[string]any{"sandbox": "try-a", "limit": 2}), &diff)
+	if len(diff.Changes) != 2 || diff.Changes[0].Path != "main.txt" || diff.Changes[1].Path != "x" || diff.Total != 3 || !diff.Truncated {
+		t.Fatalf("diff with limit 2 of 3 changes: %+v", diff)
 	}
 	var plan mcp.PromoteOut
 	call(t, cs, tool("promote", map[string]any{"sandbox": winner, "dry_run": true}), &plan)

@@ -93,7 +93,8 @@ func (t *tools) readResource(ctx context.Context, req *sdk.ReadResourceRequest) 
 		if err != nil {
 			return nil, err
 		}
-		b, err := json.MarshalIndent(changes(cs), "", "  ")
+		all, _ := changes(cs, len(cs))
+		b, err := json.MarshalIndent(all, "", "  ")
 		if err != nil {
 			return nil, err
 		}

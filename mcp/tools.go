@@ -152,6 +152,7 @@ type DoneOut struct {
 type DiffIn struct {
 	Sandbox  string `json:"sandbox" jsonschema:"the sandbox's name"`
 	Snapshot string `json:"snapshot,omitempty" jsonschema:"compare against this snapshot instead of the origin"`
+	Limit    int    `json:"limit,omitempty" jsonschema:"the most changes to list (default 1000, at most 10000); total says how many there are"`
 }
 
 // Change is one changed path.
@@ -164,7 +165,9 @@ type Change struct {
 
 // DiffOut lists changes.
 type DiffOut struct {
-	Changes []Change `json:"changes"`
+	Changes   []Change `json:"changes"`
+	Total     int      `json:"total" jsonschema:"how many changes there are, listed or not"`
+	Truncated bool     `json:"truncated,omitempty" jsonschema:"changes holds only the first limit of them"`
 }
 
 // PromoteIn are the promote tool's arguments.
@@ -181,7 +184,9 @@ type Problem struct {
 
 // PromoteOut is what promote did or would do.
 type PromoteOut struct {
-	Changes   []Change  `json:"changes"`
+	Changes   []Change  `json:"changes" jsonschema:"the first 1000 changes, in path order"`
+	Total     int       `json:"total" jsonschema:"how many changes there are, listed or not"`
+	Truncated bool      `json:"truncated,omitempty" jsonschema:"changes holds only the first 1000"`
 	Conflicts []Problem `json:"conflicts,omitempty" jsonschema:"paths changed on the host too; nothing was applied"`
 	Refused   []Problem `json:"refused,omitempty" jsonschema:"entries that may not go to the host (device nodes, privilege)"`
 	Applied   bool      `json:"applied"`
@@ -215,12 +220,22 @@ type PortsOut struct {
 	Ports []Port `json:"ports"`
 }
 
-func changes(cs []api.Change) []Change {
-	out := make([]Change, 0, len(cs))
-	for _, c := range cs {
+// How many changes diff and promote list: a diff of a whole package
+// install would otherwise fill an agent's context.
+const (
+	defaultChanges = 1000
+	maxChanges     = 10000
+)
+
+// changes converts the first limit of cs, and says whether that left
+// some out.
+func changes(cs []api.Change, limit int) ([]Change, bool) {
+	n := min(len(cs), limit)
+	out := make([]Change, 0, n)
+	for _, c := range cs[:n] {
 		out = append(out, Change{Path: c.Path, Kind: c.Kind, Type: c.Type, Size: c.Size})
 	}
-	return out
+	return out, n < len(cs)
 }
 
 // readOnly and destructive annotate tools for clients that ask before
@@ -429,11 +444,20 @@ func (t *tools) diff(ctx context.Context, _ *sdk.CallToolRequest, in DiffIn) (*s
 	if err := t.sc.check(ctx, in.Sandbox); err != nil {
 		return nil, DiffOut{}, err
 	}
+	limit := in.Limit
+	if limit == 0 {
+		limit = defaultChanges
+	}
+	if limit < 1 || limit > maxChanges {
+		return nil, DiffOut{}, fmt.Errorf("limit %d: want 1 to %d changes", in.Limit, maxChanges)
+	}
 	cs, err := t.c.Diff(ctx, in.Sandbox, in.Snapshot)
 	if err != nil {
 		return nil, DiffOut{}, err
 	}
-	return nil, DiffOut{Changes: changes(cs)}, nil
+	out := DiffOut{Total: len(cs)}
+	out.Changes, out.Truncated = changes(cs, limit)
+	return nil, out, nil
 }
 
 func (t *tools) promote(ctx context.Context, _ *sdk.CallToolRequest, in PromoteIn) (*sdk.CallToolResult, PromoteOut, error) {
@@ -444,7 +468,8 @@ func (t *tools) promote(ctx context.Context, _ *sdk.CallToolRequest, in PromoteI
 	if err != nil {
 		return nil, PromoteOut{}, err
 	}
-	out := PromoteOut{Changes: changes(r.Changes), Applied: r.Applied}
+	out := PromoteOut{Total: len(r.Changes), Applied: r.Applied}
+	out.Changes, out.Truncated = changes(r.Changes, defaultChanges)
 	for _, c := range r.Conflicts {
 		out.Conflicts = append(out.Conflicts, Problem{Path: c.Path, Reason: c.Reason})
 	}
