@@ -184,7 +184,7 @@ type Problem struct {
 
 // PromoteOut is what promote did or would do.
 type PromoteOut struct {
-	Changes   []Change  `json:"changes" jsonschema:"the first 1000 changes, in path order"`
+	Changes   []Change  `json:"changes" jsonschema:"the first 1000 changes, in the diff's order"`
 	Total     int       `json:"total" jsonschema:"how many changes there are, listed or not"`
 	Truncated bool      `json:"truncated,omitempty" jsonschema:"changes holds only the first 1000"`
 	Conflicts []Problem `json:"conflicts,omitempty" jsonschema:"paths changed on the host too; nothing was applied"`

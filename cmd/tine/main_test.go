@@ -60,9 +60,12 @@ func TestCreateFromNotADirectory(t *testing.T) {
 	if code := run([]string{"ls", "--root", t.TempDir(), "x"}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), `takes no arguments, got ["x"]`) {
 		t.Errorf("ls x: exit %d, %q", code, errOut.String())
 	}
-	// A fork count out of range is refused before any daemon is asked.
+}
+
+// A fork count out of range is refused before any daemon is asked.
+func TestForkCountOutOfRange(t *testing.T) {
 	for n, want := range map[string]string{"0": "at least 1", "65": "-n 65: one fork makes at most 64 sandboxes"} {
-		errOut.Reset()
+		var out, errOut bytes.Buffer
 		if code := run([]string{"fork", "--root", t.TempDir(), "a", "-n", n}, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), want) {
 			t.Errorf("fork -n %s: exit %d, %q; want 2 and %q", n, code, errOut.String(), want)
 		}
