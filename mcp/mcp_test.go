@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -121,9 +122,17 @@ func TestForkTestPromote(t *testing.T) {
 	if ex.ExitCode != 0 || ex.Stdout != "line1\nline2\nline3\nv1\n" || ex.Stderr != "oops\n" {
 		t.Fatalf("exec: %+v", ex)
 	}
-	mu.Lock()
-	streamed := strings.Join(progress, "")
-	mu.Unlock()
+	// The client handles notifications apart from the call's result, so
+	// the last may be handled just after it.
+	var streamed string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		streamed = strings.Join(progress, "")
+		mu.Unlock()
+		if strings.Contains(streamed, "v1") || time.Now().After(deadline) {
+			break
+		}
+	}
 	for _, want := range []string{"line1", "line3", "oops", "v1"} {
 		if !strings.Contains(streamed, want) {
 			t.Errorf("progress notifications %q lack %q", streamed, want)

@@ -233,9 +233,14 @@ func changes(cs []api.Change, limit int) ([]Change, bool) {
 	n := min(len(cs), limit)
 	out := make([]Change, 0, n)
 	for _, c := range cs[:n] {
-		out = append(out, Change{Path: c.Path, Kind: c.Kind, Type: c.Type, Size: c.Size})
+		out = append(out, changeOf(c))
 	}
 	return out, n < len(cs)
+}
+
+// changeOf is the tool's form of an API change.
+func changeOf(c api.Change) Change {
+	return Change{Path: c.Path, Kind: c.Kind, Type: c.Type, Size: c.Size}
 }
 
 // readOnly and destructive annotate tools for clients that ask before
@@ -451,12 +456,19 @@ func (t *tools) diff(ctx context.Context, _ *sdk.CallToolRequest, in DiffIn) (*s
 	if limit < 1 || limit > maxChanges {
 		return nil, DiffOut{}, fmt.Errorf("limit %d: want 1 to %d changes", in.Limit, maxChanges)
 	}
-	cs, err := t.c.Diff(ctx, in.Sandbox, in.Snapshot)
+	// The first limit changes are kept and the rest only counted, so a
+	// diff of any size costs this server limit changes of memory.
+	out := DiffOut{Changes: []Change{}}
+	err := t.c.DiffEach(ctx, in.Sandbox, in.Snapshot, func(c api.Change) error {
+		if out.Total++; out.Total <= limit {
+			out.Changes = append(out.Changes, changeOf(c))
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, DiffOut{}, err
 	}
-	out := DiffOut{Total: len(cs)}
-	out.Changes, out.Truncated = changes(cs, limit)
+	out.Truncated = out.Total > limit
 	return nil, out, nil
 }
 

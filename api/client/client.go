@@ -156,7 +156,12 @@ func (c *Client) call(ctx context.Context, method, path string, in, out any) err
 		io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorBytes))
 		return nil
 	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
+	return decodeAnswer(method, path, resp.Body, out)
+}
+
+// decodeAnswer reads a JSON answer of at most maxResponseBytes into out.
+func decodeAnswer(method, path string, body io.Reader, out any) error {
+	b, err := io.ReadAll(io.LimitReader(body, maxResponseBytes+1))
 	if err != nil {
 		return fmt.Errorf("%s %s: read the answer: %w", method, path, err)
 	}
@@ -269,14 +274,56 @@ func (c *Client) Rollback(ctx context.Context, name string, req api.RollbackRequ
 	return c.call(ctx, "POST", sandboxPath(name, "/rollback"), req, nil)
 }
 
-// Diff lists the sandbox's changes since snap ("" for its origin).
+// Diff lists the sandbox's changes since snap ("" for its origin). A
+// diff of any size is taken whole; DiffEach walks one without holding it.
 func (c *Client) Diff(ctx context.Context, name, snap string) ([]api.Change, error) {
+	var out []api.Change
+	return out, c.DiffEach(ctx, name, snap, func(ch api.Change) error {
+		out = append(out, ch)
+		return nil
+	})
+}
+
+// DiffEach calls fn with each of the sandbox's changes since snap ("" for
+// its origin) as the daemon sends them; fn's error stops the walk and is
+// returned. A response cut short (the daemon failed part way) is an
+// error, after fn saw the changes before the cut.
+func (c *Client) DiffEach(ctx context.Context, name, snap string, fn func(api.Change) error) error {
 	p := sandboxPath(name, "/diff")
 	if snap != "" {
 		p += "?snapshot=" + url.QueryEscape(snap)
 	}
-	var out []api.Change
-	return out, c.call(ctx, "GET", p, nil, &out)
+	resp, err := c.do(ctx, "GET", p, nil, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := decodeArray(resp.Body, fn); err != nil {
+		return fmt.Errorf("GET %s: %w", p, err)
+	}
+	return nil
+}
+
+// decodeArray decodes a JSON array from r one element at a time, calling
+// fn with each.
+func decodeArray[T any](r io.Reader, fn func(T) error) error {
+	dec := json.NewDecoder(r)
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		return fmt.Errorf("the answer is not a JSON array (%v, %v)", tok, err)
+	}
+	for dec.More() {
+		var v T
+		if err := dec.Decode(&v); err != nil {
+			return fmt.Errorf("decode the answer: %w", err)
+		}
+		if err := fn(v); err != nil {
+			return err
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return fmt.Errorf("decode the answer: %w", err)
+	}
+	return nil
 }
 
 // Promote applies the sandbox's changes to the directory it came from.

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -315,19 +316,35 @@ func (a *app) diffCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			changes, err := cl.Diff(c.Context(), args[0], snap)
+			// Each change is written as it comes: a diff of a package
+			// install is never held whole.
+			w := bufio.NewWriter(a.stdout) // one write per line made a big diff into a pipe slow
+			n := 0
+			err = cl.DiffEach(c.Context(), args[0], snap, func(ch api.Change) error {
+				n++
+				if !a.json {
+					_, err := fmt.Fprintf(w, "%s %s\n", changeLetter(ch.Kind), changePath(ch.Path, ch.PathB64))
+					return err
+				}
+				sep := ",\n"
+				if n == 1 {
+					sep = "[\n"
+				}
+				b, err := json.MarshalIndent(ch, "  ", "  ")
+				if err == nil {
+					_, err = fmt.Fprintf(w, "%s  %s", sep, b)
+				}
+				return err
+			})
 			if err != nil {
+				w.Flush()
 				return sbErr(args[0], err)
 			}
-			if a.json {
-				if changes == nil {
-					changes = []api.Change{}
-				}
-				return writeJSON(a.stdout, changes)
-			}
-			w := bufio.NewWriter(a.stdout) // one write per line made a big diff into a pipe slow
-			for _, ch := range changes {
-				fmt.Fprintf(w, "%s %s\n", changeLetter(ch.Kind), changePath(ch.Path, ch.PathB64))
+			switch {
+			case a.json && n == 0:
+				w.WriteString("[]\n")
+			case a.json:
+				w.WriteString("\n]\n")
 			}
 			return w.Flush()
 		},
