@@ -75,7 +75,7 @@ func TestOpenAPIRoutes(t *testing.T) {
 var goTypes = map[string]any{
 	"api.Error": Error{}, "api.CreateRequest": CreateRequest{}, "api.Sandbox": Sandbox{},
 	"api.ForkRequest": ForkRequest{}, "api.SnapshotRequest": SnapshotRequest{},
-	"api.RollbackRequest": RollbackRequest{}, "api.Change": Change{},
+	"api.RollbackRequest": RollbackRequest{}, "api.Change": Change{}, "api.ArchivePut": ArchivePut{},
 	"api.PromoteRequest": PromoteRequest{}, "api.PromoteResponse": PromoteResponse{},
 	"api.ExecRequest": ExecRequest{}, "api.ExecEvent": ExecEvent{}, "api.ExecInput": ExecInput{},
 	"api.Info": Info{}, "api.RuntimeInfo": RuntimeInfo{}, "api.FSRequest": FSRequest{},

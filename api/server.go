@@ -84,6 +84,8 @@ func NewServer(m *sandbox.Manager, o ServerOptions) *Server {
 		{"GET", sb + "/events", s.events},
 		{"GET", sb + "/files", s.getFile},
 		{"PUT", sb + "/files", s.putFile},
+		{"GET", sb + "/archive", s.getArchive},
+		{"PUT", sb + "/archive", s.putArchive},
 		{"POST", sb + "/exec", s.exec},
 		{"GET", sb + "/exec/ws", s.execWS},
 		{"POST", "/" + Version + "/fs/{command}", s.fs},

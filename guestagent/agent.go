@@ -272,6 +272,20 @@ func (c *conn) handle(f proto.Frame) {
 			return
 		}
 		c.a.get(c, f.ID, req)
+	case proto.KindPutTree:
+		var req proto.PutTreeRequest
+		if err := proto.Decode(f, &req); err != nil {
+			c.fail(f.ID, err)
+			return
+		}
+		c.a.putTree(c, f.ID, req)
+	case proto.KindGetTree:
+		var req proto.GetTreeRequest
+		if err := proto.Decode(f, &req); err != nil {
+			c.fail(f.ID, err)
+			return
+		}
+		c.a.getTree(c, f.ID, req)
 	case proto.KindHygiene:
 		go c.hygiene(f)
 	case proto.KindStdin, proto.KindCloseStdin, proto.KindSignal, proto.KindResize, proto.KindData, proto.KindEnd, proto.KindCancel:

@@ -63,7 +63,7 @@ func (a *Agent) put(c *conn, id uint32, req proto.PutRequest) {
 		}
 	}
 	if err != nil {
-		c.fail(id, fmt.Errorf("put %s: %w", req.Path, err))
+		c.fail(id, err) // the client names the path
 	}
 }
 
@@ -98,7 +98,7 @@ func (p *putFile) frame(f proto.Frame) {
 	case proto.KindEnd:
 		p.c.unregister(p.id)
 		if err := p.commit(); err != nil {
-			p.c.fail(p.id, fmt.Errorf("put %s: %w", p.req.Path, err))
+			p.c.fail(p.id, err)
 			return
 		}
 		p.c.send(proto.Frame{Kind: proto.KindEnd, ID: p.id})
@@ -143,7 +143,7 @@ func (a *Agent) get(c *conn, id uint32, req proto.GetRequest) {
 	// be regular anyway.
 	fd, err := a.openIn(req.Path, unix.O_RDONLY|unix.O_NONBLOCK)
 	if err != nil {
-		c.fail(id, fmt.Errorf("get: %w", err))
+		c.fail(id, err)
 		return
 	}
 	f := os.NewFile(uintptr(fd), req.Path)
@@ -153,7 +153,7 @@ func (a *Agent) get(c *conn, id uint32, req proto.GetRequest) {
 	}
 	if err != nil {
 		f.Close()
-		c.fail(id, fmt.Errorf("get: %w", err))
+		c.fail(id, err)
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -181,7 +181,7 @@ func (a *Agent) get(c *conn, id uint32, req proto.GetRequest) {
 				return
 			}
 			if err != nil {
-				c.fail(id, fmt.Errorf("get %s: read: %w", req.Path, err))
+				c.fail(id, fmt.Errorf("read: %w", err))
 				return
 			}
 		}

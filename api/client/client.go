@@ -422,6 +422,43 @@ func (c *Client) GetFile(ctx context.Context, name, path string, w io.Writer) er
 	return nil
 }
 
+// PutArchive copies a tar stream of one file or directory tree into the
+// sandbox at path: inside it when path is an existing directory (required
+// when into is set), as path otherwise. It returns the copy's path.
+func (c *Client) PutArchive(ctx context.Context, name, path string, into bool, r io.Reader) (string, error) {
+	q := url.Values{"path": {path}}
+	if into {
+		q.Set("into", "true")
+	}
+	p := sandboxPath(name, "/archive?"+q.Encode())
+	resp, err := c.do(ctx, "PUT", p, r, "application/x-tar")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var out api.ArchivePut
+	if err := decodeAnswer("PUT", p, resp.Body, &out); err != nil {
+		return "", err
+	}
+	return out.Path, nil
+}
+
+// GetArchive copies the file, symlink or directory tree at path in the
+// sandbox to w as a tar stream whose top entry is path's last element. An
+// error means w may hold a cut stream.
+func (c *Client) GetArchive(ctx context.Context, name, path string, w io.Writer) error {
+	q := url.Values{"path": {path}}
+	resp, err := c.do(ctx, "GET", sandboxPath(name, "/archive?"+q.Encode()), nil, "")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("get %s from sandbox %q: %w", path, name, err)
+	}
+	return nil
+}
+
 // FS runs one "tine fs" command in the daemon and returns its output.
 func (c *Client) FS(ctx context.Context, command string, req api.FSRequest) (*api.FSResponse, error) {
 	var out api.FSResponse

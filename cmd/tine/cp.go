@@ -9,13 +9,16 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"tine/api"
 	"tine/api/client"
-	"tine/internal/atomicfile"
+	"tine/internal/treecopy"
 )
 
 // cpEnd is one side of tine cp: a sandbox's path (sb set) or a local one
@@ -44,20 +47,35 @@ type cpResult struct {
 	// Direction is "in" (host to sandbox) or "out".
 	Direction string `json:"direction"`
 	Bytes     int64  `json:"bytes"`
+	// Tree says what a copy as a tree moved: every copy out to a host
+	// path, and a directory copied in.
+	Tree *treecopy.Stats `json:"tree,omitempty"`
 }
 
 func (a *app) cpCommand() *cobra.Command {
 	var mode string
 	c := &cobra.Command{
 		Use:   "cp SRC DST",
-		Short: "copy a file into or out of a sandbox (SB:PATH on one side; - is stdin or stdout)",
-		Long: `Copy one file between the host and a sandbox. One side is SB:PATH, the
-other a host path or - (standard input or output). A relative PATH is in the
-sandbox's project directory; a PATH ending in / is a directory, and the file
-keeps its name. The file arrives whole or not at all, on either side.
+		Short: "copy a file or directory into or out of a sandbox (SB:PATH on one side; - is stdin or stdout)",
+		Long: `Copy a file or a directory tree between the host and a sandbox. One side
+is SB:PATH, the other a host path or - (standard input or output, one file's
+bytes). A relative PATH is in the sandbox's project directory.
+
+As with cp -r: a destination that is an existing directory receives the
+copy under its source's name; any other destination names the copy itself,
+and its parent must exist; one ending in / must be an existing directory.
+A file arrives whole or not at all; so does a new directory tree, and into
+an existing one each file is replaced whole. Modes and modification times
+are kept; owners are not. Symlinks are copied as symlinks, never followed;
+fifos, sockets and devices are left out. Out of a sandbox, setuid, setgid
+and sticky bits are dropped and the host's umask applies, and an entry
+that would land outside the destination or pass through a symlink stops
+the copy, with nothing of a new tree left behind.
 
   tine cp notes.txt sb:/tmp/          into the sandbox, as /tmp/notes.txt
+  tine cp ./src sb:/work/             the tree, as /work/src
   tine cp sb:out/report.json .        out of it, into the current directory
+  tine cp sb:/work/dist ./dist        the sandbox's tree, as ./dist
   tar -c src | tine cp - sb:/tmp/src.tar`,
 		Args: nArgs("SRC", "DST"),
 		RunE: func(c *cobra.Command, args []string) error {
@@ -84,33 +102,29 @@ keeps its name. The file arrives whole or not at all, on either side.
 			return a.cpOut(c, src, dst.path)
 		},
 	}
-	c.Flags().StringVar(&mode, "mode", "", "into a sandbox: the file's permission bits, such as 0755 (default: the host file's, or 0644 from stdin)")
+	c.Flags().StringVar(&mode, "mode", "", "into a sandbox, one file: its permission bits, such as 0755 (default: the host file's, or 0644 from stdin)")
 	return c
 }
 
 // sandboxPath is p made absolute in sandbox sb (relative to its project
-// directory), with base appended when p names a directory.
-func sandboxPath(ctx context.Context, cl *client.Client, sb, p, base string) (string, error) {
+// directory) and cleaned; dir says whether p ended in a slash.
+func sandboxPath(ctx context.Context, cl *client.Client, sb, p string) (abs string, dir bool, err error) {
 	if p == "" {
-		return "", usageErr("%s: no path after the colon; give SB:PATH", sb+":")
+		return "", false, usageErr("%s: no path after the colon; give SB:PATH", sb+":")
 	}
-	if strings.HasSuffix(p, "/") {
-		if base == "" || base == "-" {
-			return "", usageErr("%s:%s is a directory; name the file to write", sb, p)
-		}
-		p += base
-	}
+	dir = strings.HasSuffix(p, "/")
 	if !path.IsAbs(p) {
 		st, err := cl.Get(ctx, sb)
 		if err != nil {
-			return "", sbErr(sb, err)
+			return "", false, sbErr(sb, err)
 		}
 		p = path.Join(st.ProjectPath, p)
 	}
-	return path.Clean(p), nil
+	return path.Clean(p), dir, nil
 }
 
-// cpIn copies host file local ("-": stdin) to dst in its sandbox.
+// cpIn copies host file or tree local ("-": a file from stdin) to dst in
+// its sandbox.
 func (a *app) cpIn(c *cobra.Command, local string, dst cpEnd, setMode bool, perm uint32) error {
 	var r io.Reader = a.stdin
 	if !setMode {
@@ -126,8 +140,14 @@ func (a *app) cpIn(c *cobra.Command, local string, dst cpEnd, setMode bool, perm
 		if err != nil {
 			return err
 		}
+		if st.IsDir() {
+			if setMode {
+				return usageErr("--mode is for one file; the files of directory %s keep their modes", local)
+			}
+			return a.cpTreeIn(c, local, dst)
+		}
 		if !st.Mode().IsRegular() {
-			return usageErr("%s is not a regular file; tine cp copies one file (a tree: tar -C %s -c . | tine exec -i %s -- tar -C DIR -x)", local, local, dst.sb)
+			return usageErr("%s is %s; tine cp copies regular files, directories and the symlinks in them", local, fileTypeName(st.Mode()))
 		}
 		if !setMode {
 			perm = uint32(st.Mode().Perm())
@@ -138,53 +158,126 @@ func (a *app) cpIn(c *cobra.Command, local string, dst cpEnd, setMode bool, perm
 	if err != nil {
 		return err
 	}
-	p, err := sandboxPath(c.Context(), cl, dst.sb, dst.path, filepath.Base(local))
+	p, dir, err := sandboxPath(c.Context(), cl, dst.sb, dst.path)
 	if err != nil {
 		return err
+	}
+	if dir {
+		if local == "-" {
+			return usageErr("%s:%s is a directory; name the file to write", dst.sb, dst.path)
+		}
+		p = path.Join(p, filepath.Base(local))
 	}
 	cr := &countReader{r: r}
 	if err := cl.PutFile(c.Context(), dst.sb, p, perm, cr); err != nil {
 		return sbErr(dst.sb, err)
 	}
-	return a.cpDone(cpResult{Sandbox: dst.sb, Path: p, Local: local, Direction: "in", Bytes: cr.n})
+	return a.cpDone(cpResult{Sandbox: dst.sb, Path: p, Local: local, Direction: "in", Bytes: cr.n.Load()})
 }
 
-// cpOut copies src from its sandbox to host path local ("-": stdout).
-// A host file is written under a temporary name and renamed into place.
-func (a *app) cpOut(c *cobra.Command, src cpEnd, local string) error {
-	cl, err := a.daemon(c.Context())
+// cpTreeIn copies host directory local into dst's sandbox as a tar
+// stream made while it is sent.
+func (a *app) cpTreeIn(c *cobra.Command, local string, dst cpEnd) error {
+	ctx := c.Context()
+	abs, err := filepath.Abs(local)
 	if err != nil {
 		return err
 	}
-	p, err := sandboxPath(c.Context(), cl, src.sb, src.path, "")
+	if abs == "/" {
+		return usageErr("%s is the host's root directory; copy a directory below it", local)
+	}
+	parent, err := os.Open(filepath.Dir(abs))
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	defer parent.Close()
+	cl, err := a.daemon(ctx)
+	if err != nil {
+		return err
+	}
+	p, into, err := sandboxPath(ctx, cl, dst.sb, dst.path)
+	if err != nil {
+		return err
+	}
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	var st treecopy.Stats
+	go func() {
+		var err error
+		st, err = treecopy.Archive(ctx, pw, int(parent.Fd()), filepath.Base(abs))
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	cr := &countReader{r: pr}
+	stop := a.cpProgress(cr)
+	p, err = cl.PutArchive(ctx, dst.sb, p, into, cr)
+	stop()
+	pr.CloseWithError(io.ErrClosedPipe) // the archive stops if the put did
+	if aerr := <-done; aerr != nil && !errors.Is(aerr, io.ErrClosedPipe) {
+		return fmt.Errorf("copy %s: %w", local, aerr)
+	}
+	if err != nil {
+		return sbErr(dst.sb, err)
+	}
+	return a.cpDone(cpResult{Sandbox: dst.sb, Path: p, Local: local, Direction: "in", Bytes: st.Bytes, Tree: &st})
+}
+
+// cpOut copies the file or tree src from its sandbox to host path local
+// ("-": one file's bytes on stdout).
+func (a *app) cpOut(c *cobra.Command, src cpEnd, local string) error {
+	ctx := c.Context()
+	cl, err := a.daemon(ctx)
+	if err != nil {
+		return err
+	}
+	p, _, err := sandboxPath(ctx, cl, src.sb, src.path)
 	if err != nil {
 		return err
 	}
 	if local == "-" {
-		cw := &countWriter{w: a.stdout}
-		if err := cl.GetFile(c.Context(), src.sb, p, cw); err != nil {
+		if err := cl.GetFile(ctx, src.sb, p, a.stdout); err != nil {
+			if strings.Contains(err.Error(), "is a directory") {
+				return usageErr("%s:%s is a directory; copy it to a host directory (tine cp %s:%s DIR)", src.sb, p, src.sb, p)
+			}
 			return sbErr(src.sb, err)
 		}
 		return nil
 	}
-	if st, err := os.Stat(local); err == nil && st.IsDir() || strings.HasSuffix(local, "/") {
-		local = filepath.Join(local, path.Base(p))
+	if p == "/" {
+		return usageErr("%s:/ is the sandbox's root directory; copy a directory below it", src.sb)
 	}
-	var n int64
-	err = atomicfile.Write(local, 0o666&^umask(), func(w io.Writer) error {
-		cw := &countWriter{w: w}
-		err := cl.GetFile(c.Context(), src.sb, p, cw)
-		n = cw.n
-		return err
-	})
+	// The host, not the archive, names what is made.
+	parentDir, name := filepath.Dir(local), filepath.Base(local)
+	if st, err := os.Stat(local); err == nil && st.IsDir() {
+		parentDir, name = local, path.Base(p)
+	} else if strings.HasSuffix(local, "/") {
+		return usageErr("%s is not an existing directory", local)
+	}
+	parent, err := os.Open(parentDir)
 	if err != nil {
-		var pe *os.PathError
-		if errors.As(err, &pe) {
-			return usageErr("%v", err)
-		}
-		return sbErr(src.sb, err)
+		return usageErr("%v", err)
 	}
-	return a.cpDone(cpResult{Sandbox: src.sb, Path: p, Local: local, Direction: "out", Bytes: n})
+	defer parent.Close()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := cl.GetArchive(ctx, src.sb, p, pw)
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	cr := &countReader{r: pr}
+	stop := a.cpProgress(cr)
+	st, err := treecopy.Extract(ctx, cr, int(parent.Fd()), name, treecopy.Options{Umask: uint32(umask())})
+	stop()
+	pr.CloseWithError(io.ErrClosedPipe) // the download stops if the extraction did
+	if gerr := <-done; gerr != nil && !errors.Is(gerr, io.ErrClosedPipe) {
+		return sbErr(src.sb, gerr)
+	}
+	dest := filepath.Join(parentDir, name)
+	if err != nil {
+		return fmt.Errorf("copy %s:%s to %s: %w", src.sb, p, dest, err)
+	}
+	return a.cpDone(cpResult{Sandbox: src.sb, Path: p, Local: dest, Direction: "out", Bytes: st.Bytes, Tree: &st})
 }
 
 // cpDone reports a copy: JSON on stdout, or a line on stderr (stdout may
@@ -193,34 +286,73 @@ func (a *app) cpDone(r cpResult) error {
 	if a.json {
 		return writeJSON(a.stdout, r)
 	}
+	what := humanBytes(r.Bytes)
+	if t := r.Tree; t != nil && t.Dirs > 0 {
+		what = fmt.Sprintf("%s, %s, %s", plural(t.Files, "file"), plural(t.Dirs, "directory"), what)
+		if t.Symlinks > 0 {
+			what += ", " + plural(t.Symlinks, "symlink")
+		}
+	}
+	if t := r.Tree; t != nil && t.Skipped > 0 {
+		what += fmt.Sprintf("; %d fifos, sockets, devices or hard links left out", t.Skipped)
+	}
 	if r.Direction == "in" {
-		fmt.Fprintf(a.stderr, "copied %s (%s) to %s:%s\n", r.Local, humanBytes(r.Bytes), r.Sandbox, r.Path)
+		fmt.Fprintf(a.stderr, "copied %s (%s) to %s:%s\n", r.Local, what, r.Sandbox, r.Path)
 	} else if r.Local != "-" {
-		fmt.Fprintf(a.stderr, "copied %s:%s (%s) to %s\n", r.Sandbox, r.Path, humanBytes(r.Bytes), r.Local)
+		fmt.Fprintf(a.stderr, "copied %s:%s (%s) to %s\n", r.Sandbox, r.Path, what, r.Local)
 	}
 	return nil
 }
 
+// countReader counts the bytes read through it; n may be read while
+// another goroutine reads.
 type countReader struct {
 	r io.Reader
-	n int64
+	n atomic.Int64
 }
 
 func (c *countReader) Read(b []byte) (int, error) {
 	n, err := c.r.Read(b)
-	c.n += int64(n)
+	c.n.Add(int64(n))
 	return n, err
 }
 
-type countWriter struct {
-	w io.Writer
-	n int64
+// cpProgress shows, on a terminal's stderr, how many bytes of a tree
+// copy went through cr, twice a second until stop is called.
+func (a *app) cpProgress(cr *countReader) (stop func()) {
+	f, ok := a.stderr.(*os.File)
+	if a.json || !ok || !term.IsTerminal(int(f.Fd())) {
+		return func() {}
+	}
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				fmt.Fprint(f, "\r\033[K")
+				return
+			case <-t.C:
+				fmt.Fprintf(f, "\r\033[Kcopying: %s", humanBytes(cr.n.Load()))
+			}
+		}
+	}()
+	return func() { close(done); <-exited }
 }
 
-func (c *countWriter) Write(b []byte) (int, error) {
-	n, err := c.w.Write(b)
-	c.n += int64(n)
-	return n, err
+// fileTypeName names the type of a file that tine cp does not copy.
+func fileTypeName(m os.FileMode) string {
+	switch {
+	case m&os.ModeNamedPipe != 0:
+		return "a fifo"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	}
+	return "not a regular file"
 }
 
 // umask is the process's file mode creation mask.
@@ -228,4 +360,15 @@ func umask() os.FileMode {
 	m := syscall.Umask(0)
 	syscall.Umask(m)
 	return os.FileMode(m)
+}
+
+// plural writes n with its noun: "1 file", "2 files", "3 directories".
+func plural(n int, noun string) string {
+	switch {
+	case n == 1:
+		return "1 " + noun
+	case strings.HasSuffix(noun, "y"):
+		return fmt.Sprintf("%d %sies", n, strings.TrimSuffix(noun, "y"))
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

@@ -15,14 +15,39 @@ import (
 // agent answers an End once the file is in place, or an Error; any other
 // answer is an error.
 func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, r io.Reader) error {
-	s, err := c.open(ctx, proto.KindPut, proto.PutRequest{Path: path, Mode: proto.ModeBits(mode)})
+	_, err := c.upload(ctx, proto.KindPut, proto.PutRequest{Path: path, Mode: proto.ModeBits(mode)}, path, r)
+	return err
+}
+
+// PutTree copies a tar stream of one file or directory tree (as
+// internal/treecopy writes it) to path in the sandbox: into path when it
+// is an existing directory, as path otherwise; into requires the
+// directory. It returns where the copy landed, once every entry is in
+// place.
+func (c *Client) PutTree(ctx context.Context, path string, into bool, r io.Reader) (string, error) {
+	end, err := c.upload(ctx, proto.KindPutTree, proto.PutTreeRequest{Path: path, Into: into}, path, r)
 	if err != nil {
-		return fmt.Errorf("put %s: %w", path, err)
+		return "", err
+	}
+	var res proto.PutTreeResult
+	if err := proto.Decode(end, &res); err != nil {
+		return "", fmt.Errorf("put %s: %w", path, err)
+	}
+	return res.Path, nil
+}
+
+// upload sends request req of kind k, then r's bytes in Data frames and
+// End, and returns the agent's End. Before the data's end, the agent only
+// answers to refuse it.
+func (c *Client) upload(ctx context.Context, k proto.Kind, req any, path string, r io.Reader) (proto.Frame, error) {
+	s, err := c.open(ctx, k, req)
+	if err != nil {
+		return proto.Frame{}, fmt.Errorf("put %s: %w", path, err)
 	}
 	defer c.forget(s)
-	fail := func(err error) error {
+	fail := func(err error) (proto.Frame, error) {
 		c.sendBounded(proto.Frame{Kind: proto.KindCancel, ID: s.id})
-		return fmt.Errorf("put %s: %w", path, err)
+		return proto.Frame{}, fmt.Errorf("put %s: %w", path, err)
 	}
 	buf := make([]byte, proto.ChunkSize)
 	for {
@@ -30,17 +55,17 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, r i
 			return fail(ctx.Err())
 		}
 		select {
-		case f := <-s.ch: // before the file's end, the agent only refuses it
+		case f := <-s.ch:
 			if f.Kind == proto.KindError {
-				return fmt.Errorf("put %s: %w", path, agentError(f))
+				return proto.Frame{}, fmt.Errorf("put %s: %w", path, agentError(f))
 			}
-			return fail(fmt.Errorf("the agent answered %v before the file's end", f.Kind))
+			return fail(fmt.Errorf("the agent answered %v before the data's end", f.Kind))
 		default:
 		}
 		n, rerr := r.Read(buf)
 		if n > 0 {
 			if err := c.send(ctx, proto.Frame{Kind: proto.KindData, ID: s.id, Payload: buf[:n]}); err != nil {
-				return fmt.Errorf("put %s: %w", path, c.refusal(s, err))
+				return proto.Frame{}, fmt.Errorf("put %s: %w", path, c.refusal(s, err))
 			}
 		}
 		if rerr == io.EOF {
@@ -51,16 +76,16 @@ func (c *Client) PutFile(ctx context.Context, path string, mode fs.FileMode, r i
 		}
 	}
 	if err := c.send(ctx, proto.Frame{Kind: proto.KindEnd, ID: s.id}); err != nil {
-		return fmt.Errorf("put %s: %w", path, c.refusal(s, err))
+		return proto.Frame{}, fmt.Errorf("put %s: %w", path, c.refusal(s, err))
 	}
 	f, err := c.recv(ctx, s)
 	if err == nil && f.Kind != proto.KindEnd {
 		err = fmt.Errorf("the agent answered %v, want end", f.Kind)
 	}
 	if err != nil {
-		return fmt.Errorf("put %s: %w", path, err)
+		return proto.Frame{}, fmt.Errorf("put %s: %w", path, err)
 	}
-	return nil
+	return f, nil
 }
 
 // GetFile copies the regular file at path in the sandbox to w and returns
@@ -103,6 +128,37 @@ func (c *Client) GetFile(ctx context.Context, path string, w io.Writer) (proto.F
 		if err != nil {
 			c.sendBounded(proto.Frame{Kind: proto.KindCancel, ID: s.id})
 			return info, fmt.Errorf("get %s: %w", path, err)
+		}
+	}
+}
+
+// GetTree copies the file, symlink or directory tree at path in the
+// sandbox to w as a tar stream whose top entry is path's last element. An
+// error after some bytes were written means the stream is cut: w holds no
+// whole archive.
+func (c *Client) GetTree(ctx context.Context, path string, w io.Writer) error {
+	s, err := c.open(ctx, proto.KindGetTree, proto.GetTreeRequest{Path: path})
+	if err != nil {
+		return fmt.Errorf("get %s: %w", path, err)
+	}
+	defer c.forget(s)
+	for {
+		f, err := c.recv(ctx, s)
+		if err == nil {
+			switch f.Kind {
+			case proto.KindData:
+				if _, werr := w.Write(f.Payload); werr != nil {
+					err = fmt.Errorf("write the copy: %w", werr)
+				}
+			case proto.KindEnd:
+				return nil
+			default:
+				err = errors.New("the agent's answer is out of order: " + f.Kind.String())
+			}
+		}
+		if err != nil {
+			c.sendBounded(proto.Frame{Kind: proto.KindCancel, ID: s.id})
+			return fmt.Errorf("get %s: %w", path, err)
 		}
 	}
 }

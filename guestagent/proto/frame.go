@@ -70,12 +70,14 @@ const (
 	KindFileInfo                   // agent: JSON FileInfo before a Get's data
 	KindAck                        // agent: one Stdin frame reached the process
 	KindHygiene                    // host: JSON HygieneRequest after a fork or restore; answered by End
+	KindPutTree                    // host: JSON PutTreeRequest, then a tar stream in Data frames and End; answered by End
+	KindGetTree                    // host: JSON GetTreeRequest; answered by a tar stream in Data frames and End
 	kindLimit
 )
 
 var kindNames = [...]string{"", "hello", "error", "ps", "ports", "events", "exec", "stdin", "close-stdin",
 	"signal", "resize", "put", "get", "cancel", "item", "end", "started", "stdout", "stderr", "exit",
-	"event", "data", "file-info", "ack", "hygiene"}
+	"event", "data", "file-info", "ack", "hygiene", "put-tree", "get-tree"}
 
 func (k Kind) String() string {
 	if k > 0 && k < kindLimit {

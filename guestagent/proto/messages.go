@@ -150,6 +150,29 @@ type GetRequest struct {
 	Path string `json:"path"`
 }
 
+// PutTreeRequest starts copying a file or directory tree into the
+// sandbox as a tar stream whose entries all lie under one top entry
+// (internal/treecopy). Path is the destination: an existing directory
+// receives the top entry under its own name; any other path names the
+// copy itself, and its parent must exist. Into says the destination must
+// be an existing directory (the user wrote it with a trailing slash).
+type PutTreeRequest struct {
+	Path string `json:"path"`
+	Into bool   `json:"into,omitempty"`
+}
+
+// PutTreeResult is the JSON payload of a put-tree's End: where the copy
+// landed.
+type PutTreeResult struct {
+	Path string `json:"path"`
+}
+
+// GetTreeRequest asks for the file, symlink or directory tree at Path as
+// a tar stream whose top entry is Path's last element.
+type GetTreeRequest struct {
+	Path string `json:"path"`
+}
+
 // FileInfo describes the file a Get streams.
 type FileInfo struct {
 	Mode uint32 `json:"mode"`
