@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"io"
 	"io/fs"
 	"net/http"
 	"strconv"
@@ -14,18 +15,22 @@ import (
 // bytes. An error after the first byte aborts the response, so a client
 // never takes a cut file for a whole one.
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
-	c, ok := s.agent(w, r)
+	s.download(w, r, "application/octet-stream", func(c *client.Client, p string, lw io.Writer) error {
+		_, err := c.GetFile(r.Context(), p, lw)
+		return err
+	})
+}
+
+// download answers a GET of a sandbox's path (?path=P) with what get
+// writes for it, sent as contentType from its first byte; an error after
+// that aborts the response.
+func (s *Server) download(w http.ResponseWriter, r *http.Request, contentType string, get func(c *client.Client, p string, lw io.Writer) error) {
+	c, p, ok := s.agentPath(w, r)
 	if !ok {
 		return
 	}
-	p := r.URL.Query().Get("path")
-	if err := checkPath("path", p); err != nil {
-		writeError(w, err)
-		return
-	}
-	lw := &lazyWriter{w: w}
-	_, err := c.GetFile(r.Context(), p, lw)
-	if err != nil {
+	lw := &lazyWriter{w: w, contentType: contentType}
+	if err := get(c, p, lw); err != nil {
 		if lw.started {
 			panic(http.ErrAbortHandler)
 		}
@@ -35,6 +40,21 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	if !lw.started {
 		lw.start()
 	}
+}
+
+// agentPath returns the sandbox's agent and the request's path parameter,
+// or answers the request with what is wrong.
+func (s *Server) agentPath(w http.ResponseWriter, r *http.Request) (*client.Client, string, bool) {
+	c, ok := s.agent(w, r)
+	if !ok {
+		return nil, "", false
+	}
+	p := r.URL.Query().Get("path")
+	if err := checkPath("path", p); err != nil {
+		writeError(w, err)
+		return nil, "", false
+	}
+	return c, p, true
 }
 
 // fileError reports a guest agent's refusal of a path as a bad request.
@@ -47,19 +67,14 @@ func fileError(err error) error {
 
 // lazyWriter sends the response's header at the first byte.
 type lazyWriter struct {
-	w http.ResponseWriter
-	// contentType defaults to application/octet-stream.
+	w           http.ResponseWriter
 	contentType string
 	started     bool
 }
 
 func (l *lazyWriter) start() {
 	l.started = true
-	ct := l.contentType
-	if ct == "" {
-		ct = "application/octet-stream"
-	}
-	l.w.Header().Set("Content-Type", ct)
+	l.w.Header().Set("Content-Type", l.contentType)
 	l.w.WriteHeader(http.StatusOK)
 }
 
@@ -74,18 +89,12 @@ func (l *lazyWriter) Write(b []byte) (int, error) {
 // body becomes the file, whole or not at all. Its size is bounded by the
 // sandbox's project quota where the path lies in the project.
 func (s *Server) putFile(w http.ResponseWriter, r *http.Request) {
-	c, ok := s.agent(w, r)
+	c, p, ok := s.agentPath(w, r)
 	if !ok {
 		return
 	}
-	q := r.URL.Query()
-	p := q.Get("path")
-	if err := checkPath("path", p); err != nil {
-		writeError(w, err)
-		return
-	}
 	mode := uint32(0o644)
-	if m := q.Get("mode"); m != "" {
+	if m := r.URL.Query().Get("mode"); m != "" {
 		var err error
 		if mode, err = ParseMode(m); err != nil {
 			writeError(w, badRequest("parameter \"mode\" %q: %v", m, err))
@@ -129,26 +138,9 @@ func fileMode(bits uint32) fs.FileMode {
 // named as P's last element. An error after the first byte aborts the
 // response, so a client never takes a cut archive for a whole one.
 func (s *Server) getArchive(w http.ResponseWriter, r *http.Request) {
-	c, ok := s.agent(w, r)
-	if !ok {
-		return
-	}
-	p := r.URL.Query().Get("path")
-	if err := checkPath("path", p); err != nil {
-		writeError(w, err)
-		return
-	}
-	lw := &lazyWriter{w: w, contentType: "application/x-tar"}
-	if err := c.GetTree(r.Context(), p, lw); err != nil {
-		if lw.started {
-			panic(http.ErrAbortHandler)
-		}
-		writeError(w, fileError(err))
-		return
-	}
-	if !lw.started {
-		lw.start()
-	}
+	s.download(w, r, "application/x-tar", func(c *client.Client, p string, lw io.Writer) error {
+		return c.GetTree(r.Context(), p, lw)
+	})
 }
 
 // putArchive answers PUT /v1/sandboxes/{name}/archive?path=P[&into=true]
@@ -157,18 +149,12 @@ func (s *Server) getArchive(w http.ResponseWriter, r *http.Request) {
 // otherwise. A new tree appears whole or not at all; into an existing
 // one, each file does.
 func (s *Server) putArchive(w http.ResponseWriter, r *http.Request) {
-	c, ok := s.agent(w, r)
+	c, p, ok := s.agentPath(w, r)
 	if !ok {
 		return
 	}
-	q := r.URL.Query()
-	p := q.Get("path")
-	if err := checkPath("path", p); err != nil {
-		writeError(w, err)
-		return
-	}
 	into := false
-	if v := q.Get("into"); v != "" {
+	if v := r.URL.Query().Get("into"); v != "" {
 		var err error
 		if into, err = strconv.ParseBool(v); err != nil {
 			writeError(w, badRequest("parameter \"into\" %q: want true or false", v))

@@ -410,8 +410,13 @@ func (c *Client) PutFile(ctx context.Context, name, path string, mode uint32, r 
 
 // GetFile copies a file of the sandbox to w.
 func (c *Client) GetFile(ctx context.Context, name, path string, w io.Writer) error {
+	return c.download(ctx, name, "/files", path, w)
+}
+
+// download copies what GET route?path=P of sandbox name answers to w.
+func (c *Client) download(ctx context.Context, name, route, path string, w io.Writer) error {
 	q := url.Values{"path": {path}}
-	resp, err := c.do(ctx, "GET", sandboxPath(name, "/files?"+q.Encode()), nil, "")
+	resp, err := c.do(ctx, "GET", sandboxPath(name, route+"?"+q.Encode()), nil, "")
 	if err != nil {
 		return err
 	}
@@ -447,16 +452,7 @@ func (c *Client) PutArchive(ctx context.Context, name, path string, into bool, r
 // sandbox to w as a tar stream whose top entry is path's last element. An
 // error means w may hold a cut stream.
 func (c *Client) GetArchive(ctx context.Context, name, path string, w io.Writer) error {
-	q := url.Values{"path": {path}}
-	resp, err := c.do(ctx, "GET", sandboxPath(name, "/archive?"+q.Encode()), nil, "")
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if _, err := io.Copy(w, resp.Body); err != nil {
-		return fmt.Errorf("get %s from sandbox %q: %w", path, name, err)
-	}
-	return nil
+	return c.download(ctx, name, "/archive", path, w)
 }
 
 // FS runs one "tine fs" command in the daemon and returns its output.

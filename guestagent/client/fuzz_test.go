@@ -229,6 +229,36 @@ var fuzzOps = []fuzzOp{
 		err := fc.c.PutFile(fc.ctx, "f", 0o644, bytes.NewReader(putSource))
 		fc.check(err, isEnd)
 	}},
+	// A tree: put-tree's end carries where the copy landed...
+	{"put-tree", proto.KindEnd, true, func(fc *fuzzCall) {
+		dest, err := fc.c.PutTree(fc.ctx, "d", false, bytes.NewReader(putSource))
+		fc.check(err, isEnd)
+		if err == nil && (len(fc.ans) == 0 || proto.Decode(fc.ans[0], new(proto.PutTreeResult)) != nil) {
+			fc.t.Errorf("put-tree: %q without an end that decodes", dest)
+		}
+	}},
+	{"put-tree-early", proto.KindPutTree, true, func(fc *fuzzCall) {
+		_, err := fc.c.PutTree(fc.ctx, "d", true, bytes.NewReader(putSource))
+		fc.check(err, isEnd)
+	}},
+	// ...and get-tree gives data only until an end.
+	{"get-tree", proto.KindGetTree, true, func(fc *fuzzCall) {
+		var got bytes.Buffer
+		err := fc.c.GetTree(fc.ctx, "d", &got)
+		fc.check(err, func(f proto.Frame) bool { return f.Kind == proto.KindData || isEnd(f) })
+		if err == nil {
+			want := 0
+			for _, f := range fc.ans {
+				if isEnd(f) {
+					break
+				}
+				want += len(f.Payload)
+			}
+			if got.Len() != want {
+				fc.t.Errorf("get-tree: wrote %d bytes, the data before the end held %d", got.Len(), want)
+			}
+		}
+	}},
 	// A caller that reads events as they come.
 	{"events", proto.KindEvents, true, func(fc *fuzzCall) {
 		ch, err := fc.c.Events(fc.ctx)
@@ -388,6 +418,9 @@ func FuzzClient(f *testing.F) {
 		{jf(proto.KindError, 1, proto.Error{Message: "put f: permission denied"})},
 		{{Kind: proto.KindError, ID: 1, Payload: []byte(`{"message":`)}},
 		{{Kind: proto.KindData, ID: 1, Payload: []byte("x")}, end},
+		// Answers of PutTree and GetTree.
+		{jf(proto.KindEnd, 1, proto.PutTreeResult{Path: "/d"})},
+		{{Kind: proto.KindData, ID: 1, Payload: []byte("x")}, {Kind: proto.KindData, ID: 1, Payload: []byte("y")}, jf(proto.KindError, 1, proto.Error{Message: "read: input/output error"})},
 		{jf(proto.KindItem, 1, proto.Port{Port: 1}), end},
 		{{Kind: proto.KindEnd, ID: 2}, end},
 		{jf(proto.KindError, 0, proto.Error{Message: "going away"}), end},
