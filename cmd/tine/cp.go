@@ -1,6 +1,7 @@
 package main
 
 import (
+	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 
 	"tine/api"
 	"tine/api/client"
+	"tine/guestagent/proto"
 	"tine/internal/treecopy"
 )
 
@@ -126,34 +128,62 @@ func sandboxPath(ctx context.Context, cl *client.Client, sb, p string) (abs stri
 // cpIn copies host file or tree local ("-": a file from stdin) to dst in
 // its sandbox.
 func (a *app) cpIn(c *cobra.Command, local string, dst cpEnd, setMode bool, perm uint32) error {
-	var r io.Reader = a.stdin
-	if !setMode {
-		perm = 0o644
+	if local == "-" {
+		if !setMode {
+			perm = 0o644
+		}
+		return a.cpStdinIn(c, dst, perm)
 	}
-	if local != "-" {
-		f, err := os.Open(local)
+	f, err := os.Open(local)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	var archive func(ctx context.Context, w io.Writer) (treecopy.Stats, error)
+	switch {
+	case st.IsDir():
+		if setMode {
+			return usageErr("--mode is for one file; the files of directory %s keep their modes", local)
+		}
+		// A symlink named on the command line is followed, as the
+		// check above did.
+		real, err := filepath.EvalSymlinks(local)
+		if err == nil {
+			real, err = filepath.Abs(real)
+		}
 		if err != nil {
 			return usageErr("%v", err)
 		}
-		defer f.Close()
-		st, err := f.Stat()
+		if real == "/" {
+			return usageErr("%s is the host's root directory; copy a directory below it", local)
+		}
+		parent, err := os.Open(filepath.Dir(real))
 		if err != nil {
-			return err
+			return usageErr("%v", err)
 		}
-		if st.IsDir() {
-			if setMode {
-				return usageErr("--mode is for one file; the files of directory %s keep their modes", local)
-			}
-			return a.cpTreeIn(c, local, dst)
+		defer parent.Close()
+		archive = func(ctx context.Context, w io.Writer) (treecopy.Stats, error) {
+			return treecopy.Archive(ctx, w, int(parent.Fd()), filepath.Base(real))
 		}
-		if !st.Mode().IsRegular() {
-			return usageErr("%s is %s; tine cp copies regular files, directories and the symlinks in them", local, fileTypeName(st.Mode()))
-		}
+	case st.Mode().IsRegular():
 		if !setMode {
-			perm = uint32(st.Mode().Perm())
+			perm = proto.ModeBits(st.Mode())
 		}
-		r = f
+		archive = func(_ context.Context, w io.Writer) (treecopy.Stats, error) {
+			return oneFile(w, f, st, perm)
+		}
+	default:
+		return usageErr("%s is %s; tine cp copies regular files, directories and the symlinks in them", local, fileTypeName(st.Mode()))
 	}
+	return a.cpTreeIn(c, local, dst, archive)
+}
+
+// cpStdinIn writes standard input to the file dst names in its sandbox.
+func (a *app) cpStdinIn(c *cobra.Command, dst cpEnd, perm uint32) error {
 	cl, err := a.daemon(c.Context())
 	if err != nil {
 		return err
@@ -163,34 +193,33 @@ func (a *app) cpIn(c *cobra.Command, local string, dst cpEnd, setMode bool, perm
 		return err
 	}
 	if dir {
-		if local == "-" {
-			return usageErr("%s:%s is a directory; name the file to write", dst.sb, dst.path)
-		}
-		p = path.Join(p, filepath.Base(local))
+		return usageErr("%s:%s is a directory; name the file to write", dst.sb, dst.path)
 	}
-	cr := &countReader{r: r}
+	cr := &countReader{r: a.stdin}
 	if err := cl.PutFile(c.Context(), dst.sb, p, perm, cr); err != nil {
 		return sbErr(dst.sb, err)
 	}
-	return a.cpDone(cpResult{Sandbox: dst.sb, Path: p, Local: local, Direction: "in", Bytes: cr.n.Load()})
+	return a.cpDone(cpResult{Sandbox: dst.sb, Path: p, Local: "-", Direction: "in", Bytes: cr.n.Load()})
 }
 
-// cpTreeIn copies host directory local into dst's sandbox as a tar
-// stream made while it is sent.
-func (a *app) cpTreeIn(c *cobra.Command, local string, dst cpEnd) error {
+// oneFile writes a tar stream of open file f alone, named as its host
+// name, with permission bits perm (07777).
+func oneFile(w io.Writer, f *os.File, st os.FileInfo, perm uint32) (treecopy.Stats, error) {
+	tw := tar.NewWriter(w)
+	h := &tar.Header{Typeflag: tar.TypeReg, Name: st.Name(), Mode: int64(perm), Size: st.Size(), ModTime: st.ModTime(), Format: tar.FormatPAX}
+	if err := tw.WriteHeader(h); err != nil {
+		return treecopy.Stats{}, err
+	}
+	if _, err := io.CopyN(tw, f, st.Size()); err != nil {
+		return treecopy.Stats{}, fmt.Errorf("read %s: %w (did it shrink while it was copied?)", f.Name(), err)
+	}
+	return treecopy.Stats{Name: st.Name(), Files: 1, Bytes: st.Size()}, tw.Close()
+}
+
+// cpTreeIn copies what archive writes, a tar stream of host file or tree
+// local made while it is sent, into dst's sandbox.
+func (a *app) cpTreeIn(c *cobra.Command, local string, dst cpEnd, archive func(context.Context, io.Writer) (treecopy.Stats, error)) error {
 	ctx := c.Context()
-	abs, err := filepath.Abs(local)
-	if err != nil {
-		return err
-	}
-	if abs == "/" {
-		return usageErr("%s is the host's root directory; copy a directory below it", local)
-	}
-	parent, err := os.Open(filepath.Dir(abs))
-	if err != nil {
-		return usageErr("%v", err)
-	}
-	defer parent.Close()
 	cl, err := a.daemon(ctx)
 	if err != nil {
 		return err
@@ -204,7 +233,7 @@ func (a *app) cpTreeIn(c *cobra.Command, local string, dst cpEnd) error {
 	var st treecopy.Stats
 	go func() {
 		var err error
-		st, err = treecopy.Archive(ctx, pw, int(parent.Fd()), filepath.Base(abs))
+		st, err = archive(ctx, pw)
 		pw.CloseWithError(err)
 		done <- err
 	}()

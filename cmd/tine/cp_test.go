@@ -43,6 +43,12 @@ func TestCp(t *testing.T) {
 	if out := c.ok("exec", "a", "--", "/tmp/run.sh"); out != "ran\n" {
 		t.Errorf("the copied script: %q", out)
 	}
+	// An existing directory without the slash: the file goes inside it.
+	c.ok("cp", script, "a:/tmp")
+	c.ok("cp", "--mode", "0700", script, "a:/tmp/mode.sh")
+	if out := c.ok("exec", "a", "--", "stat", "-c", "%a %n", "/tmp/run.sh", "/tmp/mode.sh"); out != "755 /tmp/run.sh\n700 /tmp/mode.sh\n" {
+		t.Errorf("modes in the sandbox: %q", out)
+	}
 	c.ok("cp", script, "a:sub.sh")
 	if out := c.ok("exec", "a", "--", "cat", filepath.Join(proj, "sub.sh")); !strings.Contains(out, "echo ran") {
 		t.Errorf("relative path not in the project: %q", out)
