@@ -99,7 +99,7 @@ the copy, with nothing of a new tree left behind.
 				return a.cpIn(c, src.path, dst, mode != "", perm)
 			}
 			if mode != "" {
-				return usageErr("--mode is for a copy into a sandbox; out of one, the file gets the host's default mode")
+				return usageErr("--mode is for a copy into a sandbox; out of one, files keep their permission bits less the host's umask")
 			}
 			return a.cpOut(c, src, dst.path)
 		},
