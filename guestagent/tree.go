@@ -48,6 +48,11 @@ func (a *Agent) putTree(c *conn, id uint32, req proto.PutTreeRequest) {
 		defer unix.Close(parentFD)
 		defer cancel()
 		st, err := treecopy.Extract(ctx, pr, parentFD, name, treecopy.Options{KeepSpecial: true})
+		if err == nil {
+			// The answer comes after the host's End: what follows tar's
+			// end marker (a record's padding) is read and dropped.
+			_, err = io.Copy(io.Discard, pr)
+		}
 		// A stream that failed early stops taking data; one that ended
 		// has nothing left to read.
 		pr.CloseWithError(errors.Join(err, io.ErrClosedPipe))

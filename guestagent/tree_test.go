@@ -4,10 +4,12 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"tine/internal/treecopy"
 )
@@ -59,6 +61,12 @@ func TestPutGetTree(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, "new/src/sub/deep/f")); err != nil {
 		t.Fatal(err)
+	}
+	// tar(1) pads its stream to a 10 KiB record after the end marker; the
+	// agent answers only after the host's end, however late the padding.
+	padded := io.MultiReader(bytes.NewReader(tarball), &slowReader{d: 200 * time.Millisecond, r: bytes.NewReader(make([]byte, 10240))})
+	if got, err := c.PutTree(ctx, "/padded", false, padded); err != nil || got != "/padded" {
+		t.Fatalf("put of a padded stream: %q %v", got, err)
 	}
 	if _, err := c.PutTree(ctx, "/missing", true, bytes.NewReader(tarball)); err == nil || !strings.Contains(err.Error(), "not an existing directory") {
 		t.Errorf("into a missing directory: %v", err)
@@ -121,4 +129,19 @@ func TestPutTreeRefusesEscapes(t *testing.T) {
 			t.Errorf("a refused archive left %s behind", e.Name())
 		}
 	}
+}
+
+// slowReader waits d before its first read.
+type slowReader struct {
+	d     time.Duration
+	r     io.Reader
+	slept bool
+}
+
+func (s *slowReader) Read(b []byte) (int, error) {
+	if !s.slept {
+		time.Sleep(s.d)
+		s.slept = true
+	}
+	return s.r.Read(b)
 }

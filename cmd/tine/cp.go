@@ -297,6 +297,11 @@ func (a *app) cpOut(c *cobra.Command, src cpEnd, local string) error {
 	cr := &countReader{r: pr}
 	stop := a.cpProgress(cr)
 	st, err := treecopy.Extract(ctx, cr, int(parent.Fd()), name, treecopy.Options{Umask: uint32(umask())})
+	if err == nil {
+		// The response ends after tar's end marker; reading it to its
+		// end lets the download report how it ended.
+		_, err = io.Copy(io.Discard, cr)
+	}
 	stop()
 	pr.CloseWithError(io.ErrClosedPipe) // the download stops if the extraction did
 	if gerr := <-done; gerr != nil && !errors.Is(gerr, io.ErrClosedPipe) {
