@@ -352,7 +352,8 @@ const ticker = "while :; do date +%s%N >> /tmp/ticks; sleep 0.05; done"
 func (e *insideEnv) ticks(sb string) []time.Time {
 	e.t.Helper()
 	var out []time.Time
-	for _, f := range strings.Fields(e.sh(sb, "cat /tmp/ticks")) {
+	// Before the first tick there is no file yet.
+	for _, f := range strings.Fields(e.sh(sb, "cat /tmp/ticks 2>/dev/null || true")) {
 		n, err := strconv.ParseInt(f, 10, 64)
 		if err == nil {
 			out = append(out, time.Unix(0, n))
