@@ -37,6 +37,9 @@ import (
 // Defaults of Options.
 const (
 	DefaultTimeout = 9 * time.Minute
+	// DefaultSilence is how long L1's console may print nothing before
+	// the run is taken for stalled: a whole run prints every few seconds.
+	DefaultSilence = 3 * time.Minute
 	DefaultMemory  = "3G"
 	DefaultCPUs    = 2
 	// TinePath is where the static tine binary is in L1.
@@ -58,9 +61,10 @@ const (
 var ErrNoKVM = errors.New("nested: /dev/kvm did not appear in L1")
 
 // ErrL1Stalled is returned when L1's kernel reported that a CPU made no
-// progress (a soft lockup or an RCU stall): the emulator stalled, and the
-// run was ended at once instead of waiting out its timeout.
-var ErrL1Stalled = errors.New("nested: L1's kernel reported a stalled CPU")
+// progress (a soft lockup or an RCU stall), or its console printed nothing
+// for Options.Silence: the emulator stalled, and the run was ended at once
+// instead of waiting out its timeout.
+var ErrL1Stalled = errors.New("nested: L1 stalled")
 
 // l1Stall reports whether a line of L1's console is its kernel reporting
 // a stalled CPU.
@@ -93,6 +97,8 @@ type Options struct {
 	Files []File
 	// Timeout bounds the whole run, QEMU boot included (DefaultTimeout).
 	Timeout time.Duration
+	// Silence bounds a stretch with no console output (DefaultSilence).
+	Silence time.Duration
 	// Memory and CPUs size L1 (DefaultMemory, DefaultCPUs).
 	Memory string
 	CPUs   int
@@ -171,6 +177,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	if opts.Timeout == 0 {
 		opts.Timeout = DefaultTimeout
 	}
+	if opts.Silence == 0 {
+		opts.Silence = DefaultSilence
+	}
 	if opts.Memory == "" {
 		opts.Memory = DefaultMemory
 	}
@@ -242,22 +251,47 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	var console strings.Builder
 	var mu sync.Mutex
 	var stalled atomic.Bool
+	var why atomic.Value // what the stall was, for the error
+	stall := func(what string) {
+		if !stalled.Swap(true) {
+			why.Store(what)
+			cancel() // ends QEMU
+		}
+	}
+	var lastLine atomic.Int64
+	lastLine.Store(time.Now().UnixNano())
 	scanDone := make(chan struct{})
 	go func() {
 		defer close(scanDone)
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
+			lastLine.Store(time.Now().UnixNano())
 			line := strings.TrimRight(sc.Text(), "\r")
 			mu.Lock()
 			console.WriteString(line + "\n")
 			mu.Unlock()
 			logf("[%5.0fs] %s", time.Since(start).Seconds(), line)
-			if l1Stall(line) && !stalled.Swap(true) {
-				cancel() // ends QEMU
+			if l1Stall(line) {
+				stall("its kernel reported a stalled CPU")
 			}
 		}
 		io.Copy(io.Discard, stdout)
+	}()
+	go func() {
+		t := time.NewTicker(opts.Silence / 20)
+		defer t.Stop()
+		for {
+			select {
+			case <-scanDone:
+				return
+			case <-t.C:
+				if quiet := time.Since(time.Unix(0, lastLine.Load())); quiet > opts.Silence {
+					logf("nested: L1 printed nothing for %v; ending the run", quiet.Round(time.Second))
+					stall(fmt.Sprintf("its console printed nothing for %v", opts.Silence))
+				}
+			}
+		}
 	}()
 	<-scanDone
 	waitErr := cmd.Wait()
@@ -276,7 +310,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	case strings.Contains(res.Console, markerNoKVM):
 		return res, ErrNoKVM
 	case stalled.Load():
-		return res, ErrL1Stalled
+		return res, fmt.Errorf("%w: %s", ErrL1Stalled, why.Load())
 	case ctx.Err() != nil:
 		return res, fmt.Errorf("nested: run did not finish within %v: %w", opts.Timeout, ctx.Err())
 	case waitErr != nil:

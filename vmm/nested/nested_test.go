@@ -2,11 +2,13 @@ package nested
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"tine/vmm/linux/kernels"
 )
@@ -219,5 +221,25 @@ func TestScriptStatus(t *testing.T) {
 	}
 	if res.ExitCode != 3 || !strings.Contains(res.Output, "kvm-is-a-char-device") || !strings.Contains(res.Output, "file-from-host") {
 		t.Fatalf("exit code %d, output %q", res.ExitCode, res.Output)
+	}
+}
+
+// TestSilentL1IsStalled: a run whose console prints nothing for
+// Options.Silence ends then, as stalled (which RunTest runs again once),
+// instead of waiting out its whole timeout.
+func TestSilentL1IsStalled(t *testing.T) {
+	if os.Getenv(EnvEnable) == "" {
+		t.Skipf("nested QEMU runs take minutes: set %s=1 (make nested-test) to run them", EnvEnable)
+	}
+	if err := Check(); err != nil {
+		t.Skipf("%v", err)
+	}
+	start := time.Now()
+	_, err := Run(context.Background(), Options{Script: "sleep 600", Silence: 20 * time.Second, Timeout: 5 * time.Minute, Log: t.Logf})
+	if !errors.Is(err, ErrL1Stalled) || !strings.Contains(err.Error(), "printed nothing for 20s") {
+		t.Fatalf("a silent run: %v, want ErrL1Stalled for its silence", err)
+	}
+	if d := time.Since(start); d > 2*time.Minute {
+		t.Errorf("the silent run ended after %v, not soon after 20s of silence", d)
 	}
 }
