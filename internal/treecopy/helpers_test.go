@@ -330,3 +330,22 @@ func (s *sandbox) checkOutside(t testing.TB) {
 		t.Errorf("sentinel changed: %v, was %v", after, s.before)
 	}
 }
+
+// lowerFDLimit lowers the open-file limit to the descriptors open now
+// plus maxOpen and a margin, so that keeping one per directory level
+// would run out; restore (also run when the test ends) puts it back.
+func lowerFDLimit(t *testing.T) (restore func()) {
+	t.Helper()
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	lim := old
+	lim.Cur = uint64(fdCount(t) + maxOpen + 40)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	restore = func() { unix.Setrlimit(unix.RLIMIT_NOFILE, &old) }
+	t.Cleanup(restore)
+	return restore
+}

@@ -591,16 +591,7 @@ func TestDeepTree(t *testing.T) {
 	writeFile(t, filepath.Join(p, "bottom"), "bottom", 0o644)
 	setTimes(t, filepath.Join(src, "deep"))
 	// With few descriptors allowed, one per level would run out.
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	lim := old
-	lim.Cur = uint64(fdCount(t) + maxOpen + 40)
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
+	restore := lowerFDLimit(t)
 	data, st := archiveDir(t, src, "deep")
 	if st.Dirs != depth+1 || st.Files != 1 {
 		t.Errorf("stats %+v", st)
@@ -616,7 +607,7 @@ func TestDeepTree(t *testing.T) {
 	if got := entries(t, dst2); len(got) != 0 {
 		t.Errorf("truncated deep archive left %q", got)
 	}
-	unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
+	restore()
 	compareTrees(t, filepath.Join(src, "deep"), filepath.Join(dst, "deep"))
 }
 
@@ -643,16 +634,8 @@ func TestDeepImplicitChain(t *testing.T) {
 	const depth = 5000
 	name := "top/" + strings.Repeat("d/", depth) + "f"
 	data := makeTar(t, dirEnt("top/", 0o755), fileEnt(name, "bottom", 0o644))
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	lim := old
-	lim.Cur = uint64(fdCount(t) + maxOpen + 40)
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
+	restore := lowerFDLimit(t)
+	defer restore()
 	dst := t.TempDir()
 	start := time.Now()
 	st, err := extractTo(t, data, dst, "", Options{Umask: 0o027})
